@@ -1,0 +1,67 @@
+# Binôme: `make run` starts the whole portal on embedded defaults; `make test` runs every test against PostgreSQL
+# and Redis. Both set themselves up from a fresh clone (virtual environment, packages, translations, database).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+HOST ?= 127.0.0.1
+
+# make test: real services on 127.0.0.1 (.ci/run starts them when they are down).
+TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
+
+.PHONY: run test setup system-deps messages lint format bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+# Debian packages the build needs: gettext (compilemessages).
+system-deps:
+	@command -v msgfmt >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gettext; }
+
+locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed
+	$(BIN)/python manage.py compilemessages --locale fr --ignore '.venv' --ignore 'node_modules' -v 0
+
+messages: locale/fr/LC_MESSAGES/django.mo
+
+setup: $(VENV)/.installed messages
+	@mkdir -p var/static
+
+run: export DEBUG = 1
+run: export PORT := $(PORT)
+run: export HOST := $(HOST)
+run: export SITE_URL := http://$(HOST):$(PORT)
+run: setup
+	$(BIN)/python manage.py migrate --no-input -v 0
+	$(BIN)/python manage.py seed_demo
+	$(BIN)/python manage.py collectstatic --no-input -v 0
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start --procfile Procfile --port $(PORT)
+
+test: export DEBUG = 1
+test: export DATABASE_URL = $(TEST_DATABASE_URL)
+test: export REDIS_URL = $(TEST_REDIS_URL)
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python manage.py makemigrations --check --dry-run -v 0
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: export DEBUG = 0
+bench: setup
+	$(BIN)/python bench/pages.py
+
+clean:
+	rm -rf $(VENV) var locale/*/LC_MESSAGES/*.mo

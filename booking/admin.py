@@ -1,0 +1,171 @@
+"""Django admin: raw data. The catalog is editable; orders are read here and changed only through services."""
+
+from django import forms
+from django.contrib import admin
+from django.utils.translation import gettext_lazy as _
+
+from booking.models import (
+    Allocation,
+    BookingPolicy,
+    EnvironmentImage,
+    HardwareClass,
+    Lot,
+    Order,
+    OrderEvent,
+    OrderSshKey,
+    Price,
+)
+
+
+class PriceInline(admin.TabularInline):
+    model = Price
+    extra = 0
+
+
+@admin.register(HardwareClass)
+class HardwareClassAdmin(admin.ModelAdmin):
+    list_display = ["name", "vendor", "memory_per_card_gb", "cards_per_lot", "architecture", "is_default", "is_active"]
+    list_filter = ["vendor", "is_active"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [PriceInline]
+
+
+class EnvironmentImageForm(forms.ModelForm):
+    class Meta:
+        model = EnvironmentImage
+        fields = [
+            "slug",
+            "name",
+            "image_ref",
+            "runtime",
+            "runtime_version",
+            "pytorch_version",
+            "hardware_classes",
+            "is_active",
+            "position",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        runtime, version = cleaned.get("runtime"), cleaned.get("runtime_version")
+        if runtime and version:
+            probe = EnvironmentImage(name=cleaned.get("name") or "", runtime=runtime, runtime_version=version)
+            problems = [
+                reason
+                for hardware_class in cleaned.get("hardware_classes") or []
+                if (reason := probe.incompatibility_with(hardware_class))
+            ]
+            if problems:
+                self.add_error("hardware_classes", problems)
+        return cleaned
+
+
+@admin.register(EnvironmentImage)
+class EnvironmentImageAdmin(admin.ModelAdmin):
+    form = EnvironmentImageForm
+    list_display = ["name", "image_ref", "runtime", "runtime_version", "pytorch_version", "is_active"]
+    list_filter = ["runtime", "is_active"]
+    filter_horizontal = ["hardware_classes"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(Lot)
+class LotAdmin(admin.ModelAdmin):
+    list_display = ["name", "hardware_class", "host", "gpu_indices", "status"]
+    list_filter = ["hardware_class", "status", "host"]
+    list_select_related = ["hardware_class", "host"]
+    search_fields = ["name", "host__name"]
+
+
+@admin.register(BookingPolicy)
+class BookingPolicyAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "turnaround_hours", "hold_minutes", "min_notice_hours", "horizon_days"]
+
+    def has_add_permission(self, request):
+        return not BookingPolicy.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class OrderEventInline(ReadOnlyInline):
+    model = OrderEvent
+    fields = ["created_at", "from_status", "to_status", "actor_kind", "actor", "reason", "evidence"]
+    readonly_fields = fields
+
+
+class AllocationInline(ReadOnlyInline):
+    model = Allocation
+    fields = ["lot", "starts_at", "ends_at", "released_at"]
+    readonly_fields = fields
+
+
+class OrderSshKeyInline(ReadOnlyInline):
+    model = OrderSshKey
+    fields = ["key_type", "bits", "fingerprint", "public_key"]
+    readonly_fields = fields
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    """Orders are read here; their status changes only through services (console, tasks), never by hand."""
+
+    list_display = [
+        "public_id",
+        "status",
+        "hardware_class",
+        "lot_count",
+        "starts_at",
+        "days",
+        "total_price",
+        "currency",
+        "contact_email",
+        "created_at",
+    ]
+    list_filter = ["status", "hardware_class", "days"]
+    list_select_related = ["hardware_class"]
+    search_fields = ["public_id", "contact_email", "contact_name", "organisation"]
+    date_hierarchy = "created_at"
+    inlines = [AllocationInline, OrderSshKeyInline, OrderEventInline]
+    readonly_fields = [field.name for field in Order._meta.fields]
+    fieldsets = [
+        (None, {"fields": ["public_id", "status", "hold_expires_at", "created_at", "updated_at", "language"]}),
+        (_("Booking"), {"fields": ["hardware_class", "environment", "lot_count", "days", "starts_at", "ends_at"]}),
+        (_("Price"), {"fields": ["currency", "price_per_lot", "total_price"]}),
+        (_("Contact"), {"fields": ["contact_name", "contact_email", "organisation", "messenger"]}),
+        (_("Research"), {"fields": ["hypothesis", "hypothesis_detail", "notes"]}),
+    ]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(OrderEvent)
+class OrderEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "order", "from_status", "to_status", "actor_kind", "actor", "reason"]
+    list_filter = ["to_status", "actor_kind"]
+    list_select_related = ["order", "actor"]
+    search_fields = ["order__public_id", "reason"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,191 @@
+"""Forms of the customer pages. They parse and give field-level messages; booking rules live in services."""
+
+import re
+from datetime import date
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
+from django.utils.translation import gettext_lazy as _
+
+from booking.models import EnvironmentImage, HardwareClass, Hypothesis, WindowDays
+from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
+
+_MARKUP = re.compile(r"<\s*[/!?]?\s*[a-zA-Z]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def no_markup(value: str) -> None:
+    if _MARKUP.search(value):
+        raise ValidationError(_("HTML tags are not accepted here."), code="markup")
+    if _CONTROL.search(value):
+        raise ValidationError(_("Control characters are not accepted."), code="control")
+
+
+def single_line(value: str) -> None:
+    no_markup(value)
+    if _CONTROL_OR_NEWLINE.search(value):
+        raise ValidationError(_("Write this on one line."), code="control")
+
+
+class Catalog:
+    """What the booking forms choose from, built from selectors.offered_classes() (environments prefetched):
+    the offered environments are those that run on an offered class."""
+
+    def __init__(self, *, classes: list[HardwareClass]) -> None:
+        self.classes = classes
+        self.class_by_slug = {hardware_class.slug: hardware_class for hardware_class in classes}
+        self.environment_by_slug: dict[str, EnvironmentImage] = {}
+        self.class_slugs_by_environment: dict[str, list[str]] = {}
+        for hardware_class in classes:
+            for environment in hardware_class.environments.all():
+                self.environment_by_slug.setdefault(environment.slug, environment)
+                self.class_slugs_by_environment.setdefault(environment.slug, []).append(hardware_class.slug)
+        self.environments = sorted(self.environment_by_slug.values(), key=lambda e: (e.position, e.name))
+
+    @property
+    def default_class(self) -> HardwareClass | None:
+        return next((c for c in self.classes if c.is_default), self.classes[0] if self.classes else None)
+
+    def environments_for(self, hardware_class: HardwareClass) -> list[EnvironmentImage]:
+        return list(hardware_class.environments.all())
+
+
+class EnvironmentSelect(forms.Select):
+    """A select whose options say which hardware classes they run on (portal.js greys out the others)."""
+
+    classes_by_environment: dict[str, str] = {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex=subindex, attrs=attrs)
+        option["attrs"]["data-classes"] = self.classes_by_environment.get(str(value), "")
+        return option
+
+
+_QUOTE_INPUT = {"data-quote": ""}
+
+
+class QuoteForm(forms.Form):
+    """The choices that make a price: class, environment, lots, start date, window."""
+
+    hardware_class = forms.ChoiceField(
+        label=_("Hardware"),
+        widget=forms.RadioSelect(attrs=_QUOTE_INPUT),
+        error_messages={"invalid_choice": _("Choose one of the hardware classes on offer.")},
+    )
+    environment = forms.ChoiceField(
+        label=_("Environment image"),
+        widget=EnvironmentSelect(attrs=_QUOTE_INPUT),
+        error_messages={"invalid_choice": _("Choose one of the environment images on offer.")},
+    )
+    lots = forms.IntegerField(
+        label=_("Number of two-card lots"),
+        min_value=1,
+        widget=forms.NumberInput(attrs=_QUOTE_INPUT),
+        error_messages={"invalid": _("Give the number of lots as a whole number, e.g. 2.")},
+    )
+    start_date = forms.DateField(
+        label=_("Start date (00:00 UTC)"),
+        widget=forms.DateInput(attrs={"type": "date", **_QUOTE_INPUT}, format="%Y-%m-%d"),
+        input_formats=["%Y-%m-%d"],
+        error_messages={"invalid": _("Give the start date as YYYY-MM-DD.")},
+    )
+    days = forms.TypedChoiceField(
+        label=_("Research window"),
+        choices=WindowDays.choices,
+        coerce=int,
+        widget=forms.RadioSelect(attrs=_QUOTE_INPUT),
+        error_messages={"invalid_choice": _("Choose a window of 3, 7 or 30 days.")},
+    )
+
+    def __init__(self, *args, catalog: Catalog, max_lots: int, min_max: dict | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.catalog = catalog
+        self.fields["hardware_class"].choices = [(c.slug, c.name) for c in catalog.classes]
+        self.fields["environment"].choices = [(e.slug, e.name) for e in catalog.environments]
+        self.fields["environment"].widget.classes_by_environment = {
+            slug: " ".join(class_slugs) for slug, class_slugs in catalog.class_slugs_by_environment.items()
+        }
+        self.fields["start_date"].widget.attrs.update(min_max or {})
+        self.fields["lots"].validators.append(
+            MaxValueValidator(max_lots, message=_("At most %(limit_value)s lots can be booked in one order."))
+        )
+        self.fields["lots"].widget.attrs.update({"min": 1, "max": max_lots})
+
+    def clean_hardware_class(self) -> HardwareClass:
+        return self.catalog.class_by_slug[self.cleaned_data["hardware_class"]]
+
+    def clean_environment(self) -> EnvironmentImage:
+        return self.catalog.environment_by_slug[self.cleaned_data["environment"]]
+
+
+class BookingForm(QuoteForm):
+    contact_name = forms.CharField(label=_("Your name"), max_length=120, validators=[single_line])
+    contact_email = forms.EmailField(label=_("E-mail"), max_length=254)
+    organisation = forms.CharField(
+        label=_("Organisation"), max_length=200, validators=[single_line], help_text=_("Lab, company or university.")
+    )
+    messenger = forms.CharField(
+        label=_("Messenger handle (optional)"),
+        max_length=100,
+        required=False,
+        validators=[single_line],
+        help_text=_("Signal, Matrix, Telegram… if you prefer it to e-mail for urgent matters."),
+    )
+    ssh_keys = forms.CharField(
+        label=_("SSH public keys"),
+        max_length=20000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off"}),
+        help_text=_(
+            "One key per line, as in ~/.ssh/id_ed25519.pub. Accepted: ed25519, ECDSA, RSA of 3072 bits or more."
+        ),
+    )
+    hypothesis = forms.ChoiceField(
+        label=_("What should two cards bring to your research?"),
+        choices=Hypothesis.choices,
+        widget=forms.RadioSelect,
+        error_messages={"invalid_choice": _("Choose one of the hypotheses listed.")},
+    )
+    hypothesis_detail = forms.CharField(
+        label=_("Your hypothesis, in your words"),
+        max_length=2000,
+        required=False,
+        validators=[no_markup],
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+    notes = forms.CharField(
+        label=_("Notes for the operators (optional)"),
+        max_length=4000,
+        required=False,
+        validators=[no_markup],
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+
+    def clean_ssh_keys(self) -> list[SshPublicKey]:
+        try:
+            return parse_authorized_keys(self.cleaned_data["ssh_keys"])
+        except InvalidSshKey as exc:
+            raise ValidationError(str(exc), code="ssh_key") from exc
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if cleaned.get("hypothesis") == Hypothesis.OTHER and not cleaned.get("hypothesis_detail", "").strip():
+            self.add_error("hypothesis_detail", _("Describe your hypothesis in a few words."))
+        return cleaned
+
+
+class ResendLinkForm(forms.Form):
+    email = forms.EmailField(label=_("E-mail used for the booking"), max_length=254)
+
+
+def quote_initial(*, catalog: Catalog, earliest: date) -> dict:
+    hardware_class = catalog.default_class
+    environments = catalog.environments_for(hardware_class) if hardware_class else []
+    return {
+        "hardware_class": hardware_class.slug if hardware_class else "",
+        "environment": environments[0].slug if environments else "",
+        "lots": 1,
+        "start_date": earliest,
+        "days": WindowDays.SEVEN,
+    }

@@ -1,0 +1,472 @@
+"""The catalog, the inventory, and the Order with its state machine and allocations.
+
+Invariants the database guards: one price per (class, window length), positive prices and lot counts, windows
+that end after they start, one credit per token hash, and (PostgreSQL, migration 0002) no two live allocations of
+one lot whose periods overlap.
+"""
+
+import re
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'12.8' -> (12, 8); '6.2.4' -> (6, 2, 4). Non-numeric parts end the version."""
+    parts = []
+    for part in version.strip().split("."):
+        match = re.match(r"\d+", part)
+        if not match:
+            break
+        parts.append(int(match.group()))
+    return tuple(parts)
+
+
+def validate_version(value: str) -> None:
+    if not re.fullmatch(r"\d+(\.\d+){0,3}", value.strip()):
+        raise ValidationError(_("Write a version as numbers separated by dots, e.g. 12.8 or 6.2.4."))
+
+
+class Vendor(models.TextChoices):
+    NVIDIA = "nvidia", "NVIDIA"
+    AMD = "amd", "AMD"
+
+
+class Runtime(models.TextChoices):
+    CUDA = "cuda", "CUDA"
+    ROCM = "rocm", "ROCm"
+
+
+RUNTIME_OF_VENDOR = {Vendor.NVIDIA: Runtime.CUDA, Vendor.AMD: Runtime.ROCM}
+
+
+class WindowDays(models.IntegerChoices):
+    """The research windows on offer (the offer page: split validation, variants, followed campaign)."""
+
+    THREE = 3, _("3 days")
+    SEVEN = 7, _("7 days")
+    THIRTY = 30, _("30 days")
+
+
+class HardwareClass(models.Model):
+    """What a lot is made of: e.g. a pair of NVIDIA B200 (2 × 180 GB, sm_100, NVLink)."""
+
+    slug = models.SlugField(_("slug"), max_length=40, unique=True)
+    name = models.CharField(_("name"), max_length=100)
+    vendor = models.CharField(_("vendor"), max_length=16, choices=Vendor.choices)
+    gpu_model = models.CharField(_("GPU model"), max_length=40)
+    memory_per_card_gb = models.PositiveIntegerField(_("memory per card (GB)"))
+    cards_per_lot = models.PositiveSmallIntegerField(_("cards per lot"), default=2)
+    interconnect = models.CharField(_("interconnect"), max_length=100)
+    architecture = models.CharField(
+        _("architecture"), max_length=20, help_text=_("Compute target, e.g. sm_100 (Blackwell), sm_90, gfx942.")
+    )
+    min_runtime_version = models.CharField(
+        _("minimum CUDA or ROCm version"),
+        max_length=20,
+        validators=[validate_version],
+        help_text=_("The oldest CUDA (NVIDIA) or ROCm (AMD) release that targets this architecture."),
+    )
+    summary = models.CharField(_("summary"), max_length=300, blank=True)
+    is_default = models.BooleanField(_("default class"), default=False)
+    is_active = models.BooleanField(_("offered"), default=True)
+    position = models.PositiveSmallIntegerField(_("position"), default=0)
+
+    class Meta:
+        ordering = ["position", "name"]
+        verbose_name = _("hardware class")
+        verbose_name_plural = _("hardware classes")
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True), name="one_default_class"),
+            models.CheckConstraint(condition=Q(cards_per_lot__gte=1), name="class_has_cards"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def runtime(self) -> str:
+        return RUNTIME_OF_VENDOR[self.vendor]
+
+    @property
+    def lot_memory_gb(self) -> int:
+        return self.memory_per_card_gb * self.cards_per_lot
+
+
+class EnvironmentImage(models.Model):
+    """A container image researchers start from, with the hardware classes it can run on."""
+
+    slug = models.SlugField(_("slug"), max_length=60, unique=True)
+    name = models.CharField(_("name"), max_length=100)
+    image_ref = models.CharField(_("image reference"), max_length=255)
+    runtime = models.CharField(_("runtime"), max_length=8, choices=Runtime.choices)
+    runtime_version = models.CharField(_("CUDA or ROCm version"), max_length=20, validators=[validate_version])
+    pytorch_version = models.CharField(_("PyTorch version"), max_length=20, validators=[validate_version])
+    hardware_classes = models.ManyToManyField(
+        HardwareClass, related_name="environments", blank=True, verbose_name=_("runs on")
+    )
+    is_active = models.BooleanField(_("offered"), default=True)
+    position = models.PositiveSmallIntegerField(_("position"), default=0)
+
+    class Meta:
+        ordering = ["position", "name"]
+        verbose_name = _("environment image")
+        verbose_name_plural = _("environment images")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def incompatibility_with(self, hardware_class: HardwareClass) -> str | None:
+        """Why this image cannot run on the class, or None when it can (the rule behind the M2M choices)."""
+        if self.runtime != hardware_class.runtime:
+            return _("%(image)s is a %(runtime)s image; %(hardware)s needs %(needed)s.") % {
+                "image": self.name,
+                "runtime": self.get_runtime_display(),
+                "hardware": hardware_class.name,
+                "needed": Runtime(hardware_class.runtime).label,
+            }
+        if version_tuple(self.runtime_version) < version_tuple(hardware_class.min_runtime_version):
+            return _(
+                "%(image)s ships %(runtime)s %(version)s, which does not target %(arch)s: "
+                "%(hardware)s needs %(runtime)s %(minimum)s or newer."
+            ) % {
+                "image": self.name,
+                "runtime": self.get_runtime_display(),
+                "version": self.runtime_version,
+                "arch": hardware_class.architecture,
+                "hardware": hardware_class.name,
+                "minimum": hardware_class.min_runtime_version,
+            }
+        return None
+
+
+class Price(models.Model):
+    """Price of one lot for one window length, in settings.PRICE_CURRENCY."""
+
+    hardware_class = models.ForeignKey(HardwareClass, on_delete=models.CASCADE, related_name="prices")
+    days = models.PositiveSmallIntegerField(_("window"), choices=WindowDays.choices)
+    amount_per_lot = models.DecimalField(
+        _("price per lot"), max_digits=12, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))]
+    )
+
+    class Meta:
+        ordering = ["hardware_class", "days"]
+        verbose_name = _("price")
+        verbose_name_plural = _("prices")
+        constraints = [
+            models.UniqueConstraint(fields=["hardware_class", "days"], name="one_price_per_class_and_window"),
+            models.CheckConstraint(condition=Q(amount_per_lot__gt=0), name="price_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hardware_class} · {self.days} d · {self.amount_per_lot}"
+
+
+class BookingPolicy(models.Model):
+    """Operator-set rules of the booking desk. One row (pk=1), edited in the admin."""
+
+    turnaround_hours = models.PositiveSmallIntegerField(
+        _("turnaround (hours)"),
+        default=6,
+        help_text=_("Reserved before each window (provisioning, pre-flight) and after it (teardown)."),
+    )
+    hold_minutes = models.PositiveSmallIntegerField(
+        _("hold (minutes)"),
+        default=60,
+        validators=[MinValueValidator(5)],
+        help_text=_("How long unpaid lots stay held; the payment quote lives as long."),
+    )
+    min_notice_hours = models.PositiveSmallIntegerField(
+        _("minimum notice (hours)"),
+        default=4,
+        help_text=_("A window may start no sooner than this after the booking (windows start at 00:00 UTC)."),
+    )
+    horizon_days = models.PositiveSmallIntegerField(
+        _("booking horizon (days)"), default=180, validators=[MinValueValidator(7)]
+    )
+    max_lots_per_order = models.PositiveSmallIntegerField(
+        _("most lots in one order"), default=8, validators=[MinValueValidator(1)]
+    )
+
+    class Meta:
+        verbose_name = _("booking policy")
+        verbose_name_plural = _("booking policy")
+        constraints = [models.CheckConstraint(condition=Q(pk=1), name="booking_policy_single_row")]
+
+    def __str__(self) -> str:
+        return str(_("Booking policy"))
+
+    @property
+    def turnaround(self) -> timedelta:
+        return timedelta(hours=self.turnaround_hours)
+
+    @classmethod
+    def current(cls) -> "BookingPolicy":
+        policy, _created = cls.objects.get_or_create(pk=1)
+        return policy
+
+
+class Lot(models.Model):
+    """The unit rented: the cards of one class that go together, on one host."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", _("Active")
+        MAINTENANCE = "maintenance", _("In maintenance")
+
+    name = models.CharField(_("name"), max_length=80, unique=True)
+    hardware_class = models.ForeignKey(
+        HardwareClass, on_delete=models.PROTECT, related_name="lots", verbose_name=_("hardware class")
+    )
+    host = models.ForeignKey("provisioning.Host", on_delete=models.PROTECT, related_name="lots", verbose_name=_("host"))
+    gpu_indices = models.CharField(
+        _("GPU indices"), max_length=64, help_text=_("The host's GPU indices in this lot, e.g. 0,1.")
+    )
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE)
+
+    class Meta:
+        ordering = ["hardware_class", "name"]
+        verbose_name = _("lot")
+        verbose_name_plural = _("lots")
+        constraints = [models.UniqueConstraint(fields=["host", "gpu_indices"], name="one_lot_per_host_gpus")]
+        indexes = [models.Index(fields=["hardware_class", "status"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def gpu_index_list(self) -> list[int]:
+        return [int(index) for index in self.gpu_indices.split(",") if index.strip()]
+
+    def clean(self) -> None:
+        if not re.fullmatch(r"\d{1,3}(,\d{1,3})*", self.gpu_indices.replace(" ", "")):
+            raise ValidationError({"gpu_indices": _("List GPU indices as numbers separated by commas, e.g. 0,1.")})
+        self.gpu_indices = self.gpu_indices.replace(" ", "")
+        indices = self.gpu_index_list
+        if len(set(indices)) != len(indices):
+            raise ValidationError({"gpu_indices": _("A GPU index appears twice.")})
+        if self.hardware_class_id and len(indices) != self.hardware_class.cards_per_lot:
+            raise ValidationError(
+                {
+                    "gpu_indices": _("A lot of %(hardware)s has %(count)d cards.")
+                    % {"hardware": self.hardware_class, "count": self.hardware_class.cards_per_lot}
+                }
+            )
+        if self.host_id:
+            taken = {
+                index
+                for other in Lot.objects.filter(host_id=self.host_id).exclude(pk=self.pk)
+                for index in other.gpu_index_list
+            }
+            if taken & set(indices):
+                raise ValidationError({"gpu_indices": _("These GPUs already belong to another lot of this host.")})
+
+
+class OrderStatus(models.TextChoices):
+    AWAITING_PAYMENT = "awaiting_payment", _("Awaiting payment")
+    PAYMENT_PROCESSING = "payment_processing", _("Payment being confirmed")
+    PAID = "paid", _("Paid, awaiting approval")
+    APPROVED = "approved", _("Approved")
+    REJECTED = "rejected", _("Rejected")
+    PROVISIONING = "provisioning", _("Preparing access")
+    PROVISIONING_FAILED = "provisioning_failed", _("Access preparation delayed")
+    READY = "ready", _("Ready")
+    ACTIVE = "active", _("Active")
+    ENDED = "ended", _("Ended")
+    EXPIRED = "expired", _("Expired")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+# The state machine of design.md, in one table. A late payment may revive an expired order (payments re-allocates).
+ORDER_TRANSITIONS: dict[str, frozenset[str]] = {
+    OrderStatus.AWAITING_PAYMENT: frozenset(
+        {OrderStatus.PAYMENT_PROCESSING, OrderStatus.PAID, OrderStatus.EXPIRED, OrderStatus.CANCELLED}
+    ),
+    OrderStatus.PAYMENT_PROCESSING: frozenset({OrderStatus.AWAITING_PAYMENT, OrderStatus.PAID, OrderStatus.CANCELLED}),
+    OrderStatus.PAID: frozenset({OrderStatus.APPROVED, OrderStatus.REJECTED, OrderStatus.CANCELLED}),
+    OrderStatus.APPROVED: frozenset({OrderStatus.PROVISIONING, OrderStatus.CANCELLED}),
+    OrderStatus.PROVISIONING: frozenset({OrderStatus.READY, OrderStatus.PROVISIONING_FAILED, OrderStatus.CANCELLED}),
+    OrderStatus.PROVISIONING_FAILED: frozenset({OrderStatus.PROVISIONING, OrderStatus.CANCELLED}),
+    OrderStatus.READY: frozenset(
+        {OrderStatus.ACTIVE, OrderStatus.PROVISIONING, OrderStatus.ENDED, OrderStatus.CANCELLED}
+    ),
+    OrderStatus.ACTIVE: frozenset({OrderStatus.ENDED}),
+    OrderStatus.EXPIRED: frozenset({OrderStatus.PAID}),
+    OrderStatus.REJECTED: frozenset(),
+    OrderStatus.ENDED: frozenset(),
+    OrderStatus.CANCELLED: frozenset(),
+}
+# Entering one of these releases the order's lots.
+RELEASING_STATUSES = frozenset({OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.ENDED, OrderStatus.REJECTED})
+# Nothing more will happen by itself: the order page stops polling.
+SETTLED_STATUSES = frozenset({OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.ENDED, OrderStatus.REJECTED})
+
+
+class Hypothesis(models.TextChoices):
+    """What the researcher expects two cards to bring (the offer page: write it down before renting)."""
+
+    BIGGER_BATCH = "bigger_batch", _("A bigger global batch")
+    SHORTER_STEP = "shorter_step", _("A shorter step")
+    MAKE_POSSIBLE = "make_possible", _("Make the run possible at all (the model does not fit one card)")
+    COMPARE_HYPERPARAMETERS = "compare_hyperparameters", _("Compare hyperparameters")
+    OTHER = "other", _("Something else")
+
+
+class Order(models.Model):
+    public_id = models.CharField(_("order number"), max_length=16, unique=True, editable=False)
+    status = models.CharField(
+        _("status"), max_length=24, choices=OrderStatus.choices, default=OrderStatus.AWAITING_PAYMENT
+    )
+    hardware_class = models.ForeignKey(
+        HardwareClass, on_delete=models.PROTECT, related_name="orders", verbose_name=_("hardware class")
+    )
+    environment = models.ForeignKey(
+        EnvironmentImage, on_delete=models.PROTECT, related_name="orders", verbose_name=_("environment")
+    )
+    lot_count = models.PositiveSmallIntegerField(_("lots"))
+    days = models.PositiveSmallIntegerField(_("window"), choices=WindowDays.choices)
+    starts_at = models.DateTimeField(_("window starts"))
+    ends_at = models.DateTimeField(_("window ends"))
+
+    contact_name = models.CharField(_("name"), max_length=120)
+    contact_email = models.EmailField(_("e-mail"), max_length=254)
+    organisation = models.CharField(_("organisation"), max_length=200)
+    messenger = models.CharField(_("messenger handle"), max_length=100, blank=True)
+
+    hypothesis = models.CharField(_("hypothesis"), max_length=32, choices=Hypothesis.choices)
+    hypothesis_detail = models.TextField(_("hypothesis, in your words"), blank=True)
+    notes = models.TextField(_("notes"), blank=True)
+
+    currency = models.CharField(_("currency"), max_length=3)
+    price_per_lot = models.DecimalField(_("price per lot"), max_digits=12, decimal_places=2)
+    total_price = models.DecimalField(_("total"), max_digits=14, decimal_places=2)
+    hold_expires_at = models.DateTimeField(_("lots held until"), null=True, blank=True)
+    language = models.CharField(_("language"), max_length=8, default="en")
+
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("order")
+        verbose_name_plural = _("orders")
+        permissions = [("operate_orders", "Can operate orders in the operator console")]
+        constraints = [
+            models.CheckConstraint(condition=Q(starts_at__lt=models.F("ends_at")), name="order_window_positive"),
+            models.CheckConstraint(condition=Q(lot_count__gte=1), name="order_has_lots"),
+            models.CheckConstraint(condition=Q(total_price__gt=0), name="order_total_positive"),
+            models.CheckConstraint(condition=Q(status__in=OrderStatus.values), name="order_status_known"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "hold_expires_at"]),
+            models.Index(fields=["contact_email"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def is_settled(self) -> bool:
+        return self.status in SETTLED_STATUSES
+
+    @property
+    def can_be_cancelled_by_customer(self) -> bool:
+        return self.status == OrderStatus.AWAITING_PAYMENT
+
+
+class OrderAccessToken(models.Model):
+    """A secret link to an order. Only the SHA-256 of the token is stored; a resend mints a new one."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="access_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("access token")
+        verbose_name_plural = _("access tokens")
+
+    def __str__(self) -> str:
+        return f"{self.order} · {self.token_hash[:8]}…"
+
+
+class OrderSshKey(models.Model):
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="ssh_keys")
+    key_type = models.CharField(_("type"), max_length=64)
+    bits = models.PositiveIntegerField(_("bits"))
+    fingerprint = models.CharField(_("fingerprint"), max_length=80)
+    public_key = models.TextField(_("public key"))
+
+    class Meta:
+        ordering = ["pk"]
+        verbose_name = _("SSH key")
+        verbose_name_plural = _("SSH keys")
+        constraints = [models.UniqueConstraint(fields=["order", "fingerprint"], name="one_key_per_fingerprint")]
+
+    def __str__(self) -> str:
+        return f"{self.key_type} {self.fingerprint}"
+
+
+class OrderEvent(models.Model):
+    """One row per transition (and per notable action): the order's audit trail. Never edited."""
+
+    class Actor(models.TextChoices):
+        CUSTOMER = "customer", _("Customer")
+        SYSTEM = "system", _("System")
+        OPERATOR = "operator", _("Operator")
+        ADMIN = "admin", _("Admin")
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True)
+    from_status = models.CharField(max_length=24, choices=OrderStatus.choices, blank=True)
+    to_status = models.CharField(max_length=24, choices=OrderStatus.choices)
+    actor_kind = models.CharField(max_length=16, choices=Actor.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        verbose_name = _("order event")
+        verbose_name_plural = _("order events")
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class Allocation(models.Model):
+    """A lot held for an order over [window start − turnaround, window end + turnaround).
+
+    Live while `released_at` is null. PostgreSQL forbids two live allocations of one lot whose periods overlap
+    (exclusion constraint `allocation_no_overlap`, migration 0002).
+    """
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="allocations")
+    lot = models.ForeignKey(Lot, on_delete=models.PROTECT, related_name="allocations")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["lot__name"]
+        verbose_name = _("allocation")
+        verbose_name_plural = _("allocations")
+        constraints = [
+            models.CheckConstraint(condition=Q(starts_at__lt=models.F("ends_at")), name="allocation_period_positive"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["lot", "starts_at", "ends_at"],
+                condition=Q(released_at__isnull=True),
+                name="live_allocation_period",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.lot} for {self.order}"

@@ -1,0 +1,108 @@
+"""The live quote of the booking page: availability of every class for the chosen window, price, and what
+would stop the booking, explained before the researcher submits. Reads only."""
+
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from booking import selectors
+from booking.models import BookingPolicy, EnvironmentImage, HardwareClass
+from booking.rules import BookingError, capacity_problem, check_environment, check_window
+
+
+@dataclass
+class ClassOffer:
+    hardware_class: HardwareClass
+    availability: selectors.Availability
+    price_per_lot: Decimal | None
+
+
+@dataclass
+class Quote:
+    hardware_class: HardwareClass
+    environment: EnvironmentImage | None
+    lot_count: int
+    days: int
+    window: selectors.Window
+    offers: list[ClassOffer]
+    price_per_lot: Decimal | None = None
+    total: Decimal | None = None
+    problems: list[str] = field(default_factory=list)
+    next_dates: list[date] = field(default_factory=list)
+
+    @property
+    def bookable(self) -> bool:
+        return not self.problems and self.total is not None
+
+    @property
+    def chosen_offer(self) -> ClassOffer | None:
+        return next((o for o in self.offers if o.hardware_class.pk == self.hardware_class.pk), None)
+
+
+def build_quote(
+    *,
+    classes: list[HardwareClass],
+    hardware_class: HardwareClass,
+    environment: EnvironmentImage | None,
+    lot_count: int,
+    start_date: date,
+    days: int,
+    policy: BookingPolicy,
+    now: datetime | None = None,
+) -> Quote:
+    """`classes` come from selectors.offered_classes() (prices and environments prefetched)."""
+    now = now or timezone.now()
+    window = selectors.window_for(start_date=start_date, days=days, policy=policy)
+    availability = selectors.availability_for_window(window=window)
+    offers = [
+        ClassOffer(
+            hardware_class=offered,
+            availability=availability.get(offered.pk, selectors.Availability(free=0, total=0)),
+            price_per_lot=selectors.price_for(hardware_class=offered, days=days),
+        )
+        for offered in classes
+    ]
+    quote = Quote(
+        hardware_class=hardware_class,
+        environment=environment,
+        lot_count=lot_count,
+        days=days,
+        window=window,
+        offers=offers,
+    )
+    try:
+        check_window(start_date=start_date, days=days, lot_count=lot_count, policy=policy, now=now)
+    except BookingError as exc:
+        quote.problems.append(exc.message)
+    if environment is not None:
+        try:
+            check_environment(hardware_class=hardware_class, environment=environment)
+        except BookingError as exc:
+            quote.problems.append(exc.message)
+    chosen = quote.chosen_offer
+    quote.price_per_lot = chosen.price_per_lot if chosen else None
+    if quote.price_per_lot is None:
+        quote.problems.append(_("This window is not on sale for this hardware class."))
+    else:
+        quote.total = quote.price_per_lot * lot_count
+    capacity = chosen and capacity_problem(
+        hardware_class=hardware_class,
+        lot_count=lot_count,
+        free=chosen.availability.free,
+        total=chosen.availability.total,
+    )
+    if capacity and not quote.problems:
+        quote.problems.append(capacity)
+        if chosen.availability.total >= lot_count:
+            quote.next_dates = selectors.next_start_dates(
+                hardware_class=hardware_class,
+                lot_count=lot_count,
+                days=days,
+                after=start_date,
+                policy=policy,
+                now=now,
+            )
+    return quote

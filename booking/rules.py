@@ -1,0 +1,79 @@
+"""The booking desk's rules and the errors they raise. Used by services (to refuse) and by the live quote (to
+explain before the researcher submits)."""
+
+from datetime import date, datetime
+
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from booking import selectors
+from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, WindowDays
+
+
+class BookingError(Exception):
+    """A booking rule said no. `message` is translated and safe to show; `field` names the form field."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class SoldOut(BookingError):
+    def __init__(self, message: str, *, next_dates: list[date]) -> None:
+        super().__init__(message, field="start_date")
+        self.next_dates = next_dates
+
+
+class InvalidTransition(BookingError):
+    pass
+
+
+def check_environment(*, hardware_class: HardwareClass, environment: EnvironmentImage) -> None:
+    if not hardware_class.is_active:
+        raise BookingError(_("This hardware class is not offered any more."), field="hardware_class")
+    if not environment.is_active:
+        raise BookingError(_("This environment is not offered any more."), field="environment")
+    reason = environment.incompatibility_with(hardware_class)
+    if reason:
+        raise BookingError(reason, field="environment")
+    # offered_classes() prefetches environments; elsewhere this is one query.
+    if environment not in hardware_class.environments.all():
+        raise BookingError(
+            _("%(image)s is not offered on %(hardware)s.")
+            % {"image": environment.name, "hardware": hardware_class.name},
+            field="environment",
+        )
+
+
+def check_window(*, start_date: date, days: int, lot_count: int, policy: BookingPolicy, now: datetime) -> None:
+    if days not in WindowDays.values:
+        raise BookingError(_("Choose a window of 3, 7 or 30 days."), field="days")
+    if not 1 <= lot_count <= policy.max_lots_per_order:
+        raise BookingError(_("Choose between 1 and %(most)d lots.") % {"most": policy.max_lots_per_order}, field="lots")
+    earliest = selectors.earliest_start_date(policy=policy, now=now)
+    if start_date < earliest:
+        raise BookingError(
+            _("The earliest start is %(date)s (windows start at 00:00 UTC).") % {"date": earliest.isoformat()},
+            field="start_date",
+        )
+    latest = selectors.latest_start_date(policy=policy, now=now)
+    if start_date > latest:
+        raise BookingError(
+            _("Bookings open %(days)d days ahead: the latest start is %(date)s.")
+            % {"days": policy.horizon_days, "date": latest.isoformat()},
+            field="start_date",
+        )
+
+
+def capacity_problem(*, hardware_class: HardwareClass, lot_count: int, free: int, total: int) -> str | None:
+    """Why `lot_count` lots cannot be had when `free` of `total` are free, or None when they can."""
+    if total < lot_count:
+        return ngettext(
+            "Only %(count)d lot of %(hardware)s exists.",
+            "Only %(count)d lots of %(hardware)s exist.",
+            total,
+        ) % {"count": total, "hardware": hardware_class.name}
+    if free < lot_count:
+        return _("Sold out: not enough %(hardware)s lots are free for these dates.") % {"hardware": hardware_class.name}
+    return None

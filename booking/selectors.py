@@ -1,0 +1,177 @@
+"""Reads of the booking app: catalog, windows, availability. Each is a fixed number of queries, whatever the
+number of lots."""
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet
+from django.utils import timezone
+
+from booking.models import (
+    Allocation,
+    BookingPolicy,
+    EnvironmentImage,
+    HardwareClass,
+    Lot,
+    Order,
+    OrderAccessToken,
+    Price,
+)
+from booking.tokens import token_hash
+
+
+@dataclass(frozen=True)
+class Window:
+    """A research window and the period its lots are held for (turnaround on both sides)."""
+
+    starts_at: datetime
+    ends_at: datetime
+    held_from: datetime
+    held_until: datetime
+
+
+def window_for(*, start_date: date, days: int, policy: BookingPolicy) -> Window:
+    starts_at = datetime.combine(start_date, time.min, tzinfo=UTC)
+    ends_at = starts_at + timedelta(days=days)
+    return Window(
+        starts_at=starts_at,
+        ends_at=ends_at,
+        held_from=starts_at - policy.turnaround,
+        held_until=ends_at + policy.turnaround,
+    )
+
+
+def earliest_start_date(*, policy: BookingPolicy, now: datetime | None = None) -> date:
+    """The first date whose 00:00 UTC is at least the minimum notice away."""
+    earliest = (now or timezone.now()).astimezone(UTC) + timedelta(hours=policy.min_notice_hours)
+    day = earliest.date()
+    return day if earliest.time() == time.min else day + timedelta(days=1)
+
+
+def latest_start_date(*, policy: BookingPolicy, now: datetime | None = None) -> date:
+    return (now or timezone.now()).astimezone(UTC).date() + timedelta(days=policy.horizon_days)
+
+
+def offered_classes() -> QuerySet[HardwareClass]:
+    return HardwareClass.objects.filter(is_active=True).prefetch_related(
+        Prefetch("prices", queryset=Price.objects.order_by("days")),
+        Prefetch(
+            "environments",
+            queryset=EnvironmentImage.objects.filter(is_active=True).order_by("position", "name"),
+        ),
+    )
+
+
+def price_for(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
+    """The price per lot, from the prefetched prices when the class came from offered_classes()."""
+    for price in hardware_class.prices.all():
+        if price.days == days:
+            return price.amount_per_lot
+    return None
+
+
+def _overlapping_live_allocations(*, held_from: datetime, held_until: datetime) -> QuerySet[Allocation]:
+    return Allocation.objects.filter(
+        lot=OuterRef("pk"), released_at__isnull=True, starts_at__lt=held_until, ends_at__gt=held_from
+    )
+
+
+@dataclass(frozen=True)
+class Availability:
+    free: int
+    total: int
+
+
+def availability_for_window(*, window: Window) -> dict[int, Availability]:
+    """Free and total active lots per hardware class id for the window, in one aggregated query."""
+    busy = Exists(_overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until))
+    rows = (
+        Lot.objects.filter(status=Lot.Status.ACTIVE, hardware_class__is_active=True)
+        .order_by()
+        .values("hardware_class_id")
+        .annotate(total=Count("pk"), free=Count("pk", filter=~Q(busy)))
+    )
+    return {row["hardware_class_id"]: Availability(free=row["free"], total=row["total"]) for row in rows}
+
+
+def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -> list[int]:
+    """Up to `limit` free lots of the class for the window, spread across hosts in a stable order."""
+    busy = _overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until)
+    return list(
+        Lot.objects.filter(hardware_class=hardware_class, status=Lot.Status.ACTIVE)
+        .filter(~Exists(busy))
+        .order_by("host__name", "name")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def active_lot_count(*, hardware_class: HardwareClass) -> int:
+    return Lot.objects.filter(hardware_class=hardware_class, status=Lot.Status.ACTIVE).count()
+
+
+def next_start_dates(
+    *,
+    hardware_class: HardwareClass,
+    lot_count: int,
+    days: int,
+    after: date,
+    policy: BookingPolicy,
+    limit: int = 3,
+    now: datetime | None = None,
+) -> list[date]:
+    """The next start dates (from `after`, within the horizon) where `lot_count` lots of the class are free.
+
+    Two queries: the active lots, and their live allocations in the horizon; the sweep over days is in memory.
+    """
+    lot_ids = set(
+        Lot.objects.filter(hardware_class=hardware_class, status=Lot.Status.ACTIVE).values_list("pk", flat=True)
+    )
+    if len(lot_ids) < lot_count:
+        return []
+    first = max(after, earliest_start_date(policy=policy, now=now))
+    last = latest_start_date(policy=policy, now=now)
+    if first > last:
+        return []
+    horizon_from = window_for(start_date=first, days=days, policy=policy).held_from
+    horizon_until = window_for(start_date=last, days=days, policy=policy).held_until
+    periods = list(
+        Allocation.objects.filter(
+            lot__hardware_class=hardware_class,
+            lot__status=Lot.Status.ACTIVE,
+            released_at__isnull=True,
+            starts_at__lt=horizon_until,
+            ends_at__gt=horizon_from,
+        ).values_list("lot_id", "starts_at", "ends_at")
+    )
+    found: list[date] = []
+    day = first
+    while day <= last and len(found) < limit:
+        window = window_for(start_date=day, days=days, policy=policy)
+        busy = {lot_id for lot_id, start, end in periods if start < window.held_until and end > window.held_from}
+        if len(lot_ids) - len(busy) >= lot_count:
+            found.append(day)
+        day += timedelta(days=1)
+    return found
+
+
+def order_for_link(*, public_id: str, token: str) -> Order | None:
+    """The order behind a secret link, or None: a wrong token and a missing order are indistinguishable."""
+    if not public_id or not token or len(public_id) > 16 or len(token) > 128:
+        return None
+    return (
+        Order.objects.select_related("hardware_class", "environment")
+        .filter(
+            public_id=public_id,
+            pk__in=OrderAccessToken.objects.filter(token_hash=token_hash(token)).values("order_id"),
+        )
+        .first()
+    )
+
+
+def orders_for_email(*, email: str, since: datetime) -> QuerySet[Order]:
+    return (
+        Order.objects.select_related("hardware_class")
+        .filter(contact_email__iexact=email, created_at__gte=since)
+        .order_by("-created_at")
+    )

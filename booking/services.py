@@ -1,0 +1,297 @@
+"""Every write of the booking app. One transaction each; follow-up work is enqueued on commit."""
+
+import logging
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+from django.utils import timezone, translation
+from django.utils.translation import gettext as _
+
+from booking import selectors
+from booking.models import (
+    ORDER_TRANSITIONS,
+    RELEASING_STATUSES,
+    Allocation,
+    BookingPolicy,
+    EnvironmentImage,
+    HardwareClass,
+    Hypothesis,
+    Order,
+    OrderAccessToken,
+    OrderEvent,
+    OrderSshKey,
+    OrderStatus,
+)
+from booking.rules import (
+    BookingError,
+    InvalidTransition,
+    SoldOut,
+    capacity_problem,
+    check_environment,
+    check_window,
+)
+from booking.ssh_keys import SshPublicKey
+from booking.tokens import new_access_token, new_public_id, token_hash
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Contact:
+    name: str
+    email: str
+    organisation: str
+    messenger: str = ""
+
+
+@dataclass(frozen=True)
+class BookingRequest:
+    hardware_class: HardwareClass
+    environment: EnvironmentImage
+    lot_count: int
+    start_date: date
+    days: int
+    contact: Contact
+    ssh_keys: list[SshPublicKey]
+    hypothesis: str
+    hypothesis_detail: str = ""
+    notes: str = ""
+    language: str = "en"
+
+
+def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
+    """Python checks for friendly messages; the database constraints remain the guarantee."""
+    check_environment(hardware_class=request.hardware_class, environment=request.environment)
+    check_window(start_date=request.start_date, days=request.days, lot_count=request.lot_count, policy=policy, now=now)
+    if request.hypothesis not in Hypothesis.values:
+        raise BookingError(_("Choose a hypothesis."), field="hypothesis")
+    if request.hypothesis == Hypothesis.OTHER and not request.hypothesis_detail.strip():
+        raise BookingError(_("Describe your hypothesis in a few words."), field="hypothesis_detail")
+    if not request.ssh_keys:
+        raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
+
+
+def _sold_out(*, request: BookingRequest, policy: BookingPolicy, now: datetime, free: int) -> SoldOut:
+    total = selectors.active_lot_count(hardware_class=request.hardware_class)
+    message = capacity_problem(
+        hardware_class=request.hardware_class, lot_count=request.lot_count, free=min(free, total), total=total
+    )
+    next_dates = []
+    if total >= request.lot_count:
+        next_dates = selectors.next_start_dates(
+            hardware_class=request.hardware_class,
+            lot_count=request.lot_count,
+            days=request.days,
+            after=request.start_date + timedelta(days=1),
+            policy=policy,
+            now=now,
+        )
+    return SoldOut(message or "", next_dates=next_dates)
+
+
+@transaction.atomic
+def order_create(*, request: BookingRequest, now: datetime | None = None) -> tuple[Order, str]:
+    """Place an order and hold specific lots for its window, in one transaction.
+
+    Bookings of one class are serialised by a row lock on the class; the exclusion constraint on allocations
+    (PostgreSQL) is the guarantee behind it. Returns the order and its secret token (shown once).
+    """
+    now = now or timezone.now()
+    policy = BookingPolicy.current()
+    _check_request(request=request, policy=policy, now=now)
+    price_per_lot = (
+        request.hardware_class.prices.filter(days=request.days).values_list("amount_per_lot", flat=True).first()
+    )
+    if price_per_lot is None:
+        raise BookingError(_("This window is not on sale for this hardware class."), field="days")
+
+    # The capacity lock: concurrent bookings of this class wait here, then see each other's allocations.
+    list(HardwareClass.objects.select_for_update().filter(pk=request.hardware_class.pk).values_list("pk", flat=True))
+    window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
+    lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count)
+    if len(lot_ids) < request.lot_count:
+        raise _sold_out(request=request, policy=policy, now=now, free=len(lot_ids))
+
+    order = Order.objects.create(
+        public_id=new_public_id(),
+        status=OrderStatus.AWAITING_PAYMENT,
+        hardware_class=request.hardware_class,
+        environment=request.environment,
+        lot_count=request.lot_count,
+        days=request.days,
+        starts_at=window.starts_at,
+        ends_at=window.ends_at,
+        contact_name=request.contact.name,
+        contact_email=request.contact.email,
+        organisation=request.contact.organisation,
+        messenger=request.contact.messenger,
+        hypothesis=request.hypothesis,
+        hypothesis_detail=request.hypothesis_detail,
+        notes=request.notes,
+        currency=settings.PRICE_CURRENCY,
+        price_per_lot=price_per_lot,
+        total_price=price_per_lot * request.lot_count,
+        hold_expires_at=now + timedelta(minutes=policy.hold_minutes),
+        language=request.language,
+    )
+    try:
+        with transaction.atomic():
+            Allocation.objects.bulk_create(
+                Allocation(order=order, lot_id=lot_id, starts_at=window.held_from, ends_at=window.held_until)
+                for lot_id in lot_ids
+            )
+    except IntegrityError as exc:  # the exclusion constraint caught an overlap the lock did not prevent
+        logger.warning("allocation overlap refused for %s: %s", order.public_id, exc)
+        raise _sold_out(request=request, policy=policy, now=now, free=0) from exc
+    OrderSshKey.objects.bulk_create(
+        OrderSshKey(
+            order=order, key_type=key.key_type, bits=key.bits, fingerprint=key.fingerprint, public_key=key.openssh()
+        )
+        for key in request.ssh_keys
+    )
+    token = _issue_token(order=order)
+    OrderEvent.objects.create(
+        order=order,
+        from_status="",
+        to_status=OrderStatus.AWAITING_PAYMENT,
+        actor_kind=OrderEvent.Actor.CUSTOMER,
+        reason="order placed",
+        evidence={"lots": len(lot_ids), "held_until": order.hold_expires_at.isoformat()},
+    )
+    from booking.tasks import send_order_link
+
+    send_order_link.delay_on_commit(order.pk)
+    return order, token
+
+
+def _issue_token(*, order: Order) -> str:
+    token = new_access_token()
+    OrderAccessToken.objects.create(order=order, token_hash=token_hash(token))
+    return token
+
+
+def order_link(*, order: Order, token: str) -> str:
+    from django.urls import reverse
+
+    return settings.SITE_URL + reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
+
+
+@transaction.atomic
+def order_transition(
+    *,
+    order: Order,
+    to_status: str,
+    actor_kind: str,
+    actor: AbstractBaseUser | None = None,
+    reason: str = "",
+    evidence: dict | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Move the order to `to_status` if the state machine allows it; False when it is already there.
+
+    Locks the order row, records an OrderEvent, releases the lots when the new state ends the order.
+    """
+    locked = Order.objects.select_for_update().get(pk=order.pk)
+    if locked.status == to_status:
+        order.status = locked.status
+        return False
+    if to_status not in ORDER_TRANSITIONS[locked.status]:
+        raise InvalidTransition(
+            _("An order that is “%(current)s” cannot become “%(target)s”.")
+            % {"current": locked.get_status_display(), "target": OrderStatus(to_status).label}
+        )
+    now = now or timezone.now()
+    OrderEvent.objects.create(
+        order=locked,
+        from_status=locked.status,
+        to_status=to_status,
+        actor_kind=actor_kind,
+        actor=actor,
+        reason=reason,
+        evidence=evidence or {},
+    )
+    locked.status = to_status
+    update_fields = ["status", "updated_at"]
+    if to_status in RELEASING_STATUSES:
+        Allocation.objects.filter(order=locked, released_at__isnull=True).update(released_at=now)
+        locked.hold_expires_at = None
+        update_fields.append("hold_expires_at")
+    locked.save(update_fields=update_fields)
+    order.status = locked.status
+    order.hold_expires_at = locked.hold_expires_at
+    return True
+
+
+def order_cancel_by_customer(*, order: Order) -> None:
+    if not order.can_be_cancelled_by_customer:
+        raise InvalidTransition(_("This order can no longer be cancelled here: write to us instead."))
+    order_transition(
+        order=order,
+        to_status=OrderStatus.CANCELLED,
+        actor_kind=OrderEvent.Actor.CUSTOMER,
+        reason="cancelled by customer",
+    )
+
+
+def orders_expire_stale_holds(*, now: datetime | None = None, batch_size: int = 200) -> int:
+    """Expire orders whose hold ran out unpaid; releases their lots. Safe to run twice at once."""
+    now = now or timezone.now()
+    expired = 0
+    candidate_ids = list(
+        Order.objects.filter(status=OrderStatus.AWAITING_PAYMENT, hold_expires_at__lt=now)
+        .order_by("hold_expires_at")
+        .values_list("pk", flat=True)[:batch_size]
+    )
+    for order_id in candidate_ids:
+        with transaction.atomic():
+            order = (
+                Order.objects.select_for_update(skip_locked=True)
+                .filter(pk=order_id, status=OrderStatus.AWAITING_PAYMENT, hold_expires_at__lt=now)
+                .first()
+            )
+            if order is None:  # paid, cancelled or being handled by another sweep meanwhile
+                continue
+            expired += order_transition(
+                order=order,
+                to_status=OrderStatus.EXPIRED,
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                reason="hold expired before payment",
+                now=now,
+            )
+    return expired
+
+
+def order_send_link(*, order: Order) -> None:
+    """E-mail a fresh secret link to the order's contact (a new token, so no secret travels through the broker)."""
+    token = _issue_token(order=order)
+    with translation.override(order.language):
+        context = {"order": order, "link": order_link(order=order, token=token)}
+        subject = _("Your Binôme order %(number)s") % {"number": order.public_id}
+        body = render_to_string("booking/email/order_link.txt", context)
+    send_mail(subject, body, None, [order.contact_email])
+
+
+def orders_send_links(*, email: str, language: str, now: datetime | None = None) -> int:
+    """E-mail fresh links to every recent order of an address. Sends nothing when there is none."""
+    now = now or timezone.now()
+    orders = list(selectors.orders_for_email(email=email, since=now - timedelta(days=400))[:20])
+    if not orders:
+        return 0
+    links = [(order, order_link(order=order, token=_issue_token(order=order))) for order in orders]
+    with translation.override(language):
+        subject = _("Your Binôme orders")
+        body = render_to_string("booking/email/order_links.txt", {"links": links})
+    send_mail(subject, body, None, [orders[0].contact_email])
+    return len(orders)
+
+
+def orders_request_links(*, email: str, language: str) -> None:
+    """Ask for fresh links by e-mail. Same work whether or not the address has orders (nothing to learn)."""
+    from booking.tasks import send_order_links
+
+    send_order_links.delay_on_commit(email.strip().lower(), language)

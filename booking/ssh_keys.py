@@ -1,0 +1,422 @@
+"""Validation of the SSH public keys a customer gives for their booking.
+
+The portal writes these keys into the ``authorized_keys`` of the machines it
+hands out, so it accepts only one plain OpenSSH public key per line, of a
+modern type, and refuses anything else with a message that says what is wrong.
+
+The wire format of the key blob (RFC 4253, section 6.6; RFC 5656 for ECDSA;
+OpenSSH's PROTOCOL.u2f for the ``sk-`` security-key variants) is parsed here,
+so that a label that does not match its data, a truncated key or a key with
+trailing bytes is refused, not written to a server.
+
+Messages are lazy translations, turned into text only when ``str()`` is called
+on the exception, so this module can be imported and used without Django
+settings. ``InvalidSshKey.code`` says which check failed, for callers and tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+import struct
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext_lazy
+
+try:  # Used to double-check RSA keys; the parsing below does not depend on it.
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+except ImportError:  # pragma: no cover - cryptography is a project dependency
+    ec = rsa = load_ssh_public_key = None
+
+__all__ = [
+    "MAX_COMMENT_LENGTH",
+    "MAX_LINE_LENGTH",
+    "MIN_RSA_BITS",
+    "InvalidSshKey",
+    "SshPublicKey",
+    "parse_authorized_keys",
+    "parse_public_key",
+]
+
+MAX_LINE_LENGTH = 16 * 1024
+MAX_COMMENT_LENGTH = 200
+MIN_RSA_BITS = 3072
+MAX_RSA_BITS = 16384  # OpenSSH's own limit (SSHBUF_MAX_BIGNUM).
+
+ED25519 = "ssh-ed25519"
+SK_ED25519 = "sk-ssh-ed25519@openssh.com"
+RSA = "ssh-rsa"
+SK_ECDSA_P256 = "sk-ecdsa-sha2-nistp256@openssh.com"
+DSS = "ssh-dss"
+# Key type -> (curve name inside the blob, curve size in bits).
+ECDSA_CURVES = {
+    "ecdsa-sha2-nistp256": ("nistp256", 256),
+    "ecdsa-sha2-nistp384": ("nistp384", 384),
+    "ecdsa-sha2-nistp521": ("nistp521", 521),
+    SK_ECDSA_P256: ("nistp256", 256),
+}
+ACCEPTED_TYPES = frozenset({ED25519, SK_ED25519, RSA, *ECDSA_CURVES})
+
+# authorized_keys options (sshd(8), "AUTHORIZED_KEYS FILE FORMAT").
+_OPTION_NAMES = (
+    "agent-forwarding",
+    "cert-authority",
+    "command",
+    "environment",
+    "expiry-time",
+    "from",
+    "no-agent-forwarding",
+    "no-port-forwarding",
+    "no-pty",
+    "no-touch-required",
+    "no-user-rc",
+    "no-x11-forwarding",
+    "permitlisten",
+    "permitopen",
+    "port-forwarding",
+    "principals",
+    "pty",
+    "restrict",
+    "tunnel",
+    "user-rc",
+    "verify-required",
+    "x11-forwarding",
+)
+_OPTION_RE = re.compile(r"^(?:" + "|".join(re.escape(name) for name in _OPTION_NAMES) + r")(?:=|,|$)", re.I)
+# A key type followed by key data, somewhere after an options prefix.
+_EMBEDDED_KEY_RE = re.compile(r"""(?:^|[\s,"])(?:ssh-|ecdsa-sha2-|sk-)[A-Za-z0-9@.-]+[ \t]+AAAA""")
+# Space-like separators: a key copied from a web page or a chat may carry non-breaking spaces.
+_SEPARATOR_RE = re.compile(r"[ \t\u00a0\u2000-\u200a\u202f\u205f\u3000]+")
+_TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@._+-]{0,63}$")
+_BASE64_RE = re.compile(r"^AAAA[A-Za-z0-9+/]*={0,2}$")
+# Bidirectional controls, which can make a comment display as something it is not.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+class InvalidSshKey(ValueError):
+    """A key (or a list of keys) the portal refuses.
+
+    ``code`` names the failed check (``"private_key"``, ``"unknown_type"``,
+    ``"rsa_too_short"``, ...), ``params`` the values put in the message, and
+    ``line`` the 1-based line number when the key came from a list of keys.
+    ``str(exc)`` (or ``exc.message``) gives the translated text.
+    """
+
+    def __init__(self, message: Any, code: str, params: dict[str, Any] | None = None, line: int | None = None):
+        self.template = message
+        self.code = code
+        self.params = dict(params or {})
+        self.line = line
+        super().__init__(message, code)
+
+    @property
+    def message(self) -> str:
+        text = self.template % self.params if self.params else str(self.template)
+        if self.line is not None:
+            text = _("Line %(line)d: %(message)s") % {"line": self.line, "message": text}
+        return str(text)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"InvalidSshKey(code={self.code!r}, params={self.params!r}, line={self.line!r})"
+
+    def at_line(self, line: int) -> InvalidSshKey:
+        """The same error, located on ``line`` of a list of keys."""
+        return InvalidSshKey(self.template, self.code, self.params, line)
+
+
+@dataclass(frozen=True)
+class SshPublicKey:
+    key_type: str  # e.g. "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "sk-ssh-ed25519@openssh.com"
+    bits: int  # RSA modulus size, 256 for ed25519, curve size for ECDSA (256/384/521)
+    fingerprint: str  # OpenSSH style "SHA256:<base64 without padding>" of the decoded blob
+    comment: str  # trailing comment, stripped, may be ""
+    blob: bytes = field(repr=False)  # the decoded key data (wire format)
+
+    def openssh(self) -> str:
+        """The normalised ``type base64 comment`` line (no comment part when the comment is empty)."""
+        line = f"{self.key_type} {base64.b64encode(self.blob).decode('ascii')}"
+        return f"{line} {self.comment}" if self.comment else line
+
+
+# --- Wire format -------------------------------------------------------------------------------
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Reader:
+    """Reads RFC 4253 ``string`` and ``mpint`` fields, refusing to read past the end."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.pos = 0
+
+    def string(self) -> bytes:
+        if len(self.data) - self.pos < 4:
+            raise _Truncated
+        (length,) = struct.unpack_from(">I", self.data, self.pos)
+        start = self.pos + 4
+        if length > len(self.data) - start:
+            raise _Truncated
+        self.pos = start + length
+        return self.data[start : self.pos]
+
+    def mpint(self) -> int:
+        raw = self.string()
+        if raw and raw[0] & 0x80:
+            raise ValueError("negative mpint")
+        return int.from_bytes(raw, "big")
+
+    @property
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+
+def _fingerprint(blob: bytes) -> str:
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode("ascii").rstrip("=")
+
+
+def _damaged() -> InvalidSshKey:
+    return InvalidSshKey(_("The key is truncated or damaged."), "damaged")
+
+
+def _mismatch(key_type: str) -> InvalidSshKey:
+    return InvalidSshKey(
+        _("The key data is damaged: it does not match its declared type “%(key_type)s”."),
+        "type_mismatch",
+        {"key_type": key_type},
+    )
+
+
+def _check_ec_point(curve_bits: int, point: bytes) -> None:
+    size = (curve_bits + 7) // 8
+    if len(point) != 1 + 2 * size or point[0] != 0x04:
+        raise _damaged()
+    if ec is not None:
+        curve = {256: ec.SECP256R1, 384: ec.SECP384R1, 521: ec.SECP521R1}[curve_bits]()
+        try:
+            ec.EllipticCurvePublicKey.from_encoded_point(curve, point)
+        except ValueError:  # Not a point of the curve.
+            raise _damaged() from None
+
+
+def _check_application(reader: _Reader) -> None:
+    application = reader.string()
+    try:
+        application.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _damaged() from None
+
+
+def _parse_blob(key_type: str, blob: bytes, key_data: str) -> int:
+    """Check ``blob`` against ``key_type``; return the key size in bits."""
+    reader = _Reader(blob)
+    try:
+        if reader.string() != key_type.encode("ascii"):
+            raise _mismatch(key_type)
+        if key_type in (ED25519, SK_ED25519):
+            if len(reader.string()) != 32:
+                raise _damaged()
+            if key_type == SK_ED25519:
+                _check_application(reader)
+            bits = 256
+        elif key_type in ECDSA_CURVES:
+            curve_name, bits = ECDSA_CURVES[key_type]
+            if reader.string() != curve_name.encode("ascii"):
+                raise _mismatch(key_type)
+            _check_ec_point(bits, reader.string())
+            if key_type == SK_ECDSA_P256:
+                _check_application(reader)
+        else:  # ssh-rsa
+            try:
+                exponent = reader.mpint()
+                modulus = reader.mpint()
+            except ValueError:
+                raise _damaged() from None
+            if exponent < 3 or exponent % 2 == 0 or modulus % 2 == 0:
+                raise _damaged()
+            bits = modulus.bit_length()
+    except _Truncated:
+        raise _damaged() from None
+    if reader.remaining:
+        raise InvalidSshKey(_("The key data is damaged: it has unexpected bytes after the key."), "trailing_bytes")
+    if key_type == RSA:
+        if bits < MIN_RSA_BITS:
+            raise InvalidSshKey(
+                _("RSA key of %(bits)d bits is too short: at least %(min_bits)d bits are required."),
+                "rsa_too_short",
+                {"bits": bits, "min_bits": MIN_RSA_BITS},
+            )
+        if bits > MAX_RSA_BITS:
+            raise InvalidSshKey(
+                _("RSA key of %(bits)d bits is too long: at most %(max_bits)d bits are accepted."),
+                "rsa_too_long",
+                {"bits": bits, "max_bits": MAX_RSA_BITS},
+            )
+        if load_ssh_public_key is not None:
+            try:
+                loaded = load_ssh_public_key(f"{RSA} {key_data}".encode("ascii"))
+            except (ValueError, TypeError):
+                raise _damaged() from None
+            if not isinstance(loaded, rsa.RSAPublicKey) or loaded.key_size != bits:
+                raise _damaged()
+    return bits
+
+
+# --- Lines -------------------------------------------------------------------------------------
+
+
+def _not_a_key() -> InvalidSshKey:
+    return InvalidSshKey(
+        _("This is not an OpenSSH public key line. It should look like “ssh-ed25519 AAAA… you@host”."),
+        "not_a_key",
+    )
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(char) == "Cc" for char in text)
+
+
+def _clip(text: str, length: int = 40) -> str:
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+def parse_public_key(line: str) -> SshPublicKey:
+    """Parse and check one OpenSSH public key line (``type base64 [comment]``).
+
+    Raises ``InvalidSshKey`` saying what is wrong with it.
+    """
+    if not isinstance(line, str):
+        raise TypeError("parse_public_key() takes a str")
+    if len(line) > MAX_LINE_LENGTH:
+        raise InvalidSshKey(_("Key too long."), "too_long")
+    if "PRIVATE KEY" in line.upper() or "PuTTY-User-Key-File" in line:
+        raise InvalidSshKey(
+            _("This is a private key. Paste the public key (the .pub file), never the private one."),
+            "private_key",
+        )
+    if "BEGIN SSH2 PUBLIC KEY" in line.upper():
+        raise InvalidSshKey(
+            _(
+                "This is an SSH2 (RFC 4716) public key. Convert it with “ssh-keygen -i -f key.pub” "
+                "and paste the one-line result."
+            ),
+            "rfc4716",
+        )
+    stripped = line.strip()
+    if not stripped:
+        raise _not_a_key()
+    if "\n" in stripped or "\r" in stripped:
+        raise InvalidSshKey(
+            _("The key contains line breaks. Give one key per line, each on a single line."), "control_chars"
+        )
+    tokens = _SEPARATOR_RE.split(stripped, maxsplit=2)
+    key_type = tokens[0]
+    key_data = tokens[1] if len(tokens) > 1 else ""
+    comment = tokens[2].strip() if len(tokens) > 2 else ""
+    if _has_control(key_type) or _has_control(key_data):
+        raise InvalidSshKey(
+            _("The key contains invisible control characters. Paste it again as plain text."), "control_chars"
+        )
+
+    if key_type not in ACCEPTED_TYPES:
+        if key_type == DSS:
+            raise InvalidSshKey(
+                _("DSA keys (ssh-dss) are no longer accepted: they are insecure. Use ssh-ed25519."), "dsa"
+            )
+        if _OPTION_RE.match(key_type) or _EMBEDDED_KEY_RE.search(stripped, len(key_type)):
+            raise InvalidSshKey(
+                _(
+                    'Options before the key (such as command="…" or from="…") are not accepted: '
+                    "the portal sets its own. Give the key alone, starting with its type."
+                ),
+                "options",
+            )
+        if _TYPE_NAME_RE.match(key_type) and _BASE64_RE.match(key_data):
+            raise InvalidSshKey(
+                _(
+                    "Unknown key type “%(key_type)s”. Accepted: ssh-ed25519, ecdsa-sha2-nistp256/384/521, "
+                    "ssh-rsa (%(min_bits)d bits or more), and their security-key (sk-) variants."
+                ),
+                "unknown_type",
+                {"key_type": _clip(key_type), "min_bits": MIN_RSA_BITS},
+            )
+        raise _not_a_key()
+
+    if not key_data:
+        raise _not_a_key()
+    try:
+        blob = base64.b64decode(key_data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidSshKey(_("The key data is not valid base64."), "bad_base64") from None
+    if not blob:
+        raise _damaged()
+    bits = _parse_blob(key_type, blob, key_data)
+
+    if len(comment) > MAX_COMMENT_LENGTH:
+        raise InvalidSshKey(
+            _("The comment after the key is too long: at most %(max_length)d characters."),
+            "comment_too_long",
+            {"max_length": MAX_COMMENT_LENGTH},
+        )
+    if _has_control(comment) or any(char in _BIDI_CONTROLS for char in comment):
+        raise InvalidSshKey(_("The comment after the key contains control characters."), "comment_control_chars")
+    return SshPublicKey(key_type=key_type, bits=bits, fingerprint=_fingerprint(blob), comment=comment, blob=blob)
+
+
+def parse_authorized_keys(text: str, *, max_keys: int = 10) -> list[SshPublicKey]:
+    """Parse one public key per non-empty line; lines starting with ``#`` are ignored.
+
+    Raises ``InvalidSshKey`` for the first bad line (its message names the line),
+    for a key given twice, for more than ``max_keys`` keys, or for no key at all.
+    """
+    if not isinstance(text, str):
+        raise TypeError("parse_authorized_keys() takes a str")
+    if len(text) > MAX_LINE_LENGTH * max(max_keys, 1):
+        raise InvalidSshKey(_("Too much text: give only your SSH public keys."), "too_long")
+    lines = [
+        (number, raw)
+        for number, raw in enumerate(text.split("\n"), start=1)
+        if raw.strip() and not raw.strip().startswith("#")
+    ]
+    if not lines:
+        raise InvalidSshKey(_("Give at least one SSH public key."), "empty")
+    keys: list[SshPublicKey] = []
+    first_line: dict[str, int] = {}
+    for index, (number, raw) in enumerate(lines):
+        # Lines are checked in order before counting, so that a pasted private key
+        # (many lines) is reported as such rather than as too many keys.
+        if index == max_keys:
+            raise InvalidSshKey(
+                ngettext_lazy(
+                    "Too many keys: %(count)d given, at most %(max_keys)d is accepted.",
+                    "Too many keys: %(count)d given, at most %(max_keys)d are accepted.",
+                    "max_keys",
+                ),
+                "too_many",
+                {"count": len(lines), "max_keys": max_keys},
+            )
+        try:
+            key = parse_public_key(raw)
+        except InvalidSshKey as exc:
+            raise exc.at_line(number) from exc
+        if key.fingerprint in first_line:
+            raise InvalidSshKey(
+                _("This key is already given on line %(first_line)d."),
+                "duplicate",
+                {"first_line": first_line[key.fingerprint]},
+                line=number,
+            )
+        first_line[key.fingerprint] = number
+        keys.append(key)
+    return keys

@@ -1,0 +1,187 @@
+"""Customer pages: parse, call one service or selector, render. Every page works without JavaScript; htmx only
+swaps the live regions (`#quote` on the booking page, `#order-status` on the order page)."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.translation import get_language
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseStopPolling
+from django_ratelimit.core import is_ratelimited
+
+from booking import selectors, services
+from booking.forms import BookingForm, Catalog, QuoteForm, ResendLinkForm, quote_initial
+from booking.models import BookingPolicy, Order
+from booking.quotes import Quote, build_quote
+from booking.rules import BookingError, SoldOut
+
+
+def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict) -> Quote | None:
+    """The quote for the valid choices of `quote_form`, the defaults standing in for the others."""
+    choice = dict(initial)
+    if quote_form is not None:
+        quote_form.is_valid()  # invalid choices keep their defaults; the quote form shows no errors
+        choice.update(quote_form.cleaned_data)
+    hardware_class = choice["hardware_class"]
+    environment = choice["environment"]
+    if isinstance(hardware_class, str):
+        hardware_class = catalog.class_by_slug.get(hardware_class)
+    if isinstance(environment, str):
+        environment = catalog.environment_by_slug.get(environment)
+    if hardware_class is None:
+        return None
+    return build_quote(
+        classes=catalog.classes,
+        hardware_class=hardware_class,
+        environment=environment,
+        lot_count=choice["lots"],
+        start_date=choice["start_date"],
+        days=choice["days"],
+        policy=policy,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+def book(request: HttpRequest) -> HttpResponse:
+    """The booking page. GET (with or without choices) and POST action=quote only refresh the quote; a POST
+    without it places the order."""
+    policy = BookingPolicy.current()
+    catalog = Catalog(classes=list(selectors.offered_classes()))
+    earliest = selectors.earliest_start_date(policy=policy)
+    latest = selectors.latest_start_date(policy=policy)
+    initial = quote_initial(catalog=catalog, earliest=earliest)
+    form_kwargs = {
+        "catalog": catalog,
+        "max_lots": policy.max_lots_per_order,
+        "min_max": {"min": earliest.isoformat(), "max": latest.isoformat()},
+    }
+    placing = request.method == "POST" and request.POST.get("action") != "quote"
+    next_dates: list = []
+
+    if placing:
+        if is_ratelimited(
+            request, group="booking", key="ip", rate=settings.RATELIMIT_BOOKING, method="POST", increment=True
+        ):
+            return render(request, "429.html", status=429)
+        form = BookingForm(request.POST, **form_kwargs)
+        quote_form: QuoteForm | None = QuoteForm(request.POST, **form_kwargs)
+        if form.is_valid():
+            try:
+                order, token = services.order_create(request=_booking_request(form, language=get_language()))
+            except SoldOut as exc:
+                form.add_error(exc.field, exc.message)
+                next_dates = exc.next_dates
+            except BookingError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                messages.success(
+                    request, _("Your lots are held. Keep this page's address: it is the key to your order.")
+                )
+                return redirect("booking:order", public_id=order.public_id, token=token)
+    else:
+        source = request.POST if request.method == "POST" else request.GET
+        quote_form = QuoteForm(source, **form_kwargs) if source.get("hardware_class") else None
+        typed = {name: source.get(name) for name in BookingForm.base_fields if source.get(name) is not None}
+        form = BookingForm(initial={**initial, **typed}, **form_kwargs)
+
+    quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
+    if quote is not None and next_dates:
+        quote.next_dates = next_dates
+    context = {"form": form, "quote": quote, "catalog": catalog, "policy": policy, "earliest": earliest}
+    if request.htmx and request.method == "GET":
+        return render(request, "booking/book.html#quote", context)
+    return render(request, "booking/book.html", context)
+
+
+def _booking_request(form: BookingForm, *, language: str) -> services.BookingRequest:
+    data = form.cleaned_data
+    return services.BookingRequest(
+        hardware_class=data["hardware_class"],
+        environment=data["environment"],
+        lot_count=data["lots"],
+        start_date=data["start_date"],
+        days=data["days"],
+        contact=services.Contact(
+            name=data["contact_name"].strip(),
+            email=data["contact_email"].strip(),
+            organisation=data["organisation"].strip(),
+            messenger=data["messenger"].strip(),
+        ),
+        ssh_keys=data["ssh_keys"],
+        hypothesis=data["hypothesis"],
+        hypothesis_detail=data["hypothesis_detail"].strip(),
+        notes=data["notes"].strip(),
+        language=language if language in dict(settings.LANGUAGES) else settings.LANGUAGE_CODE,
+    )
+
+
+def _order_or_404(public_id: str, token: str) -> Order:
+    order = selectors.order_for_link(public_id=public_id, token=token)
+    if order is None:
+        raise Http404("No such order.")
+    return order
+
+
+def _private(response: HttpResponse) -> HttpResponse:
+    """The order page is a secret: never sent as a referrer, never indexed (never_cache keeps it out of caches)."""
+    response["Referrer-Policy"] = "no-referrer"
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return response
+
+
+@require_http_methods(["GET"])
+@never_cache
+def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    context = {
+        "order": order,
+        "token": token,
+        "events": list(order.events.all()),
+        "ssh_keys": list(order.ssh_keys.all()),
+        "now": timezone.now(),
+    }
+    if request.htmx:
+        response = render(request, "booking/order.html#order-status", context)
+        if order.is_settled:
+            response = HttpResponseStopPolling(response.content)
+        return _private(response)
+    return _private(render(request, "booking/order.html", context))
+
+
+@require_POST
+@never_cache
+def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    try:
+        services.order_cancel_by_customer(order=order)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("Your order is cancelled and its lots are released."))
+    return redirect("booking:order", public_id=order.public_id, token=token)
+
+
+@require_http_methods(["GET", "POST"])
+def resend_link(request: HttpRequest) -> HttpResponse:
+    form = ResendLinkForm(request.POST or None)
+    sent = False
+    if request.method == "POST" and form.is_valid():
+        email = form.cleaned_data["email"].strip().lower()
+        limited = is_ratelimited(
+            request, group="resend-link-ip", key="ip", rate=settings.RATELIMIT_RESEND_LINK, increment=True
+        ) | is_ratelimited(
+            request,
+            group="resend-link-email",
+            key=lambda group, request: email,
+            rate=settings.RATELIMIT_RESEND_LINK,
+            increment=True,
+        )
+        if limited:
+            return render(request, "429.html", status=429)
+        services.orders_request_links(email=email, language=get_language())
+        sent = True
+    return render(request, "booking/resend_link.html", {"form": form, "sent": sent})

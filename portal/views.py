@@ -1,0 +1,28 @@
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from portal.health import CHECKS
+
+
+@require_GET
+@never_cache
+def healthz(request: HttpRequest) -> JsonResponse:
+    """The state of each dependency; 503 when any is down, so a load balancer can act on the status alone."""
+    results = {}
+    for name, check in CHECKS.items():
+        ok, detail = check()
+        results[name] = {"ok": ok, "detail": detail}
+    healthy = all(result["ok"] for result in results.values())
+    return JsonResponse({"status": "ok" if healthy else "degraded", "checks": results}, status=200 if healthy else 503)
+
+
+@require_GET
+def livez(request: HttpRequest) -> HttpResponse:
+    """The process answers: no database, no template. Also the baseline of bench/pages.py."""
+    return HttpResponse("ok", content_type="text/plain")
+
+
+def ratelimited(request: HttpRequest, exception: Exception) -> HttpResponse:
+    return render(request, "429.html", status=429)

@@ -1,0 +1,248 @@
+"""The customer pages: booking, the order behind its secret link, cancel, resend my link."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.urls import reverse
+
+from booking.models import Allocation, Order, OrderAccessToken, OrderEvent, OrderStatus
+
+pytestmark = pytest.mark.django_db
+
+
+def order_url(order: Order, token: str) -> str:
+    return reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
+
+
+def comparable(content: bytes) -> str:
+    """A page's HTML with its per-response CSRF token and the language switch's return path blanked."""
+    return re.sub(
+        r'("X-CSRFToken": "|name="csrfmiddlewaretoken" value="|name="next" type="hidden" value=")[^"]+',
+        r"\1",
+        content.decode(),
+    )
+
+
+def place(client, data: dict) -> tuple[Order, str]:
+    response = client.post(reverse("booking:book"), data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    match = re.fullmatch(r"/orders/(?P<public_id>[^/]+)/(?P<token>[^/]+)/", response["Location"])
+    assert match, response["Location"]
+    assert client.get(response["Location"]).status_code == 200  # as a browser follows the redirect
+    return Order.objects.get(public_id=match["public_id"]), match["token"]
+
+
+def test_booking_page_shows_every_class_with_free_lots_and_the_price_of_the_chosen_window(client, catalog):
+    response = client.get(reverse("booking:book"))
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "NVIDIA B200 pair" in page and "NVIDIA H200 pair" in page and "AMD MI300X pair" in page
+    assert "6 / 6" in page  # the six demo B200 lots are free
+    assert "3150.00 EUR" in page  # a 7-day B200 lot, the default choice
+    assert 'name="csrfmiddlewaretoken"' in page
+
+
+def test_live_quote_answers_with_the_partial_only_and_updates_price_and_total(client, catalog, start_date):
+    response = client.get(
+        reverse("booking:book"),
+        {
+            "hardware_class": "h200-pair",
+            "environment": "pytorch-2-4-cuda-12-4",
+            "lots": "2",
+            "start_date": start_date.isoformat(),
+            "days": "30",
+        },
+        headers={"HX-Request": "true"},
+    )
+
+    page = response.content.decode()
+    assert page.lstrip().startswith('<section class="panel quote" id="quote"')
+    assert "<html" not in page
+    assert "2 lots of NVIDIA H200 pair at 8400.00 EUR: <strong>16800.00 EUR</strong>" in page
+
+
+def test_quote_explains_why_a_cuda_12_4_image_cannot_run_on_blackwell(client, catalog, start_date):
+    response = client.get(
+        reverse("booking:book"),
+        {
+            "hardware_class": "b200-pair",
+            "environment": "pytorch-2-4-cuda-12-4",
+            "lots": "1",
+            "days": "7",
+            "start_date": start_date.isoformat(),
+        },
+        headers={"HX-Request": "true"},
+    )
+
+    assert "does not target sm_100" in response.content.decode()
+
+
+def test_placing_an_order_holds_specific_lots_and_opens_the_order_page(client, catalog, booking_data, start_date):
+    order, token = place(client, booking_data(lots="2"))
+
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert order.total_price == 2 * order.price_per_lot
+    allocations = list(Allocation.objects.filter(order=order))
+    assert len(allocations) == 2 and len({allocation.lot_id for allocation in allocations}) == 2
+    assert all(allocation.released_at is None for allocation in allocations)
+    assert order.starts_at.date() == start_date and (order.ends_at - order.starts_at).days == 7
+    assert [(event.from_status, event.to_status) for event in order.events.all()] == [("", "awaiting_payment")]
+    assert order.ssh_keys.get().fingerprint.startswith("SHA256:")
+    # Only the token's hash is stored.
+    assert not OrderAccessToken.objects.filter(token_hash=token).exists()
+
+    page = client.get(order_url(order, token))
+    assert page.status_code == 200
+    assert order.public_id in page.content.decode()
+    assert "no-store" in page["Cache-Control"]
+    assert page["Referrer-Policy"] == "no-referrer"
+
+
+def test_the_order_link_is_emailed_in_the_customer_language_and_opens_the_order(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        order, _token = place_in_french(client, booking_data())
+
+    assert len(mail.outbox) == 1
+    message = mail.outbox[0]
+    assert message.to == ["ada@example.org"]
+    assert order.public_id in message.subject and "Votre commande" in message.subject
+    link = re.search(r"http://\S+/orders/\S+/", message.body).group()
+    assert client.get(link.replace("http://127.0.0.1:8000", "")).status_code == 200
+
+
+def place_in_french(client, data):
+    client.cookies["django_language"] = "fr"
+    order, token = place(client, data)
+    assert order.language == "fr"
+    return order, token
+
+
+def test_order_page_is_404_without_its_token_and_the_same_for_a_missing_order(client, catalog, booking_data):
+    order, token = place(client, booking_data())
+
+    wrong_token = client.get(order_url(order, "x" * len(token)))
+    missing_order = client.get(reverse("booking:order", kwargs={"public_id": "BN-NOPE2345", "token": token}))
+    no_token = client.get(f"/orders/{order.public_id}/")
+
+    assert wrong_token.status_code == missing_order.status_code == no_token.status_code == 404
+    assert comparable(wrong_token.content) == comparable(missing_order.content)
+    assert order.public_id not in comparable(wrong_token.content)  # only the requested path is echoed
+
+
+def test_status_poll_returns_the_partial_and_stops_once_the_order_is_settled(client, catalog, booking_data):
+    order, token = place(client, booking_data())
+
+    live = client.get(order_url(order, token), headers={"HX-Request": "true"})
+    assert live.status_code == 200 and 'hx-trigger="every 5s"' in live.content.decode()
+
+    client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+    settled = client.get(order_url(order, token), headers={"HX-Request": "true"})
+    assert settled.status_code == 286  # htmx: stop polling
+    assert "Cancelled" in settled.content.decode()
+
+
+def test_customer_cancels_before_paying_and_the_lots_are_free_again(client, catalog, booking_data):
+    order, token = place(client, booking_data(lots="6"))
+    assert (
+        "0 / 6"
+        in client.get(
+            reverse("booking:book"),
+            {
+                "hardware_class": "b200-pair",
+                "environment": "pytorch-2-7-cuda-12-8",
+                "lots": "1",
+                "days": "7",
+                "start_date": booking_data()["start_date"],
+            },
+        ).content.decode()
+    )
+
+    response = client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+
+    assert response.status_code == 302
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    assert not Allocation.objects.filter(order=order, released_at__isnull=True).exists()
+    event = order.events.last()
+    assert (event.from_status, event.to_status, event.actor_kind) == ("awaiting_payment", "cancelled", "customer")
+    place(client, booking_data(lots="6"))  # the same six lots can be booked again
+
+
+def test_cancel_needs_the_token_and_a_post(client, catalog, booking_data):
+    order, token = place(client, booking_data())
+    cancel = reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token})
+
+    assert client.get(cancel).status_code == 405
+    assert client.post(cancel.replace(token, "wrong-token")).status_code == 404
+    order.refresh_from_db()
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+
+
+def test_sold_out_answers_clearly_with_the_next_dates_that_fit(client, catalog, booking_data, start_date):
+    place(client, booking_data(lots="6", days="7"))
+
+    response = client.post(reverse("booking:book"), booking_data(lots="1", days="7"))
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Sold out: not enough NVIDIA B200 pair lots are free for these dates." in page
+    # Held from start−6 h to start+7 d+6 h: a new 7-day window (itself needing 6 h before) fits from day 8.
+    assert f"start_date={(start_date + timedelta(days=8)).isoformat()}" in page
+    assert Order.objects.count() == 1
+
+
+def test_asking_for_more_lots_than_exist_says_how_many_exist(client, catalog, booking_data):
+    response = client.post(
+        reverse("booking:book"),
+        booking_data(hardware_class="mi300x-pair", environment="pytorch-2-6-rocm-6-4", lots="2"),
+    )
+
+    assert "Only 1 lot of AMD MI300X pair exists." in response.content.decode()
+    assert Order.objects.count() == 0
+
+
+def test_resend_link_gives_the_same_answer_for_known_and_unknown_addresses(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, _token = place(client, booking_data())
+    url = reverse("booking:resend-link")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        known = client.post(url, {"email": "ADA@example.org"})
+        unknown = client.post(url, {"email": "nobody@example.org"})
+
+    assert known.status_code == unknown.status_code == 200
+    assert comparable(known.content) == comparable(unknown.content)
+    assert [message.to for message in mail.outbox] == [["ada@example.org"]]
+    assert order.public_id in mail.outbox[0].body
+    link = re.search(r"http://\S+/orders/\S+/", mail.outbox[0].body).group()
+    assert client.get(link.replace("http://127.0.0.1:8000", "")).status_code == 200
+
+
+def test_resend_link_is_rate_limited_per_address_and_per_client(client, catalog):
+    url = reverse("booking:resend-link")
+    answers = [client.post(url, {"email": "someone@example.org"}).status_code for _ in range(6)]
+
+    assert answers == [200] * 5 + [429]
+    assert "Too many requests" in client.post(url, {"email": "other@example.org"}).content.decode()
+
+
+def test_booking_is_rate_limited_per_client(client, catalog, booking_data, settings):
+    settings.RATELIMIT_BOOKING = "2/h"
+    answers = [client.post(reverse("booking:book"), booking_data(lots="1")).status_code for _ in range(3)]
+
+    assert answers == [302, 302, 429]
+    assert Order.objects.count() == 2
+
+
+def test_every_transition_is_recorded_with_its_actor(client, catalog, booking_data):
+    order, token = place(client, booking_data())
+    client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+
+    events = list(OrderEvent.objects.filter(order=order).values_list("from_status", "to_status", "actor_kind"))
+    assert events == [("", "awaiting_payment", "customer"), ("awaiting_payment", "cancelled", "customer")]

@@ -1,0 +1,81 @@
+"""Shared fixtures. Tests run against the real PostgreSQL and Redis of `make test` (DATABASE_URL, REDIS_URL)."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+
+from booking import selectors
+from booking.demo import seed_demo_catalog
+from booking.models import BookingPolicy, HardwareClass, Hypothesis
+from portal.celery import app as celery_app
+from tests.factories import make_ssh_key
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Rate-limit counters and cached values must not leak from one test to the next."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _eager_celery(request):
+    """Unit tests run tasks in-process; tests marked `integration` use a real worker through the real broker."""
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    celery_app.conf.task_always_eager = True
+    celery_app.conf.task_eager_propagates = True
+    yield
+    celery_app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def catalog(db):
+    """The demo catalog: B200 (6 lots), H200 (2 lots), MI300X (1 lot), with their prices and environments."""
+    seed_demo_catalog()
+    return {hardware_class.slug: hardware_class for hardware_class in HardwareClass.objects.all()}
+
+
+@pytest.fixture
+def policy(db) -> BookingPolicy:
+    return BookingPolicy.current()
+
+
+@pytest.fixture
+def ssh_key() -> str:
+    return make_ssh_key()
+
+
+@pytest.fixture
+def start_date(policy):
+    """A start date comfortably inside the bookable range."""
+    return selectors.earliest_start_date(policy=policy) + timedelta(days=7)
+
+
+@pytest.fixture
+def booking_data(catalog, ssh_key, start_date):
+    """Valid POST data for the booking form; tests override one field at a time."""
+
+    def build(**overrides) -> dict:
+        data = {
+            "hardware_class": "b200-pair",
+            "environment": "pytorch-2-7-cuda-12-8",
+            "lots": "2",
+            "start_date": start_date.isoformat(),
+            "days": "7",
+            "contact_name": "Ada Lovelace",
+            "contact_email": "ada@example.org",
+            "organisation": "Analytical Engines Lab",
+            "messenger": "@ada:matrix.org",
+            "ssh_keys": ssh_key,
+            "hypothesis": Hypothesis.BIGGER_BATCH,
+            "hypothesis_detail": "Global batch 2048 instead of 1024 should shorten time to target loss.",
+            "notes": "",
+        }
+        data.update(overrides)
+        return {key: value for key, value in data.items() if value is not None}
+
+    return build
