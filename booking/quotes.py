@@ -55,7 +55,17 @@ def build_quote(
 ) -> Quote:
     """`classes` come from selectors.offered_classes() (prices and environments prefetched)."""
     now = now or timezone.now()
-    window = selectors.window_for(start_date=start_date, days=days, policy=policy)
+    problems = []
+    try:
+        check_window(start_date=start_date, days=days, lot_count=lot_count, policy=policy, now=now)
+    except BookingError as exc:
+        problems.append(exc.message)
+    # A date outside the bookable range is explained above; availability is shown for the nearest bookable one.
+    bookable_start = min(
+        max(start_date, selectors.earliest_start_date(policy=policy, now=now)),
+        selectors.latest_start_date(policy=policy, now=now),
+    )
+    window = selectors.window_for(start_date=bookable_start, days=days, policy=policy)
     availability = selectors.availability_for_window(window=window)
     offers = [
         ClassOffer(
@@ -72,11 +82,8 @@ def build_quote(
         days=days,
         window=window,
         offers=offers,
+        problems=problems,
     )
-    try:
-        check_window(start_date=start_date, days=days, lot_count=lot_count, policy=policy, now=now)
-    except BookingError as exc:
-        quote.problems.append(exc.message)
     if environment is not None:
         try:
             check_environment(hardware_class=hardware_class, environment=environment)
