@@ -79,3 +79,66 @@ def booking_data(catalog, ssh_key, start_date):
         return {key: value for key, value in data.items() if value is not None}
 
     return build
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, settings):
+    """A real Celery worker (a separate process) on the real broker (Redis) and the test database."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from django.db import connection
+
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": os.environ["REDIS_URL"],
+        "DEBUG": "1",
+    }
+    # Drop tasks a previous run may have left in the test broker.
+    celery_app.control.purge()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "solo",
+            "--queues",
+            "default,chain,provisioning",
+            "--loglevel",
+            "INFO",
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        lines.append(line)
+        if "ready." in line:
+            break
+        if process.poll() is not None:
+            raise RuntimeError("Celery worker died on start:\n" + "".join(lines))
+    else:
+        process.kill()
+        raise RuntimeError("Celery worker not ready in 60 s:\n" + "".join(lines))
+    yield process
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()

@@ -157,9 +157,7 @@ def _expected(expectation, language: str, field: str, value: str) -> str:
     if expectation == "ssh-rsa-2048":
         return pair("is too short: at least 3072 bits are required", "trop courte")(language)
     if expectation == "private":
-        return LINE_1(language) + (
-            "This is a private key" if language == "en" else "Ceci est une clé privée"
-        )
+        return LINE_1(language) + ("This is a private key" if language == "en" else "Ceci est une clé privée")
     return expectation(language)
 
 
