@@ -27,6 +27,7 @@ from booking.models import (
     OrderSshKey,
     OrderStatus,
 )
+from booking.page_cache import bump_generation
 from booking.rules import (
     BookingError,
     InvalidTransition,
@@ -166,6 +167,7 @@ def order_create(*, request: BookingRequest, now: datetime | None = None) -> tup
     from booking.tasks import send_order_link
 
     send_order_link.delay_on_commit(order.pk)
+    bump_generation()
     return order, token
 
 
@@ -219,6 +221,7 @@ def order_transition(
     update_fields = ["status", "updated_at"]
     if to_status in RELEASING_STATUSES:
         Allocation.objects.filter(order=locked, released_at__isnull=True).update(released_at=now)
+        bump_generation()
         locked.hold_expires_at = None
         update_fields.append("hold_expires_at")
     locked.save(update_fields=update_fields)

@@ -1,6 +1,8 @@
 """Customer pages: parse, call one service or selector, render. Every page works without JavaScript; htmx only
 swaps the live regions (`#quote` on the booking page, `#order-status` on the order page)."""
 
+import hashlib
+
 from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -16,6 +18,7 @@ from django_ratelimit.core import is_ratelimited
 from booking import selectors, services
 from booking.forms import BookingForm, Catalog, QuoteForm, ResendLinkForm, quote_initial
 from booking.models import BookingPolicy, Order
+from booking.page_cache import cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
 
@@ -45,10 +48,31 @@ def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: Bookin
     )
 
 
+_QUOTE_PARAMETERS = frozenset(QuoteForm.base_fields)
+
+
+def _page_cache_key(request: HttpRequest) -> str | None:
+    """The shared-cache key of an anonymous GET of the booking page or its quote, or None when not cacheable
+    (pending flash messages, parameters other than the quote's, oversized values)."""
+    if len(messages.get_messages(request)):
+        return None
+    if not set(request.GET) <= _QUOTE_PARAMETERS or any(len(v) > 64 for v in request.GET.values()):
+        return None
+    query = "&".join(f"{name}={request.GET.get(name, '')}" for name in sorted(_QUOTE_PARAMETERS & set(request.GET)))
+    digest = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{'quote' if request.htmx else 'page'}:{digest}"
+
+
 @require_http_methods(["GET", "POST"])
 def book(request: HttpRequest) -> HttpResponse:
     """The booking page. GET (with or without choices) and POST action=quote only refresh the quote; a POST
-    without it places the order."""
+    without it places the order. Anonymous GETs come from the shared page cache (booking/page_cache.py)."""
+    if request.method == "GET" and (key := _page_cache_key(request)) is not None:
+        return cached_page(request, key=key, render=lambda extra_context: _book(request, extra_context))
+    return _book(request)
+
+
+def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
     policy = BookingPolicy.current()
     catalog = Catalog(classes=list(selectors.offered_classes()))
     earliest = selectors.earliest_start_date(policy=policy)
@@ -91,7 +115,7 @@ def book(request: HttpRequest) -> HttpResponse:
     quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
     if quote is not None and next_dates:
         quote.next_dates = next_dates
-    context = {"form": form, "quote": quote, "catalog": catalog, "policy": policy, "earliest": earliest}
+    context = {"form": form, "quote": quote, "catalog": catalog, "policy": policy, **(extra_context or {})}
     if request.htmx and request.method == "GET":
         return render(request, "booking/book.html#quote", context)
     return render(request, "booking/book.html", context)

@@ -1,0 +1,62 @@
+"""A shared cache of the booking page's rendered HTML, for the anonymous GETs every visitor makes first.
+
+The page only changes when availability or the catalog does: every such change bumps one generation counter
+(on commit of bookings and releases, and on admin edits of the catalog), and every cached page carries the
+generation it was rendered at, so a stale page is never served after a change. Entries also expire after
+`PAGE_TTL` seconds, which bounds the drift of time-based content (the earliest bookable date).
+
+The CSRF token differs per visitor: pages are rendered with a placeholder that is replaced on the way out.
+"""
+
+from collections.abc import Callable
+
+from django.core.cache import cache
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
+
+GENERATION_KEY = "booking:generation"
+PAGE_TTL = 60
+CSRF_PLACEHOLDER = "__binome_csrf_token__"
+CSRF_PLACEHOLDER_BYTES = CSRF_PLACEHOLDER.encode()
+
+
+def generation() -> int:
+    return cache.get_or_set(GENERATION_KEY, 1, timeout=None)
+
+
+def bump_generation() -> None:
+    """Invalidate every cached page, once the current transaction (if any) commits."""
+    transaction.on_commit(_bump)
+
+
+def _bump() -> None:
+    try:
+        cache.incr(GENERATION_KEY)
+    except ValueError:  # the counter was evicted: any new value invalidates the old pages
+        cache.set(GENERATION_KEY, 1, timeout=None)
+
+
+def cached_page(request: HttpRequest, *, key: str, render: Callable[[dict], HttpResponse]) -> HttpResponse:
+    """`render(extra_context)` renders the page; `extra_context` replaces the CSRF token by a placeholder.
+
+    One cache round trip on a hit: the page is stored with the generation it was rendered at, and both are
+    fetched together.
+    """
+    page_key = f"booking:page:{request.LANGUAGE_CODE}:{key}"
+    found = cache.get_many([GENERATION_KEY, page_key])
+    current = found.get(GENERATION_KEY)
+    if current is None:
+        current = generation()
+    cached = found.get(page_key)
+    if cached is not None and cached[0] == current:
+        body = cached[1]
+    else:
+        response = render({"csrf_token": CSRF_PLACEHOLDER})
+        if response.status_code != 200:
+            return response
+        body = response.content
+        cache.set(page_key, (current, body), timeout=PAGE_TTL)
+    response = HttpResponse(body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode()))
+    response["Vary"] = "Cookie, Accept-Language"
+    return response
