@@ -11,7 +11,7 @@ HOST ?= 127.0.0.1
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
-.PHONY: run test setup system-deps messages lint format bench clean
+.PHONY: run test setup system-deps messages contracts lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+# npm packages: anvil (the local chain) and solc (compiles payments/contracts/*.sol).
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # Debian packages the build needs: gettext (compilemessages).
@@ -30,7 +35,7 @@ locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $
 
 messages: locale/fr/LC_MESSAGES/django.mo
 
-setup: $(VENV)/.installed messages
+setup: $(VENV)/.installed node_modules/.installed messages
 	@mkdir -p var/static
 
 run: export DEBUG = 1
@@ -63,5 +68,8 @@ bench: export DEBUG = 0
 bench: setup
 	$(BIN)/python bench/pages.py
 
+contracts: node_modules/.installed
+	npm run --silent build:contracts
+
 clean:
-	rm -rf $(VENV) var locale/*/LC_MESSAGES/*.mo
+	rm -rf $(VENV) var node_modules locale/*/LC_MESSAGES/*.mo

@@ -155,6 +155,9 @@ def order_create(*, request: BookingRequest, now: datetime | None = None) -> tup
         )
         for key in request.ssh_keys
     )
+    from payments.services import invoice_for_new_order
+
+    invoice_for_new_order(order=order)  # the quote and deposit address; its errors undo the whole booking
     token = _issue_token(order=order)
     OrderEvent.objects.create(
         order=order,
@@ -228,6 +231,35 @@ def order_transition(
     order.status = locked.status
     order.hold_expires_at = locked.hold_expires_at
     return True
+
+
+@transaction.atomic
+def order_reallocate_after_late_payment(
+    *, order: Order, evidence: dict, now: datetime | None = None, actor: AbstractBaseUser | None = None
+) -> None:
+    """A payment confirmed after the hold expired: hold lots again for the same window if enough are free, and
+    mark the order paid; otherwise raise SoldOut (the payments app flags the invoice for an operator)."""
+    now = now or timezone.now()
+    policy = BookingPolicy.current()
+    list(HardwareClass.objects.select_for_update().filter(pk=order.hardware_class_id).values_list("pk", flat=True))
+    window = selectors.window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
+    lot_ids = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count)
+    if len(lot_ids) < order.lot_count or order.starts_at <= now:
+        raise SoldOut(_("The lots of this order were taken after it expired."), next_dates=[])
+    Allocation.objects.bulk_create(
+        Allocation(order=order, lot_id=lot_id, starts_at=window.held_from, ends_at=window.held_until)
+        for lot_id in lot_ids
+    )
+    order_transition(
+        order=order,
+        to_status=OrderStatus.PAID,
+        actor_kind=OrderEvent.Actor.ADMIN if actor else OrderEvent.Actor.SYSTEM,
+        actor=actor,
+        reason="late payment: lots allocated again",
+        evidence=evidence,
+        now=now,
+    )
+    bump_generation()
 
 
 def order_cancel_by_customer(*, order: Order) -> None:

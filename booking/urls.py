@@ -1,6 +1,7 @@
 from django.urls import path
 
 from booking import views
+from payments import views as payment_views
 
 app_name = "booking"
 
@@ -9,4 +10,6 @@ urlpatterns = [
     path("orders/resend-link/", views.resend_link, name="resend-link"),
     path("orders/<str:public_id>/<str:token>/", views.order_detail, name="order"),
     path("orders/<str:public_id>/<str:token>/cancel/", views.order_cancel, name="order-cancel"),
+    path("orders/<str:public_id>/<str:token>/paid/", payment_views.invoice_paid, name="order-paid"),
+    path("orders/<str:public_id>/<str:token>/asset/", payment_views.invoice_asset, name="order-asset"),
 ]

@@ -161,11 +161,14 @@ def _private(response: HttpResponse) -> HttpResponse:
 @never_cache
 def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     order = _order_or_404(public_id, token)
+    from payments.selectors import payment_view
+
     context = {
         "order": order,
         "token": token,
         "events": list(order.events.all()),
         "ssh_keys": list(order.ssh_keys.all()),
+        "payment": payment_view(order),
         "now": timezone.now(),
     }
     if request.htmx:

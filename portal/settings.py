@@ -188,6 +188,36 @@ RATELIMIT_ENABLE = env.bool("RATELIMIT_ENABLE", default=True)
 RATELIMIT_VIEW = "portal.views.ratelimited"
 SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.E003", "django_ratelimit.W001"]
 
+# --- Payments ---------------------------------------------------------------------------------------------
+# The chains and assets accepted (TOML, see payments/config.py and docs/operations.md).
+PAYMENTS_CHAINS_FILE = env.str(
+    "PAYMENTS_CHAINS_FILE", default=str(BASE_DIR / "payments" / "chains.demo.toml") if DEBUG else ""
+)
+# The account-level extended PUBLIC key (m/44'/60'/account') deposit addresses derive from. Never a private key.
+from payments.addresses import DEMO_ACCOUNT_XPUB, InvalidXpub, validate_account_xpub  # noqa: E402
+
+PAYMENTS_XPUB = env.str("PAYMENTS_XPUB", default=DEMO_ACCOUNT_XPUB if DEBUG else "")
+if not DEBUG:
+    if not PAYMENTS_CHAINS_FILE:
+        raise ImproperlyConfigured("PAYMENTS_CHAINS_FILE must name the chains file when DEBUG is off.")
+    if PAYMENTS_XPUB == DEMO_ACCOUNT_XPUB:
+        raise ImproperlyConfigured("PAYMENTS_XPUB is the demo key (from a public test mnemonic): set your own.")
+try:
+    validate_account_xpub(PAYMENTS_XPUB)
+except InvalidXpub as exc:
+    raise ImproperlyConfigured(f"PAYMENTS_XPUB: {exc}") from exc
+# "chain_id:SYMBOL" of the asset offered first; by default the first stablecoin pegged to PRICE_CURRENCY.
+PAYMENTS_DEFAULT_ASSET = env.str("PAYMENTS_DEFAULT_ASSET", default="")
+# Late payments are still watched, recorded and flagged this long after the quote expired.
+PAYMENTS_MONITOR_DAYS = env.int("PAYMENTS_MONITOR_DAYS", default=7)
+# Who hears about paid orders awaiting approval (empty: nobody by e-mail; the console shows them).
+PAYMENTS_NOTIFY_EMAIL = env.str("PAYMENTS_NOTIFY_EMAIL", default="")
+CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
+    "task": "payments.scan_chains",
+    "schedule": env.float("PAYMENTS_SCAN_SECONDS", default=2.0 if DEBUG else 10.0),
+}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+
 # --- Security -------------------------------------------------------------------------------------------------
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

@@ -201,7 +201,7 @@ def test_fingerprints_match_ssh_keygen(tmp_path):
     for line in (ed25519_line(), rsa_line(3072), openssh_line(ec_private_key(384))):
         path = tmp_path / "key.pub"
         path.write_text(line + " test\n")
-        output = subprocess.run(  # noqa: S603 - fixed arguments, our own file
+        output = subprocess.run(
             [shutil.which("ssh-keygen"), "-l", "-E", "sha256", "-f", str(path)],
             capture_output=True,
             text=True,

@@ -1,0 +1,173 @@
+"""The chains file: which EVM chains and assets Binôme accepts (settings.PAYMENTS_CHAINS_FILE, TOML).
+
+    [[chains]]
+    chain_id = 1
+    name = "Ethereum"
+    rpc_urls = ["https://rpc-1.example", "https://rpc-2.example"]   # in order of preference
+    confirmations = 12                 # or: finality = "finalized"
+    explorer_tx_url = "https://etherscan.io/tx/{tx}"
+    native_symbol = "ETH"
+    max_block_range = 2000             # largest eth_getLogs range asked at once
+
+      [[chains.assets]]
+      symbol = "USDC"
+      contract = "0xA0b8…"             # an allow-listed ERC-20; omit for the native coin
+      decimals = 6
+      pegged_to = "EUR"                # a stablecoin in the price currency, at par; or:
+      rate_feed = "0x…"                # a Chainlink-style aggregator (fiat per coin); or neither: operator-set rate
+
+Loaded once per process, validated on load: a mistake stops the process with a message, never a wrong address.
+"""
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+
+
+@dataclass(frozen=True)
+class Asset:
+    chain_id: int
+    symbol: str
+    decimals: int
+    contract: str = ""  # lower-case hex; empty for the native coin
+    pegged_to: str = ""
+    rate_feed: str = ""
+
+    @property
+    def is_native(self) -> bool:
+        return not self.contract
+
+    @property
+    def key(self) -> str:
+        return f"{self.chain_id}:{self.symbol}"
+
+
+@dataclass(frozen=True)
+class Chain:
+    chain_id: int
+    name: str
+    rpc_urls: tuple[str, ...]
+    confirmations: int = 12
+    finality: str = ""  # "finalized" to use the node's finalized tag instead of a block count
+    explorer_tx_url: str = ""
+    explorer_address_url: str = ""
+    native_symbol: str = "ETH"
+    max_block_range: int = 2000
+    assets: tuple[Asset, ...] = field(default_factory=tuple)
+
+    def asset(self, symbol: str) -> Asset | None:
+        return next((asset for asset in self.assets if asset.symbol == symbol), None)
+
+    @property
+    def token_contracts(self) -> dict[str, Asset]:
+        return {asset.contract: asset for asset in self.assets if asset.contract}
+
+    def tx_url(self, tx_hash: str) -> str:
+        return self.explorer_tx_url.format(tx=tx_hash) if self.explorer_tx_url and tx_hash.startswith("0x") else ""
+
+    def address_url(self, address: str) -> str:
+        return self.explorer_address_url.format(address=address) if self.explorer_address_url else ""
+
+
+def _fail(path: Path, message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{path}: {message}")
+
+
+def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(path, f"not valid TOML ({exc})") from exc
+    chains: dict[int, Chain] = {}
+    for raw in data.get("chains", []):
+        chain_id = raw.get("chain_id")
+        if not isinstance(chain_id, int) or chain_id <= 0:
+            raise _fail(path, f"chain_id must be a positive integer, not {chain_id!r}")
+        if chain_id in chains:
+            raise _fail(path, f"chain {chain_id} is listed twice")
+        rpc_urls = tuple(raw.get("rpc_urls", ()))
+        if not rpc_urls or not all(
+            isinstance(url, str) and url.startswith(("http://", "https://")) for url in rpc_urls
+        ):
+            raise _fail(path, f"chain {chain_id}: rpc_urls must list http(s) URLs")
+        finality = raw.get("finality", "")
+        if finality not in ("", "finalized"):
+            raise _fail(path, f"chain {chain_id}: finality is either absent or 'finalized'")
+        confirmations = raw.get("confirmations", 12)
+        if not isinstance(confirmations, int) or not 1 <= confirmations <= 1000:
+            raise _fail(path, f"chain {chain_id}: confirmations must be between 1 and 1000")
+        assets = []
+        for raw_asset in raw.get("assets", []):
+            symbol = raw_asset.get("symbol", "")
+            if not re.fullmatch(r"[A-Za-z0-9.]{1,12}", symbol or ""):
+                raise _fail(path, f"chain {chain_id}: asset symbol {symbol!r} is not valid")
+            contract = raw_asset.get("contract", "")
+            if contract and not _ADDRESS.fullmatch(contract):
+                raise _fail(path, f"chain {chain_id}, {symbol}: contract {contract!r} is not an address")
+            decimals = raw_asset.get("decimals", 18 if not contract else None)
+            if not isinstance(decimals, int) or not 0 <= decimals <= 36:
+                raise _fail(path, f"chain {chain_id}, {symbol}: decimals must be an integer from 0 to 36")
+            rate_feed = raw_asset.get("rate_feed", "")
+            if rate_feed and not _ADDRESS.fullmatch(rate_feed):
+                raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed {rate_feed!r} is not an address")
+            assets.append(
+                Asset(
+                    chain_id=chain_id,
+                    symbol=symbol,
+                    decimals=decimals,
+                    contract=contract.lower(),
+                    pegged_to=raw_asset.get("pegged_to", ""),
+                    rate_feed=rate_feed.lower(),
+                )
+            )
+        if len({asset.symbol for asset in assets}) != len(assets):
+            raise _fail(path, f"chain {chain_id}: an asset symbol is listed twice")
+        chains[chain_id] = Chain(
+            chain_id=chain_id,
+            name=str(raw.get("name") or f"Chain {chain_id}"),
+            rpc_urls=rpc_urls,
+            confirmations=confirmations,
+            finality=finality,
+            explorer_tx_url=raw.get("explorer_tx_url", ""),
+            explorer_address_url=raw.get("explorer_address_url", ""),
+            native_symbol=raw.get("native_symbol", "ETH"),
+            max_block_range=int(raw.get("max_block_range", 2000)),
+            assets=tuple(assets),
+        )
+    return chains
+
+
+@cache
+def _load(path: str, mtime: float) -> dict[int, Chain]:
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise _fail(file, f"cannot be read ({exc})") from exc
+    return parse_chains(text, path=file)
+
+
+def chains() -> dict[int, Chain]:
+    """The configured chains by chain id (reloaded when the file changes)."""
+    path = Path(settings.PAYMENTS_CHAINS_FILE)
+    return _load(str(path), path.stat().st_mtime if path.exists() else 0.0)
+
+
+def chain(chain_id: int) -> Chain | None:
+    return chains().get(chain_id)
+
+
+def asset(chain_id: int, symbol: str) -> Asset | None:
+    found = chain(chain_id)
+    return found.asset(symbol) if found else None
+
+
+def assets() -> list[Asset]:
+    return [asset for configured in chains().values() for asset in configured.assets]

@@ -1,0 +1,193 @@
+"""Invoices, what the chain showed (transfers), the scan cursors, operator-set rates.
+
+On-chain amounts are integers in base units (DecimalField with no decimals: up to 78 digits, a uint256); fiat
+amounts are Decimal. An invoice is watched until `monitor_until`, even after its quote expired.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+UINT256_DIGITS = 78
+
+
+class DerivationSlot(models.Model):
+    """One row per deposit address ever handed out: its primary key is the child index, never reused."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("derivation slot")
+
+    def __str__(self) -> str:
+        return f"m/…/0/{self.pk}"
+
+
+class Invoice(models.Model):
+    class Status(models.TextChoices):
+        NEW = "new", _("Waiting for the transfer")
+        PROCESSING = "processing", _("Transfer being confirmed")
+        SETTLED = "settled", _("Paid")
+        EXPIRED = "expired", _("Expired")
+        INVALID = "invalid", _("Invalid")
+
+    class Purpose(models.TextChoices):
+        ORDER = "order", _("Order")
+        EXTENSION = "extension", _("Extension")
+
+    order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="invoices")
+    purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.ORDER)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.NEW)
+
+    chain_id = models.PositiveBigIntegerField(_("chain id"))
+    asset_symbol = models.CharField(_("asset"), max_length=12)
+    asset_contract = models.CharField(_("token contract"), max_length=42, blank=True)
+    asset_decimals = models.PositiveSmallIntegerField()
+    derivation_index = models.PositiveBigIntegerField(unique=True)
+    deposit_address = models.CharField(_("deposit address"), max_length=42, unique=True)
+    amount_due_units = models.DecimalField(_("amount due (base units)"), max_digits=UINT256_DIGITS, decimal_places=0)
+
+    fiat_amount = models.DecimalField(_("price"), max_digits=14, decimal_places=2)
+    fiat_currency = models.CharField(max_length=3)
+    rate = models.DecimalField(_("rate (fiat per coin)"), max_digits=30, decimal_places=10)
+    rate_source = models.CharField(_("rate source"), max_length=120)
+
+    expires_at = models.DateTimeField(_("quote expires"))
+    monitor_until = models.DateTimeField(_("watched until"))
+    created_at = models.DateTimeField(auto_now_add=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    # What the chain says, recomputed by every scan from the Transfer rows.
+    amount_confirmed_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
+    amount_pending_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
+    native_seen_block = models.PositiveBigIntegerField(null=True, blank=True)
+
+    # BTCPay Server's exception flags.
+    paid_partial = models.BooleanField(_("partially paid"), default=False)
+    paid_over = models.BooleanField(_("overpaid: refund the difference"), default=False)
+    paid_late = models.BooleanField(_("paid after expiry"), default=False)
+    needs_operator = models.BooleanField(_("needs an operator"), default=False)
+    marked = models.BooleanField(_("marked paid by an admin"), default=False)
+    marked_reason = models.TextField(blank=True)
+    marked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    # "I've paid": recorded first, then a check is asked for.
+    customer_paid_at = models.DateTimeField(null=True, blank=True)
+    customer_tx_hint = models.CharField(max_length=66, blank=True)
+    check_requested_at = models.DateTimeField(null=True, blank=True)
+    check_delayed_since = models.DateTimeField(null=True, blank=True)
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    last_seen_head = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("invoice")
+        verbose_name_plural = _("invoices")
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_due_units__gt=0), name="invoice_amount_positive"),
+            models.CheckConstraint(condition=Q(expires_at__lte=models.F("monitor_until")), name="invoice_monitored"),
+            models.CheckConstraint(
+                condition=Q(status__in=["new", "processing", "settled", "expired", "invalid"]),
+                name="invoice_status_known",
+            ),
+        ]
+        indexes = [models.Index(fields=["chain_id", "status", "monitor_until"])]
+        permissions = [("review_payments", "Can review payments: re-check on chain and mark paid")]
+
+    def __str__(self) -> str:
+        return f"{self.order_id} · {self.asset_symbol} · {self.deposit_address}"
+
+    @property
+    def amount_missing_units(self) -> int:
+        return max(0, int(self.amount_due_units) - int(self.amount_confirmed_units))
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in (self.Status.NEW, self.Status.PROCESSING)
+
+
+class Transfer(models.Model):
+    """A credit seen on chain to a deposit address: an ERC-20 Transfer log, or a native balance increase.
+
+    Credited once: (chain_id, tx_hash, log_index) is unique. Native credits found through balances have no
+    transaction of their own: tx_hash is "balance:<address>:<block>" and log_index -1.
+    """
+
+    class Status(models.TextChoices):
+        SEEN = "seen", _("Seen, confirming")
+        CONFIRMED = "confirmed", _("Confirmed")
+        REMOVED = "removed", _("Removed by a reorganisation")
+
+    chain_id = models.PositiveBigIntegerField()
+    tx_hash = models.CharField(max_length=120)
+    log_index = models.BigIntegerField()
+    block_number = models.PositiveBigIntegerField()
+    block_hash = models.CharField(max_length=66)
+    token_contract = models.CharField(max_length=42, blank=True)
+    from_address = models.CharField(max_length=42, blank=True)
+    to_address = models.CharField(max_length=42)
+    amount_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0)
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, null=True, blank=True, related_name="transfers")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SEEN)
+    # The credit is not in the invoice's asset (another allow-listed token, or a token not allow-listed at all).
+    wrong_asset = models.BooleanField(default=False)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["block_number", "log_index"]
+        verbose_name = _("transfer")
+        verbose_name_plural = _("transfers")
+        constraints = [
+            models.UniqueConstraint(fields=["chain_id", "tx_hash", "log_index"], name="transfer_credited_once"),
+            models.CheckConstraint(condition=Q(amount_units__gte=0), name="transfer_amount_not_negative"),
+        ]
+        indexes = [models.Index(fields=["invoice", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.tx_hash}#{self.log_index}"
+
+
+class ChainCursor(models.Model):
+    """Where the scan of a chain stands: every block up to `confirmed_block` has been read at its final state."""
+
+    chain_id = models.PositiveBigIntegerField(unique=True)
+    confirmed_block = models.PositiveBigIntegerField(default=0)
+    head_block = models.PositiveBigIntegerField(default=0)
+    last_scan_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    unavailable_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("chain cursor")
+
+    def __str__(self) -> str:
+        return f"chain {self.chain_id} at {self.confirmed_block}"
+
+
+class OperatorRate(models.Model):
+    """A rate set by an operator, for an asset with neither a peg nor a rate feed: fiat per whole coin."""
+
+    chain_id = models.PositiveBigIntegerField()
+    asset_symbol = models.CharField(max_length=12)
+    fiat_currency = models.CharField(max_length=3)
+    rate = models.DecimalField(max_digits=30, decimal_places=10)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        verbose_name = _("operator rate")
+        constraints = [
+            models.UniqueConstraint(fields=["chain_id", "asset_symbol", "fiat_currency"], name="one_rate_per_asset"),
+            models.CheckConstraint(condition=Q(rate__gt=0), name="rate_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.asset_symbol}@{self.chain_id} = {self.rate} {self.fiat_currency}"

@@ -1,0 +1,94 @@
+"""Reads of the payments app: what the order page shows of its invoice."""
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+import segno
+
+from booking.models import Order
+from payments import config
+from payments.chain import checksum
+from payments.models import ChainCursor, Invoice, Transfer
+
+
+def format_units(units: int | Decimal, decimals: int) -> str:
+    """Base units as a plain decimal string, exact, without trailing zeros beyond two places."""
+    value = Decimal(int(units)).scaleb(-decimals)
+    text = f"{value:f}"
+    if "." in text:
+        whole, fraction = text.split(".")
+        fraction = fraction.rstrip("0").ljust(2, "0") if decimals >= 2 else fraction.rstrip("0")
+        text = f"{whole}.{fraction}" if fraction else whole
+    return text
+
+
+def payment_uri(invoice: Invoice) -> str:
+    """EIP-681 payment request for what is still due.
+
+    Token: `ethereum:<token>@<chain>/transfer?address=<to>&uint256=<units>`;
+    native coin: `ethereum:<to>@<chain>?value=<wei>`.
+    """
+    to = checksum(invoice.deposit_address)
+    units = int(invoice.amount_missing_units or invoice.amount_due_units)
+    if invoice.asset_contract:
+        return f"ethereum:{checksum(invoice.asset_contract)}@{invoice.chain_id}/transfer?address={to}&uint256={units}"
+    return f"ethereum:{to}@{invoice.chain_id}?value={units}"
+
+
+@dataclass
+class PaymentView:
+    invoice: Invoice
+    chain: config.Chain | None
+    address: str
+    amount: str
+    amount_missing: str
+    amount_received: str
+    uri: str
+    qr_svg: str
+    seen_block: int | None
+    confirmations: int
+    confirmations_required: int
+    check_delayed: bool
+    transfers: list[Transfer]
+    choices: list[config.Asset]
+
+
+def current_invoice(order: Order) -> Invoice | None:
+    return (
+        Invoice.objects.filter(order=order, purpose=Invoice.Purpose.ORDER)
+        .exclude(status=Invoice.Status.INVALID)
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def payment_view(order: Order, *, with_qr: bool = True) -> PaymentView | None:
+    invoice = current_invoice(order)
+    if invoice is None:
+        return None
+    chain = config.chain(invoice.chain_id)
+    transfers = list(invoice.transfers.exclude(status=Transfer.Status.REMOVED).order_by("block_number", "log_index"))
+    seen = [t.block_number for t in transfers if t.status == Transfer.Status.SEEN and not t.wrong_asset]
+    seen_block = min(seen) if seen else invoice.native_seen_block
+    required = chain.confirmations if chain else 0
+    confirmations = 0
+    if seen_block is not None and invoice.last_seen_head:
+        confirmations = max(0, min(required, invoice.last_seen_head - seen_block + 1))
+    cursor = ChainCursor.objects.filter(chain_id=invoice.chain_id).only("unavailable_since").first()
+    uri = payment_uri(invoice)
+    return PaymentView(
+        invoice=invoice,
+        chain=chain,
+        address=checksum(invoice.deposit_address),
+        amount=format_units(invoice.amount_due_units, invoice.asset_decimals),
+        amount_missing=format_units(invoice.amount_missing_units, invoice.asset_decimals),
+        amount_received=format_units(invoice.amount_confirmed_units, invoice.asset_decimals),
+        uri=uri,
+        qr_svg=segno.make(uri, error="m").svg_inline(scale=4, dark="#16202b") if with_qr else "",
+        seen_block=seen_block,
+        confirmations=confirmations,
+        confirmations_required=required,
+        check_delayed=bool(invoice.check_delayed_since or (cursor and cursor.unavailable_since)),
+        transfers=transfers,
+        choices=config.assets(),
+    )

@@ -1,0 +1,569 @@
+"""Every write of the payments app: quoting and creating invoices, recording "I've paid", scanning a chain and
+applying what it shows, admin review. The scanner is the source of truth: nothing here trusts an amount, an
+address or a transaction from a request.
+
+Locks, when several are taken: order, then invoice, then allocation rows (conventions.md #4).
+"""
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_CEILING, Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
+from booking.rules import BookingError
+from payments import config
+from payments.addresses import deposit_address
+from payments.chain import ChainClient, ChainUnavailable, TransferLog
+from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, Transfer
+
+logger = logging.getLogger(__name__)
+
+_TX_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
+
+
+class PaymentError(BookingError):
+    """A payment rule said no; the message is translated and safe to show."""
+
+
+# --- quotes and invoices -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quote:
+    asset: config.Asset
+    amount_due_units: int
+    rate: Decimal
+    rate_source: str
+
+
+def default_asset() -> config.Asset | None:
+    """The configured default, else the first stablecoin pegged to the price currency, else the first asset."""
+    configured = settings.PAYMENTS_DEFAULT_ASSET
+    if configured:
+        chain_id, _sep, symbol = configured.partition(":")
+        if chain_id.isdigit() and (found := config.asset(int(chain_id), symbol)):
+            return found
+    assets = config.assets()
+    pegged = [asset for asset in assets if asset.pegged_to == settings.PRICE_CURRENCY]
+    return (pegged or assets or [None])[0]
+
+
+def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str) -> Quote:
+    """How many base units of `asset` pay `fiat_amount`: at par for a stablecoin of that currency, else at the rate
+    of the asset's feed (read on chain) or the operator's rate. Rounded up to the unit: never short."""
+    if asset.pegged_to:
+        if asset.pegged_to != fiat_currency:
+            raise PaymentError(
+                _("%(asset)s is pegged to %(peg)s, not to %(currency)s.")
+                % {"asset": asset.symbol, "peg": asset.pegged_to, "currency": fiat_currency}
+            )
+        rate, source = Decimal(1), f"peg 1 {asset.symbol} = 1 {fiat_currency}"
+    elif asset.rate_feed:
+        chain = config.chain(asset.chain_id)
+        try:
+            rate, updated = ChainClient(chain).aggregator_rate(asset.rate_feed)
+        except ChainUnavailable as exc:
+            raise PaymentError(
+                _("The %(asset)s rate cannot be read right now. Choose another asset or try again in a minute.")
+                % {"asset": asset.symbol}
+            ) from exc
+        source = f"feed {asset.rate_feed} at {datetime.fromtimestamp(updated, tz=UTC).isoformat()}"
+    else:
+        operator_rate = OperatorRate.objects.filter(
+            chain_id=asset.chain_id, asset_symbol=asset.symbol, fiat_currency=fiat_currency
+        ).first()
+        if operator_rate is None:
+            raise PaymentError(_("%(asset)s cannot be used: no rate is set for it.") % {"asset": asset.symbol})
+        rate, source = operator_rate.rate, f"operator rate of {operator_rate.updated_at.isoformat()}"
+    units = (fiat_amount / rate).scaleb(asset.decimals).to_integral_value(rounding=ROUND_CEILING)
+    return Quote(asset=asset, amount_due_units=int(units), rate=rate, rate_source=source)
+
+
+def _new_deposit_address() -> tuple[int, str]:
+    index = DerivationSlot.objects.create().pk
+    return index, deposit_address(settings.PAYMENTS_XPUB, index)
+
+
+@transaction.atomic
+def invoice_create(
+    *,
+    order: Order,
+    fiat_amount: Decimal,
+    asset: config.Asset | None = None,
+    purpose: str = Invoice.Purpose.ORDER,
+    now: datetime | None = None,
+) -> Invoice:
+    """A quote in `asset` with a deposit address of its own, valid as long as the order's hold."""
+    now = now or timezone.now()
+    asset = asset or default_asset()
+    if asset is None:
+        raise PaymentError(_("No payment method is configured. Please contact us."))
+    priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency)
+    index, address = _new_deposit_address()
+    expires_at = order.hold_expires_at or now + timedelta(minutes=BookingPolicy.current().hold_minutes)
+    return Invoice.objects.create(
+        order=order,
+        purpose=purpose,
+        chain_id=asset.chain_id,
+        asset_symbol=asset.symbol,
+        asset_contract=asset.contract,
+        asset_decimals=asset.decimals,
+        derivation_index=index,
+        deposit_address=address.lower(),
+        amount_due_units=priced.amount_due_units,
+        fiat_amount=fiat_amount,
+        fiat_currency=order.currency,
+        rate=priced.rate,
+        rate_source=priced.rate_source,
+        expires_at=expires_at,
+        monitor_until=expires_at + timedelta(days=settings.PAYMENTS_MONITOR_DAYS),
+    )
+
+
+def invoice_for_new_order(*, order: Order) -> Invoice:
+    """Called by booking.services.order_create, in its transaction."""
+    return invoice_create(order=order, fiat_amount=order.total_price)
+
+
+@transaction.atomic
+def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None = None) -> Invoice:
+    """The researcher picks another asset or chain: a new quote and address replace the current invoice, which
+    stays watched (a payment still arriving there is recorded and flagged for an operator)."""
+    now = now or timezone.now()
+    chain_id, _sep, symbol = asset_key.partition(":")
+    asset = config.asset(int(chain_id), symbol) if chain_id.isdigit() else None
+    if asset is None:
+        raise PaymentError(_("Choose one of the payment methods listed."), field="asset")
+    order = Order.objects.select_for_update().get(pk=order.pk)
+    current = (
+        Invoice.objects.select_for_update()
+        .filter(order=order, purpose=Invoice.Purpose.ORDER)
+        .exclude(status=Invoice.Status.INVALID)
+        .order_by("-created_at")
+        .first()
+    )
+    if order.status != OrderStatus.AWAITING_PAYMENT or current is None or current.status != Invoice.Status.NEW:
+        raise PaymentError(_("The payment method can no longer be changed for this order."))
+    if current.transfers.exists() or current.amount_confirmed_units or current.amount_pending_units:
+        raise PaymentError(_("A transfer was already seen for this invoice: the payment method cannot change."))
+    if (current.chain_id, current.asset_symbol) == (asset.chain_id, asset.symbol):
+        return current
+    current.status = Invoice.Status.INVALID
+    current.save(update_fields=["status"])
+    replacement = invoice_create(order=order, fiat_amount=current.fiat_amount, asset=asset, now=now)
+    OrderEvent.objects.create(
+        order=order,
+        from_status=order.status,
+        to_status=order.status,
+        actor_kind=OrderEvent.Actor.CUSTOMER,
+        reason="payment method changed",
+        evidence={"from": f"{current.chain_id}:{current.asset_symbol}", "to": asset.key},
+    )
+    return replacement
+
+
+# --- "I've paid" ---------------------------------------------------------------------------------------------
+
+
+def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime | None = None) -> None:
+    """Record the click first (kept even when the broker is down), then ask for a check of the chain."""
+    now = now or timezone.now()
+    tx_hint = tx_hint.strip()
+    if tx_hint and not _TX_HASH.fullmatch(tx_hint):
+        raise PaymentError(
+            _("A transaction hash is 0x followed by 64 hexadecimal characters. Leave it empty if unsure."),
+            field="tx_hint",
+        )
+    with transaction.atomic():
+        Invoice.objects.filter(pk=invoice.pk).update(
+            customer_paid_at=now, customer_tx_hint=tx_hint.lower() or invoice.customer_tx_hint
+        )
+        OrderEvent.objects.create(
+            order_id=invoice.order_id,
+            from_status=invoice.order.status,
+            to_status=invoice.order.status,
+            actor_kind=OrderEvent.Actor.CUSTOMER,
+            reason="customer says they paid",
+            evidence={"tx_hint": tx_hint.lower()} if tx_hint else {},
+        )
+    invoice_request_check(invoice_id=invoice.pk, now=now)
+
+
+def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bool:
+    """Ask a worker to check this invoice now. False (and the invoice says "check delayed") if the broker is
+    unreachable; beat's scan will find the payment anyway once it is back."""
+    from payments.tasks import check_invoice
+
+    now = now or timezone.now()
+    try:
+        check_invoice.apply_async(args=[invoice_id], retry=False)
+    except Exception as exc:  # kombu/redis raise many types; any of them means "not queued"
+        logger.warning("could not queue the check of invoice %s: %s", invoice_id, exc)
+        Invoice.objects.filter(pk=invoice_id, check_delayed_since__isnull=True).update(check_delayed_since=now)
+        return False
+    Invoice.objects.filter(pk=invoice_id).update(check_requested_at=now)
+    return True
+
+
+# --- scanning ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScanResult:
+    chain_id: int
+    skipped: bool = False
+    head: int = 0
+    confirmed: int = 0
+    invoices: int = 0
+    logs: int = 0
+    rpc_calls: int = 0
+    settled: list[int] = field(default_factory=list)
+
+
+def _monitored_invoices(chain_id: int, now: datetime):
+    return list(
+        Invoice.objects.filter(chain_id=chain_id)
+        .filter(Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now))
+        .exclude(status=Invoice.Status.SETTLED)
+        .select_related("order")
+    )
+
+
+def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> ScanResult:
+    """One pass over every watched invoice of a chain, from the persisted cursor. Safe to run twice at once:
+    the second finds the cursor locked and skips. Raises ChainUnavailable (after recording it) when no RPC URL
+    answers; nothing else changes then."""
+    chain = config.chain(chain_id)
+    if chain is None:
+        raise ValueError(f"chain {chain_id} is not configured")
+    client = client or ChainClient(chain)
+    now = now or timezone.now()
+    ChainCursor.objects.get_or_create(chain_id=chain_id)
+    with transaction.atomic():
+        cursor = ChainCursor.objects.select_for_update(skip_locked=True).filter(chain_id=chain_id).first()
+        if cursor is None:
+            return ScanResult(chain_id=chain_id, skipped=True)
+        invoices = _monitored_invoices(chain_id, now)
+        result = ScanResult(chain_id=chain_id, invoices=len(invoices))
+        try:
+            head = client.head()
+            confirmed = client.confirmed_block(head)
+            from_block = (
+                cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
+            )
+            by_address = {invoice.deposit_address: invoice for invoice in invoices}
+            logs = client.transfer_logs(from_block=from_block, to_block=head, recipients=list(by_address))
+            balances = client.balances(
+                [(invoice.deposit_address, block) for invoice in invoices for block in (confirmed, head)]
+            )
+            confirming = {log.block_number for log in logs if log.block_number <= confirmed}
+            canonical = client.block_hashes(sorted(confirming | ({confirmed} if invoices else set())))
+        except ChainUnavailable as exc:
+            _record_unavailable(cursor=cursor, invoices=invoices, error=str(exc), now=now)
+            result.rpc_calls = client.calls
+            raise_after = exc
+        else:
+            raise_after = None
+            result.head, result.confirmed, result.logs = head, confirmed, len(logs)
+            _apply_logs(
+                chain=chain,
+                logs=logs,
+                by_address=by_address,
+                from_block=from_block,
+                confirmed=confirmed,
+                canonical=canonical,
+                now=now,
+            )
+            _apply_native(
+                chain=chain,
+                invoices=invoices,
+                balances=balances,
+                confirmed=confirmed,
+                head=head,
+                confirmed_hash=canonical.get(confirmed, ""),
+                now=now,
+            )
+            for invoice in invoices:
+                if invoice_apply_chain_state(invoice=invoice, head=head, now=now):
+                    result.settled.append(invoice.pk)
+            Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(
+                last_checked_at=now, last_seen_head=head, check_delayed_since=None
+            )
+            cursor.confirmed_block, cursor.head_block, cursor.last_scan_at = confirmed, head, now
+            cursor.unavailable_since = None
+            cursor.save(update_fields=["confirmed_block", "head_block", "last_scan_at", "unavailable_since"])
+            result.rpc_calls = client.calls
+    if raise_after is not None:
+        raise raise_after
+    return result
+
+
+def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: str, now: datetime) -> None:
+    logger.warning("chain %s unavailable: %s", cursor.chain_id, error)
+    cursor.last_error, cursor.last_error_at = error[:2000], now
+    cursor.unavailable_since = cursor.unavailable_since or now
+    cursor.save(update_fields=["last_error", "last_error_at", "unavailable_since"])
+    Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices], check_delayed_since__isnull=True).update(
+        check_delayed_since=now
+    )
+
+
+def _apply_logs(
+    *,
+    chain: config.Chain,
+    logs: list[TransferLog],
+    by_address: dict[str, Invoice],
+    from_block: int,
+    confirmed: int,
+    canonical: dict[int, str],
+    now: datetime,
+) -> None:
+    seen_keys = {(log.tx_hash, log.log_index) for log in logs}
+    # Transfers seen earlier in the re-read range but absent now were removed by a reorganisation.
+    for transfer in Transfer.objects.filter(
+        chain_id=chain.chain_id, status=Transfer.Status.SEEN, block_number__gte=from_block, log_index__gte=0
+    ):
+        if (transfer.tx_hash, transfer.log_index) not in seen_keys:
+            transfer.status = Transfer.Status.REMOVED
+            transfer.save(update_fields=["status"])
+    for log in logs:
+        invoice = by_address.get(log.recipient)
+        is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
+        defaults = {
+            "block_number": log.block_number,
+            "block_hash": log.block_hash,
+            "token_contract": log.token,
+            "from_address": log.sender,
+            "to_address": log.recipient,
+            "amount_units": log.amount,
+            "invoice": invoice,
+            "wrong_asset": invoice is None or log.token != invoice.asset_contract,
+            "first_seen_at": now,
+        }
+        transfer, created = Transfer.objects.get_or_create(
+            chain_id=chain.chain_id, tx_hash=log.tx_hash, log_index=log.log_index, defaults=defaults
+        )
+        if transfer.status == Transfer.Status.CONFIRMED:
+            continue  # credited once, for good
+        changed = created
+        if not created and (transfer.block_hash != log.block_hash or transfer.status == Transfer.Status.REMOVED):
+            for name, value in defaults.items():
+                setattr(transfer, name, value)
+            transfer.status = Transfer.Status.SEEN
+            changed = True
+        if is_final:
+            transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
+            changed = True
+        if changed:
+            transfer.save()
+
+
+def _apply_native(
+    *,
+    chain: config.Chain,
+    invoices: list[Invoice],
+    balances: list[int],
+    confirmed: int,
+    head: int,
+    confirmed_hash: str,
+    now: datetime,
+) -> None:
+    """Native coin: the balance at the confirmed block beyond what was already credited is a new credit; the
+    balance at the head beyond that is pending. Native coin sent to a token invoice is recorded as a wrong asset."""
+    for position, invoice in enumerate(invoices):
+        balance_confirmed, balance_head = balances[2 * position], balances[2 * position + 1]
+        credited = int(
+            invoice.transfers.filter(status=Transfer.Status.CONFIRMED, token_contract="").aggregate(
+                total=Sum("amount_units")
+            )["total"]
+            or 0
+        )
+        if balance_confirmed > credited:
+            try:
+                with transaction.atomic():
+                    Transfer.objects.create(
+                        chain_id=chain.chain_id,
+                        tx_hash=f"balance:{invoice.deposit_address}:{confirmed}",
+                        log_index=-1,
+                        block_number=confirmed,
+                        block_hash=confirmed_hash,
+                        to_address=invoice.deposit_address,
+                        amount_units=balance_confirmed - credited,
+                        invoice=invoice,
+                        status=Transfer.Status.CONFIRMED,
+                        wrong_asset=bool(invoice.asset_contract),
+                        first_seen_at=now,
+                        confirmed_at=now,
+                    )
+            except IntegrityError:  # this block's balance was already credited
+                pass
+        if invoice.asset_contract:
+            continue
+        pending = max(0, balance_head - max(balance_confirmed, credited))
+        if pending and invoice.native_seen_block is None:
+            invoice.native_seen_block = head
+        if not pending:
+            invoice.native_seen_block = None
+        invoice.amount_pending_units = pending
+        Invoice.objects.filter(pk=invoice.pk).update(native_seen_block=invoice.native_seen_block)
+
+
+def _sums(invoice: Invoice) -> tuple[int, int]:
+    rows = (
+        invoice.transfers.filter(wrong_asset=False)
+        .exclude(status=Transfer.Status.REMOVED)
+        .values("status")
+        .annotate(total=Sum("amount_units"))
+    )
+    totals = {row["status"]: int(row["total"] or 0) for row in rows}
+    confirmed = totals.get(Transfer.Status.CONFIRMED, 0)
+    pending = totals.get(Transfer.Status.SEEN, 0)
+    if not invoice.asset_contract:
+        pending = int(invoice.amount_pending_units)  # from the balances of this scan
+    return confirmed, pending
+
+
+def invoice_apply_chain_state(*, invoice: Invoice, head: int, now: datetime) -> bool:
+    """Move the invoice and its order to what the chain shows. Returns True when the invoice settled now."""
+    confirmed, pending = _sums(invoice)
+    order = invoice.order
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order.pk)
+        invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        was = invoice.status
+        invoice.amount_confirmed_units, invoice.amount_pending_units = confirmed, pending
+        due = int(invoice.amount_due_units)
+        settled_now = False
+        evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
+        if invoice.status == Invoice.Status.SETTLED:
+            pass
+        elif invoice.status == Invoice.Status.INVALID:
+            if confirmed or pending:
+                invoice.needs_operator = True  # paid to a replaced quote: refund or apply by hand
+        elif confirmed >= due:
+            invoice.status, invoice.settled_at, settled_now = Invoice.Status.SETTLED, now, True
+            invoice.paid_over = confirmed > due
+            invoice.paid_partial = False
+            invoice.paid_late = was == Invoice.Status.EXPIRED or _first_seen(invoice, now) > invoice.expires_at
+        elif pending:
+            invoice.status = Invoice.Status.PROCESSING
+            invoice.paid_partial = 0 < confirmed < due
+        else:
+            invoice.paid_partial = 0 < confirmed < due
+            invoice.status = Invoice.Status.EXPIRED if now >= invoice.expires_at else Invoice.Status.NEW
+        invoice.save()
+        _move_order(order=order, invoice=invoice, was=was, evidence=evidence, now=now)
+    if settled_now:
+        from payments.tasks import send_payment_received
+
+        transaction.on_commit(lambda: send_payment_received.delay(invoice.pk))
+    return settled_now
+
+
+def _first_seen(invoice: Invoice, now: datetime) -> datetime:
+    first = (
+        (invoice.transfers.filter(wrong_asset=False).exclude(status=Transfer.Status.REMOVED).order_by("first_seen_at"))
+        .values_list("first_seen_at", flat=True)
+        .first()
+    )
+    return first or timezone.now()
+
+
+def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
+    from booking import services as booking
+
+    if invoice.purpose != Invoice.Purpose.ORDER:
+        return
+    if invoice.status == Invoice.Status.SETTLED and was != Invoice.Status.SETTLED:
+        if order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
+            booking.order_transition(
+                order=order,
+                to_status=OrderStatus.PAID,
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                reason="payment confirmed on chain",
+                evidence=evidence,
+                now=now,
+            )
+        elif order.status == OrderStatus.EXPIRED:
+            try:
+                booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now)
+            except BookingError:
+                invoice.needs_operator = True
+                invoice.save(update_fields=["needs_operator"])
+        else:
+            invoice.needs_operator = True  # e.g. cancelled meanwhile: refund owed
+            invoice.save(update_fields=["needs_operator"])
+    elif invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.AWAITING_PAYMENT:
+        booking.order_transition(
+            order=order,
+            to_status=OrderStatus.PAYMENT_PROCESSING,
+            actor_kind=OrderEvent.Actor.SYSTEM,
+            reason="transfer seen on chain",
+            evidence=evidence,
+            now=now,
+        )
+    elif (
+        invoice.status in (Invoice.Status.NEW, Invoice.Status.EXPIRED)
+        and was == Invoice.Status.PROCESSING
+        and order.status == OrderStatus.PAYMENT_PROCESSING
+    ):
+        booking.order_transition(
+            order=order,
+            to_status=OrderStatus.AWAITING_PAYMENT,
+            actor_kind=OrderEvent.Actor.SYSTEM,
+            reason="transfer no longer on chain (reorganisation)",
+            evidence=evidence,
+            now=now,
+        )
+
+
+# --- admin review --------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def invoice_mark_paid(*, invoice: Invoice, user, reason: str, now: datetime | None = None) -> None:
+    """An admin settles an invoice by hand (e.g. paid by another route). The reason is required and audited."""
+    from booking import services as booking
+
+    now = now or timezone.now()
+    reason = reason.strip()
+    if not reason:
+        raise PaymentError(_("Give the reason for marking this invoice paid."), field="reason")
+    order = Order.objects.select_for_update().get(pk=invoice.order_id)
+    invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+    if invoice.status == Invoice.Status.SETTLED:
+        raise PaymentError(_("This invoice is already paid."))
+    invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
+    invoice.marked, invoice.marked_reason, invoice.marked_by = True, reason, user
+    invoice.save()
+    evidence = {"invoice": invoice.pk, "marked_by": user.get_username(), "reason": reason}
+    if order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
+        booking.order_transition(
+            order=order,
+            to_status=OrderStatus.PAID,
+            actor_kind=OrderEvent.Actor.ADMIN,
+            actor=user,
+            reason=f"marked paid: {reason}",
+            evidence=evidence,
+            now=now,
+        )
+    elif order.status == OrderStatus.EXPIRED:
+        booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now, actor=user)
+    else:
+        OrderEvent.objects.create(
+            order=order,
+            from_status=order.status,
+            to_status=order.status,
+            actor_kind=OrderEvent.Actor.ADMIN,
+            actor=user,
+            reason=f"invoice marked paid: {reason}",
+            evidence=evidence,
+        )

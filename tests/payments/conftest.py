@@ -1,0 +1,86 @@
+"""A real EVM node for the payment tests: anvil (npm @foundry-rs/anvil) with the project's contracts compiled
+from source by solc-js, deployed once per session; each test runs on a snapshot that is reverted after it."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from payments import config
+from payments.chain import ChainUnavailable, DevChain
+from payments.demo import CONTRACTS, DEMO_USDT_RATE
+from payments.models import OperatorRate
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_CHAINS = (ROOT / "payments" / "chains.demo.toml").read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def chains_toml(*rpc_urls: str, confirmations: int = 3) -> str:
+    urls = ", ".join(f'"{url}"' for url in rpc_urls)
+    return DEMO_CHAINS.replace('rpc_urls = ["http://127.0.0.1:8545"]', f"rpc_urls = [{urls}]").replace(
+        "confirmations = 3", f"confirmations = {confirmations}"
+    )
+
+
+class Anvil:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(ROOT / "node_modules" / ".bin" / "anvil"), "--port", str(self.port), "--silent"],
+            start_new_session=True,
+        )
+        client = DevChain(config.parse_chains(chains_toml(self.url))[31337])
+        for _ in range(100):
+            try:
+                client.head()
+                return
+            except ChainUnavailable:
+                time.sleep(0.1)
+        raise RuntimeError("anvil did not start")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def anvil():
+    node = Anvil()
+    node.start()
+    client = DevChain(config.parse_chains(chains_toml(node.url))[31337])
+    deployer = client.accounts()[0]
+    for name, args, symbol in CONTRACTS:
+        asset = client.chain.asset(symbol)
+        assert client.deploy(name, *args, sender=deployer) == (asset.contract or asset.rate_feed)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def chain(anvil, settings, tmp_path, db) -> DevChain:
+    """The demo chain on the session's anvil, configured through a chains file like production's."""
+    path = tmp_path / "chains.toml"
+    path.write_text(chains_toml(anvil.url))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    OperatorRate.objects.create(
+        chain_id=31337, asset_symbol="dUSDT", fiat_currency=settings.PRICE_CURRENCY, rate=DEMO_USDT_RATE
+    )
+    client = DevChain(config.chain(31337))
+    snapshot = client.snapshot()
+    yield client
+    client.revert(snapshot)

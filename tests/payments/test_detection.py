@@ -1,0 +1,311 @@
+"""Payments on a real chain (anvil): detection, confirmations, exceptions, reorgs, RPC failures."""
+
+import html
+import re
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.core import mail
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+
+from booking.models import Order, OrderStatus
+from booking.services import orders_expire_stale_holds
+from payments import config, services
+from payments.chain import ChainClient, ChainUnavailable
+from payments.demo import pay_invoice
+from payments.models import Invoice, Transfer
+from payments.selectors import current_invoice
+from tests.booking.test_pages import place
+
+CHAIN_ID = 31337
+
+
+def scan(**kwargs) -> services.ScanResult:
+    return services.chain_scan(chain_id=CHAIN_ID, **kwargs)
+
+
+def order_page(client, order: Order, token: str) -> str:
+    url = reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
+    return html.unescape(client.get(url).content.decode())
+
+
+def test_an_exact_stablecoin_payment_is_seen_confirmed_and_pays_the_order(
+    client, chain, booking_data, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data(lots="2"))
+    invoice = current_invoice(order)
+    assert (invoice.asset_symbol, invoice.amount_due_units) == ("dEURC", Decimal(6300_000000))
+
+    pay_invoice(chain, invoice)
+    scan()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.PAYMENT_PROCESSING
+    assert "1/3 confirmations" in order_page(client, order, token)
+
+    chain.mine(1)
+    scan()
+    assert "2/3 confirmations" in order_page(client, order, token)
+
+    chain.mine(1)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = scan()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert result.settled == [invoice.pk]
+    assert invoice.status == Invoice.Status.SETTLED and not (invoice.paid_over or invoice.paid_partial)
+    assert order.status == OrderStatus.PAID
+    assert [(e.to_status, e.actor_kind) for e in order.events.all()][-2:] == [
+        ("payment_processing", "system"),
+        ("paid", "system"),
+    ]
+    assert "Paid: 6300.00 dEURC received and confirmed." in order_page(client, order, token)
+    assert any("Payment received" in message.subject for message in mail.outbox)
+
+    # Scanning again credits nothing twice.
+    chain.mine(3)
+    scan()
+    scan()
+    assert Transfer.objects.filter(invoice=invoice).count() == 1
+    invoice.refresh_from_db()
+    assert invoice.amount_confirmed_units == invoice.amount_due_units
+
+
+def test_the_page_link_is_a_valid_eip681_request_a_wallet_can_pay(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    page = order_page(client, order, token)
+
+    uri = re.search(r'href="(ethereum:[^"]+)"', page).group(1)
+    match = re.fullmatch(r"ethereum:(0x[0-9a-fA-F]{40})@(\d+)/transfer\?address=(0x[0-9a-fA-F]{40})&uint256=(\d+)", uri)
+    assert match, uri
+    token_address, chain_id, to, units = match.groups()
+    assert int(chain_id) == CHAIN_ID and "<svg" in page
+    assert token_address == "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+    assert to in page  # the checksummed address is also shown in plain text
+
+    # As a wallet would: pay what the link says, to whom it says.
+    payer = chain.accounts()[2]
+    chain.mint(token_address.lower(), payer, int(units), sender=payer)
+    chain.send_token(token_address.lower(), to, int(units), sender=payer)
+    chain.mine(2)
+    scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+def test_the_native_coin_is_priced_by_the_rate_feed_and_detected_through_balances(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    client.post(
+        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        {"asset": f"{CHAIN_ID}:ETH"},
+    )
+    invoice = current_invoice(order)
+    assert invoice.asset_symbol == "ETH" and not invoice.asset_contract
+    # 3150 EUR at 2500 EUR/ETH (MockAggregator) = 1.26 ETH
+    assert invoice.amount_due_units == Decimal(1_260_000_000_000_000_000)
+    assert invoice.rate == Decimal("2500") and invoice.rate_source.startswith("feed 0x9fe4")
+    assert f"ethereum:{invoice.deposit_address}".lower() in order_page(client, order, token).lower()
+
+    pay_invoice(chain, invoice)
+    scan()
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.PROCESSING
+    chain.mine(2)
+    scan()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID
+
+
+def test_a_token_whose_transfer_returns_nothing_is_detected_too(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    client.post(
+        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        {"asset": f"{CHAIN_ID}:dUSDT"},
+    )
+    invoice = current_invoice(order)
+    # 3150 EUR at the operator's 0.92 EUR per dUSDT, rounded up to the base unit
+    assert invoice.amount_due_units == Decimal(3423913044)
+
+    pay_invoice(chain, invoice)
+    chain.mine(2)
+    scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+def test_a_partial_payment_keeps_the_order_waiting_and_says_what_is_missing(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+
+    pay_invoice(chain, invoice, units=1000_000000)
+    chain.mine(2)
+    scan()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and invoice.paid_partial
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert "Received 1000.00 dEURC: 2150.00 dEURC are still missing." in order_page(client, order, token)
+
+    invoice.refresh_from_db()
+    pay_invoice(chain, invoice)  # the rest
+    chain.mine(2)
+    scan()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and not invoice.paid_partial and not invoice.paid_over
+    assert order.status == OrderStatus.PAID
+
+
+def test_an_overpayment_settles_and_is_flagged_for_a_refund(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+
+    pay_invoice(chain, invoice, units=int(invoice.amount_due_units) + 50_000000)
+    chain.mine(2)
+    scan()
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and invoice.paid_over
+    assert "an operator will refund the difference" in order_page(client, order, token)
+
+
+def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_free(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="2"))
+    invoice = current_invoice(order)
+    later = invoice.expires_at + timedelta(minutes=1)
+    assert orders_expire_stale_holds(now=later) == 1
+    scan(now=later)
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.EXPIRED
+
+    pay_invoice(chain, invoice)
+    chain.mine(2)
+    scan(now=later + timedelta(minutes=5))
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and invoice.paid_late and not invoice.needs_operator
+    assert order.status == OrderStatus.PAID
+    assert order.allocations.filter(released_at__isnull=True).count() == 2
+
+
+def test_a_late_payment_for_lots_taken_meanwhile_is_flagged_for_an_operator(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="6"))
+    invoice = current_invoice(order)
+    later = invoice.expires_at + timedelta(minutes=1)
+    orders_expire_stale_holds(now=later)
+    place(client, booking_data(lots="6", contact_email="quick@example.org"))  # someone else takes them
+
+    pay_invoice(chain, invoice)
+    chain.mine(2)
+    scan(now=later + timedelta(minutes=5))
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and invoice.paid_late and invoice.needs_operator
+    assert order.status == OrderStatus.EXPIRED
+
+
+def test_a_wrong_token_is_recorded_and_shown_to_admins_but_does_not_pay(client, chain, booking_data, admin_user):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    usdt = config.chain(CHAIN_ID).asset("dUSDT").contract
+    payer = chain.accounts()[3]
+    chain.mint(usdt, payer, int(invoice.amount_due_units), sender=payer, contract="NoReturnToken")
+    chain.send_token(
+        usdt, invoice.deposit_address, int(invoice.amount_due_units), sender=payer, contract="NoReturnToken"
+    )
+    chain.mine(2)
+    scan()
+
+    wrong = Transfer.objects.get()
+    assert wrong.wrong_asset and wrong.invoice == invoice and wrong.token_contract == usdt
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and invoice.amount_confirmed_units == 0
+    client.force_login(admin_user)
+    queue = client.get(reverse("admin:payments_transfer_changelist") + "?matching=unmatched")
+    assert wrong.tx_hash in queue.content.decode()
+
+
+def test_a_transfer_is_credited_once_and_never_to_two_invoices(client, chain, booking_data):
+    first, _ = place(client, booking_data(lots="1"))
+    second, _ = place(client, booking_data(lots="1", contact_email="b@example.org"))
+    invoice = current_invoice(first)
+    pay_invoice(chain, invoice)
+    chain.mine(2)
+    scan()
+    credited = Transfer.objects.get()
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Transfer.objects.create(
+            chain_id=CHAIN_ID,
+            tx_hash=credited.tx_hash,
+            log_index=credited.log_index,
+            block_number=1,
+            block_hash="0x0",
+            to_address=current_invoice(second).deposit_address,
+            amount_units=1,
+            invoice=current_invoice(second),
+        )
+
+
+def test_a_reorganisation_that_removes_the_transfer_sends_the_invoice_back(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    before = chain.snapshot()
+    pay_invoice(chain, invoice)
+    scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAYMENT_PROCESSING
+
+    chain.revert(before)  # the block with the transfer is gone ...
+    chain.mine(4)  # ... and the chain moves on without it
+    scan()
+
+    transfer = Transfer.objects.get()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert transfer.status == Transfer.Status.REMOVED
+    assert invoice.status == Invoice.Status.NEW and invoice.amount_confirmed_units == 0
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert order.events.last().reason == "transfer no longer on chain (reorganisation)"
+    chain.snapshot()  # the fixture reverts to its own snapshot afterwards
+
+
+def test_a_dead_first_rpc_url_fails_over_to_the_second(client, chain, booking_data, anvil, settings, tmp_path):
+    from tests.payments.conftest import chains_toml, free_port
+
+    path = tmp_path / "failover.toml"
+    path.write_text(chains_toml(f"http://127.0.0.1:{free_port()}", anvil.url))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    order, token = place(client, booking_data(lots="1"))
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+
+    client_ = ChainClient(config.chain(CHAIN_ID))
+    scan(client=client_)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    assert client_.calls >= 5  # the dead URL was tried once, then the second answered
+
+
+def test_when_no_rpc_url_answers_nothing_changes_and_the_page_says_the_check_is_delayed(
+    client, chain, booking_data, settings, tmp_path
+):
+    from tests.payments.conftest import chains_toml, free_port
+
+    order, token = place(client, booking_data(lots="1"))
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+    path = tmp_path / "dead.toml"
+    path.write_text(chains_toml(f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+
+    with pytest.raises(ChainUnavailable):
+        scan()
+
+    invoice = current_invoice(order)
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and order.status == OrderStatus.AWAITING_PAYMENT
+    assert "Check delayed: the network is not answering" in order_page(client, order, token)
