@@ -172,7 +172,7 @@ def test_an_overpayment_settles_and_is_flagged_for_a_refund(client, chain, booki
 
 
 def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_free(client, chain, booking_data):
-    order, token = place(client, booking_data(lots="2"))
+    order, _token = place(client, booking_data(lots="2"))
     invoice = current_invoice(order)
     later = invoice.expires_at + timedelta(minutes=1)
     assert orders_expire_stale_holds(now=later) == 1
@@ -191,7 +191,7 @@ def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_fre
 
 
 def test_a_late_payment_for_lots_taken_meanwhile_is_flagged_for_an_operator(client, chain, booking_data):
-    order, token = place(client, booking_data(lots="6"))
+    order, _token = place(client, booking_data(lots="6"))
     invoice = current_invoice(order)
     later = invoice.expires_at + timedelta(minutes=1)
     orders_expire_stale_holds(now=later)
@@ -207,7 +207,7 @@ def test_a_late_payment_for_lots_taken_meanwhile_is_flagged_for_an_operator(clie
 
 
 def test_a_wrong_token_is_recorded_and_shown_to_admins_but_does_not_pay(client, chain, booking_data, admin_user):
-    order, token = place(client, booking_data(lots="1"))
+    order, _token = place(client, booking_data(lots="1"))
     invoice = current_invoice(order)
     usdt = config.chain(CHAIN_ID).asset("dUSDT").contract
     payer = chain.accounts()[3]
@@ -250,7 +250,7 @@ def test_a_transfer_is_credited_once_and_never_to_two_invoices(client, chain, bo
 
 
 def test_a_reorganisation_that_removes_the_transfer_sends_the_invoice_back(client, chain, booking_data):
-    order, token = place(client, booking_data(lots="1"))
+    order, _token = place(client, booking_data(lots="1"))
     invoice = current_invoice(order)
     before = chain.snapshot()
     pay_invoice(chain, invoice)
@@ -278,7 +278,7 @@ def test_a_dead_first_rpc_url_fails_over_to_the_second(client, chain, booking_da
     path = tmp_path / "failover.toml"
     path.write_text(chains_toml(f"http://127.0.0.1:{free_port()}", anvil.url))
     settings.PAYMENTS_CHAINS_FILE = str(path)
-    order, token = place(client, booking_data(lots="1"))
+    order, _token = place(client, booking_data(lots="1"))
     pay_invoice(chain, current_invoice(order))
     chain.mine(2)
 
