@@ -160,7 +160,11 @@ def _private(response: HttpResponse) -> HttpResponse:
 @require_http_methods(["GET"])
 @never_cache
 def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    order = _order_or_404(public_id, token)
+    return order_page(request, _order_or_404(public_id, token), token)
+
+
+def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
+    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
     from payments.selectors import payment_view
 
     context = {

@@ -8,7 +8,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_ratelimit.core import is_ratelimited
 
-from booking.views import _order_or_404, order_detail
+from booking.views import _order_or_404, order_page
 from payments import selectors, services
 
 
@@ -32,7 +32,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
                 request, _("Thank you. We are looking for your transfer on chain; this page updates by itself.")
             )
     if request.htmx:
-        return order_detail(request, public_id, token)
+        return order_page(request, order, token)
     return redirect("booking:order", public_id=public_id, token=token)
 
 
