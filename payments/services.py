@@ -282,7 +282,7 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
                 canonical=canonical,
                 now=now,
             )
-            _apply_native(
+            native_pending = _apply_native(
                 chain=chain,
                 invoices=invoices,
                 balances=balances,
@@ -291,8 +291,16 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
                 confirmed_hash=canonical.get(confirmed, ""),
                 now=now,
             )
+            sums = _chain_sums([invoice.pk for invoice in invoices])
             for invoice in invoices:
-                if invoice_apply_chain_state(invoice=invoice, head=head, now=now):
+                confirmed_units, pending_units = sums.get(invoice.pk, (0, 0))
+                if not invoice.asset_contract:
+                    pending_units = native_pending.get(invoice.pk, 0)
+                if _unchanged(invoice, confirmed_units, pending_units, now):
+                    continue
+                if invoice_apply_chain_state(
+                    invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=head, now=now
+                ):
                     result.settled.append(invoice.pk)
             Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(
                 last_checked_at=now, last_seen_head=head, check_delayed_since=None
@@ -375,17 +383,22 @@ def _apply_native(
     head: int,
     confirmed_hash: str,
     now: datetime,
-) -> None:
+) -> dict[int, int]:
     """Native coin: the balance at the confirmed block beyond what was already credited is a new credit; the
-    balance at the head beyond that is pending. Native coin sent to a token invoice is recorded as a wrong asset."""
+    balance at the head beyond that is pending (returned per native invoice). Native coin sent to a token invoice
+    is recorded as a wrong asset."""
+    credited_by_invoice = {
+        row["invoice"]: int(row["total"] or 0)
+        for row in Transfer.objects.filter(
+            invoice__in=[invoice.pk for invoice in invoices], status=Transfer.Status.CONFIRMED, token_contract=""
+        )
+        .values("invoice")
+        .annotate(total=Sum("amount_units"))
+    }
+    pending_by_invoice: dict[int, int] = {}
     for position, invoice in enumerate(invoices):
         balance_confirmed, balance_head = balances[2 * position], balances[2 * position + 1]
-        credited = int(
-            invoice.transfers.filter(status=Transfer.Status.CONFIRMED, token_contract="").aggregate(
-                total=Sum("amount_units")
-            )["total"]
-            or 0
-        )
+        credited = credited_by_invoice.get(invoice.pk, 0)
         if balance_confirmed > credited:
             try:
                 with transaction.atomic():
@@ -408,32 +421,41 @@ def _apply_native(
         if invoice.asset_contract:
             continue
         pending = max(0, balance_head - max(balance_confirmed, credited))
-        if pending and invoice.native_seen_block is None:
-            invoice.native_seen_block = head
-        if not pending:
-            invoice.native_seen_block = None
-        invoice.amount_pending_units = pending
-        Invoice.objects.filter(pk=invoice.pk).update(native_seen_block=invoice.native_seen_block)
+        pending_by_invoice[invoice.pk] = pending
+        seen_block = (invoice.native_seen_block or head) if pending else None
+        if seen_block != invoice.native_seen_block:
+            invoice.native_seen_block = seen_block
+            Invoice.objects.filter(pk=invoice.pk).update(native_seen_block=seen_block)
+    return pending_by_invoice
 
 
-def _sums(invoice: Invoice) -> tuple[int, int]:
+def _chain_sums(invoice_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """(confirmed, seen) base units in each invoice's own asset, for many invoices in one query."""
+    sums: dict[int, list[int]] = {}
     rows = (
-        invoice.transfers.filter(wrong_asset=False)
+        Transfer.objects.filter(invoice__in=invoice_ids, wrong_asset=False)
         .exclude(status=Transfer.Status.REMOVED)
-        .values("status")
+        .values("invoice", "status")
         .annotate(total=Sum("amount_units"))
     )
-    totals = {row["status"]: int(row["total"] or 0) for row in rows}
-    confirmed = totals.get(Transfer.Status.CONFIRMED, 0)
-    pending = totals.get(Transfer.Status.SEEN, 0)
-    if not invoice.asset_contract:
-        pending = int(invoice.amount_pending_units)  # from the balances of this scan
-    return confirmed, pending
+    for row in rows:
+        totals = sums.setdefault(row["invoice"], [0, 0])
+        totals[0 if row["status"] == Transfer.Status.CONFIRMED else 1] += int(row["total"] or 0)
+    return {invoice_id: (confirmed, seen) for invoice_id, (confirmed, seen) in sums.items()}
 
 
-def invoice_apply_chain_state(*, invoice: Invoice, head: int, now: datetime) -> bool:
-    """Move the invoice and its order to what the chain shows. Returns True when the invoice settled now."""
-    confirmed, pending = _sums(invoice)
+def _unchanged(invoice: Invoice, confirmed: int, pending: int, now: datetime) -> bool:
+    """Nothing for this invoice to move: same amounts, and no deadline or lost transfer to act on."""
+    if (confirmed, pending) != (int(invoice.amount_confirmed_units), int(invoice.amount_pending_units)):
+        return False
+    if invoice.status == Invoice.Status.NEW and now >= invoice.expires_at:
+        return False
+    return not (invoice.status == Invoice.Status.PROCESSING and not pending)
+
+
+def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int, head: int, now: datetime) -> bool:
+    """Move the invoice and its order to what the chain shows (`confirmed` and `pending` base units in its asset).
+    Returns True when the invoice settled now."""
     order = invoice.order
     with transaction.atomic():
         order = Order.objects.select_for_update().get(pk=order.pk)

@@ -1,0 +1,206 @@
+"""Chain scanning on a real node (anvil): RPC round trips per scan cycle and cycle time for 1, 100 and 1,000 open
+invoices, then the detection latency, with a real Celery worker and beat, from the block that completes the
+confirmations to the order showing paid.
+
+    .venv/bin/python bench/chain_scan.py            # needs PostgreSQL and Redis on 127.0.0.1, `make setup` done
+
+Targets (issue 3): calls per cycle constant, at most 5; detection latency <= 2 s.
+"""
+
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/binome_chainbench")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    import psycopg
+
+    anvil_port = free_port()
+    chains_file = Path(tempfile.mkdtemp(prefix="binome-bench-")) / "chains.toml"
+    demo = (ROOT / "payments" / "chains.demo.toml").read_text()
+    chains_file.write_text(demo.replace("http://127.0.0.1:8545", f"http://127.0.0.1:{anvil_port}"))
+    env = {
+        **os.environ,
+        "DEBUG": "1",
+        "DATABASE_URL": DATABASE_URL,
+        "REDIS_URL": REDIS_URL,
+        "PAYMENTS_CHAINS_FILE": str(chains_file),
+        "PAYMENTS_SCAN_SECONDS": "1",
+        "EXPIRE_HOLDS_EVERY_SECONDS": "3600",
+        "LOG_LEVEL": "WARNING",
+        "EMAIL_URL": "consolemail://",
+    }
+    os.environ.update(env)
+    name = DATABASE_URL.rsplit("/", 1)[1]
+    with psycopg.connect(DATABASE_URL.rsplit("/", 1)[0] + "/postgres", autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    anvil = subprocess.Popen(
+        [str(ROOT / "node_modules" / ".bin" / "anvil"), "--port", str(anvil_port), "--silent"],
+        start_new_session=True,
+    )
+    processes = [anvil]
+    try:
+        import django
+
+        os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+        django.setup()
+        run(processes, env)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def run(processes: list, env: dict) -> None:
+    from django.core.cache import cache
+
+    from booking.demo import seed_demo_catalog
+    from booking.models import BookingPolicy, Order, OrderStatus
+    from booking.selectors import earliest_start_date
+    from booking.services import BookingRequest, Contact, order_create
+    from booking.models import EnvironmentImage, HardwareClass
+    from booking.ssh_keys import parse_public_key
+    from payments import config, services
+    from payments.chain import ChainClient, ChainUnavailable
+    from payments.demo import deploy_demo_contracts, demo_client, pay_invoice
+    from payments.selectors import current_invoice
+    from tests.factories import make_ssh_key
+
+    client = demo_client()
+    for _ in range(100):
+        try:
+            client.head()
+            break
+        except ChainUnavailable:
+            time.sleep(0.1)
+    deploy_demo_contracts(client)
+    seed_demo_catalog()
+    cache.clear()
+    policy = BookingPolicy.current()
+    policy.max_lots_per_order = 1
+    policy.save()
+
+    def new_order() -> Order:
+        order, _token = order_create(
+            request=BookingRequest(
+                hardware_class=HardwareClass.objects.get(slug="mi300x-pair"),
+                environment=EnvironmentImage.objects.get(slug="pytorch-2-6-rocm-6-4"),
+                lot_count=1,
+                start_date=earliest_start_date(policy=policy) + __import__("datetime").timedelta(days=len(orders) * 5),
+                days=3,
+                contact=Contact(name="Bench", email="bench@example.org", organisation="Bench"),
+                ssh_keys=[parse_public_key(make_ssh_key())],
+                hypothesis="shorter_step",
+            )
+        )
+        orders.append(order)
+        return order
+
+    orders: list[Order] = []
+    anchor = new_order()
+    chain = config.chain(31337)
+    print(f"anvil on {chain.rpc_urls[0]}, confirmations {chain.confirmations}, database {DATABASE_URL}")
+    print()
+    print(f"{'open invoices':>14} {'RPC calls/cycle':>16} {'cycle ms (median)':>18} {'logs':>6} {'settled':>8}")
+    created = 1
+    for target in (1, 100, 1000):
+        while created < target:
+            services.invoice_create(order=anchor, fiat_amount=Decimal("10.00"))
+            created += 1
+        # a few payments in flight, so the cycles have transfers to read and confirm
+        open_invoices = list(anchor.invoices.order_by("-pk")[:3])
+        for invoice in open_invoices:
+            pay_invoice(client, invoice, units=1_000000)
+        calls, durations, logs, settled = [], [], 0, 0
+        for _cycle in range(5):
+            client.mine(1)
+            scanner = ChainClient(chain)
+            started = time.perf_counter()
+            result = services.chain_scan(chain_id=31337, client=scanner)
+            durations.append((time.perf_counter() - started) * 1000)
+            calls.append(scanner.calls)
+            logs += result.logs
+            settled += len(result.settled)
+        print(
+            f"{result.invoices:>14} {'/'.join(map(str, sorted(set(calls)))):>16} "
+            f"{statistics.median(durations):>18.1f} {logs:>6} {settled:>8}"
+        )
+
+    # Detection latency with a real worker and beat (Redis broker), beat scanning every second.
+    for command in (
+        [
+            "worker",
+            "--pool",
+            "solo",
+            "--queues",
+            "default,chain,provisioning",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        ["beat", "--schedule", str(Path(tempfile.mkdtemp()) / "beat")],
+    ):
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "portal", *command, "--loglevel", "WARNING"],
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+            )
+        )
+    time.sleep(4)
+    latencies = []
+    for _trial in range(5):
+        order = new_order()
+        invoice = current_invoice(order)
+        pay_invoice(client, invoice)
+        client.mine(chain.confirmations - 2)  # one short of final
+        time.sleep(1.5)
+        client.mine(1)  # the block that completes the confirmations
+        completed = time.perf_counter()
+        while time.perf_counter() - completed < 30:
+            order.refresh_from_db()
+            if order.status == OrderStatus.PAID:
+                break
+            time.sleep(0.02)
+        latencies.append(time.perf_counter() - completed)
+        print(f"trial {_trial + 1}: order {order.public_id} {order.status} {latencies[-1]:.2f} s after the final block")
+    print()
+    print(
+        f"detection latency: median {statistics.median(latencies):.2f} s, max {max(latencies):.2f} s "
+        f"(target <= 2 s: {'met' if max(latencies) <= 2 else 'NOT met'})"
+    )
+
+
+if __name__ == "__main__":
+    if "SECRET_KEY" not in os.environ:
+        os.environ["SECRET_KEY"] = secrets.token_urlsafe(64)
+    main()
