@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 HOST ?= 127.0.0.1
+ANVIL_PORT ?= 8545
 
 # make test: real services on 127.0.0.1 (.ci/run starts them when they are down).
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
@@ -42,6 +43,8 @@ run: export DEBUG = 1
 run: export PORT := $(PORT)
 run: export HOST := $(HOST)
 run: export SITE_URL := http://$(HOST):$(PORT)
+run: export ANVIL_PORT := $(ANVIL_PORT)
+run: export DEMO_RPC_URL := http://127.0.0.1:$(ANVIL_PORT)
 run: setup
 	$(BIN)/python manage.py migrate --no-input -v 0
 	$(BIN)/python manage.py seed_demo

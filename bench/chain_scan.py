@@ -37,15 +37,14 @@ def main() -> None:
     import psycopg
 
     anvil_port = free_port()
-    chains_file = Path(tempfile.mkdtemp(prefix="binome-bench-")) / "chains.toml"
-    demo = (ROOT / "payments" / "chains.demo.toml").read_text()
-    chains_file.write_text(demo.replace("http://127.0.0.1:8545", f"http://127.0.0.1:{anvil_port}"))
+    chains_file = ROOT / "payments" / "chains.demo.toml"
     env = {
         **os.environ,
         "DEBUG": "1",
         "DATABASE_URL": DATABASE_URL,
         "REDIS_URL": REDIS_URL,
         "PAYMENTS_CHAINS_FILE": str(chains_file),
+        "DEMO_RPC_URL": f"http://127.0.0.1:{anvil_port}",
         "PAYMENTS_SCAN_SECONDS": "1",
         "EXPIRE_HOLDS_EVERY_SECONDS": "3600",
         "LOG_LEVEL": "WARNING",
@@ -83,14 +82,13 @@ def run(processes: list, env: dict) -> None:
     from django.core.cache import cache
 
     from booking.demo import seed_demo_catalog
-    from booking.models import BookingPolicy, Order, OrderStatus
+    from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Order, OrderStatus
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact, order_create
-    from booking.models import EnvironmentImage, HardwareClass
     from booking.ssh_keys import parse_public_key
     from payments import config, services
     from payments.chain import ChainClient, ChainUnavailable
-    from payments.demo import deploy_demo_contracts, demo_client, pay_invoice
+    from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
     from payments.selectors import current_invoice
     from tests.factories import make_ssh_key
 

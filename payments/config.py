@@ -16,9 +16,12 @@
       pegged_to = "EUR"                # a stablecoin in the price currency, at par; or:
       rate_feed = "0x…"                # a Chainlink-style aggregator (fiat per coin); or neither: operator-set rate
 
-Loaded once per process, validated on load: a mistake stops the process with a message, never a wrong address.
+RPC URLs may name environment variables, `${NAME}` or `${NAME:-default}`, so that provider keys stay out of the
+file. Loaded once per process (again when the file changes), validated on load: a mistake stops the process with a
+message, never a wrong address.
 """
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -29,6 +32,19 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: str, *, path: Path) -> str:
+    def replace(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            raise _fail(path, f"environment variable {name} is not set")
+        return default
+
+    return _VARIABLE.sub(replace, value)
 
 
 @dataclass(frozen=True)
@@ -92,7 +108,7 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             raise _fail(path, f"chain_id must be a positive integer, not {chain_id!r}")
         if chain_id in chains:
             raise _fail(path, f"chain {chain_id} is listed twice")
-        rpc_urls = tuple(raw.get("rpc_urls", ()))
+        rpc_urls = tuple(_expand(url, path=path) if isinstance(url, str) else url for url in raw.get("rpc_urls", ()))
         if not rpc_urls or not all(
             isinstance(url, str) and url.startswith(("http://", "https://")) for url in rpc_urls
         ):

@@ -27,7 +27,7 @@ def free_port() -> int:
 
 def chains_toml(*rpc_urls: str, confirmations: int = 3) -> str:
     urls = ", ".join(f'"{url}"' for url in rpc_urls)
-    return DEMO_CHAINS.replace('rpc_urls = ["http://127.0.0.1:8545"]', f"rpc_urls = [{urls}]").replace(
+    return DEMO_CHAINS.replace('rpc_urls = ["${DEMO_RPC_URL:-http://127.0.0.1:8545}"]', f"rpc_urls = [{urls}]").replace(
         "confirmations = 3", f"confirmations = {confirmations}"
     )
 

@@ -140,7 +140,7 @@ def test_payment_actions_need_the_order_token(client, chain, booking_data):
 
 
 def test_an_admin_marks_an_invoice_paid_with_a_reason_and_it_is_audited(client, chain, booking_data, admin_user):
-    order, token = place(client, booking_data(lots="1"))
+    order, _token = place(client, booking_data(lots="1"))
     invoice = current_invoice(order)
     client.force_login(admin_user)
     changelist = reverse("admin:payments_invoice_changelist")
@@ -164,7 +164,7 @@ def test_an_admin_marks_an_invoice_paid_with_a_reason_and_it_is_audited(client, 
 
 
 def test_admins_filter_pending_payments_and_recheck_on_chain(client, chain, booking_data, admin_user):
-    order, token = place(client, booking_data(lots="1"))
+    order, _token = place(client, booking_data(lots="1"))
     invoice = current_invoice(order)
     pay_invoice(chain, invoice, units=10_000000)
     chain.mine(2)
@@ -194,18 +194,26 @@ def test_deposit_addresses_come_from_the_xpub_and_are_never_reused(client, chain
 
 def _settings_in_production(**env) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key not in ("DEBUG", "PAYMENTS_XPUB")}
-    environment.update({"DEBUG": "0", "SECRET_KEY": "s" * 64, "PAYMENTS_CHAINS_FILE": "payments/chains.demo.toml",
-                        **env})
-    return subprocess.run([sys.executable, "-c", "import django; django.setup()"], env={
-        **environment, "DJANGO_SETTINGS_MODULE": "portal.settings"}, capture_output=True, text=True, check=False)
+    environment.update(
+        {"DEBUG": "0", "SECRET_KEY": "s" * 64, "PAYMENTS_CHAINS_FILE": "payments/chains.demo.toml", **env}
+    )
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**environment, "DJANGO_SETTINGS_MODULE": "portal.settings"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def test_production_refuses_the_demo_xpub_and_any_private_key():
     demo = _settings_in_production(PAYMENTS_XPUB=DEMO_ACCOUNT_XPUB)
     assert demo.returncode != 0 and "PAYMENTS_XPUB is the demo key" in demo.stderr
 
-    xprv = ("xprv9s21ZrQH143K3QTDL4LXw2F7HEK3wJUD2nW2nRk4stbPy6cq3jPPqjiChkVvvNKmPGJxWUtg6LnF5kejMRNNU3TGtRBeJgk33yuGBx"
-            "rMPHi")
+    xprv = (
+        "xprv9s21ZrQH143K3QTDL4LXw2F7HEK3wJUD2nW2nRk4stbPy6cq3jPPqjiChkVvvNKmPGJxWUtg6LnF5kejMRNNU3TGtRBeJgk33yuGBx"
+        "rMPHi"
+    )
     private = _settings_in_production(PAYMENTS_XPUB=xprv)
     assert private.returncode != 0 and "private" in private.stderr.lower()
 
