@@ -67,9 +67,9 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: export DEBUG = 0
 bench: setup
 	$(BIN)/python bench/pages.py
+	$(BIN)/python bench/chain_scan.py
 
 contracts: node_modules/.installed
 	npm run --silent build:contracts
