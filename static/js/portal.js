@@ -24,8 +24,23 @@
     }
   }
 
+  // "Quote valid until …": add the minutes left, kept fresh (the server's time is in the datetime attribute).
+  function updateCountdowns() {
+    var lang = document.documentElement.lang || "en";
+    document.querySelectorAll("time[data-countdown]").forEach(function (node) {
+      var left = Math.round((Date.parse(node.getAttribute("datetime")) - Date.now()) / 60000);
+      var label = node.querySelector(".countdown") || node.appendChild(document.createElement("span"));
+      label.className = "countdown";
+      if (left > 0) label.textContent = lang === "fr" ? " (encore " + left + " min)" : " (" + left + " min left)";
+      else label.textContent = lang === "fr" ? " (expiré)" : " (expired)";
+    });
+  }
+
   ready(function () {
     document.documentElement.classList.add("js");
+    updateCountdowns();
+    window.setInterval(updateCountdowns, 30000);
+    document.body.addEventListener("htmx:afterSwap", updateCountdowns);
     syncEnvironments();
     document.addEventListener("change", function (event) {
       var target = event.target;
