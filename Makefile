@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,trial]"
 	touch $@
 
 # npm packages: anvil (the local chain) and solc (compiles payments/contracts/*.sol).
@@ -27,16 +27,22 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Debian packages the build needs: gettext (compilemessages).
+# Debian packages the build and the tests need: gettext (compilemessages), openssh-server, the ssh client and sudo
+# (the provisioning tests run a real sshd on 127.0.0.1 and log in as root and as a sudoer).
 system-deps:
-	@command -v msgfmt >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gettext; }
+	@missing=""; \
+	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
+	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
+	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
+	command -v sudo >/dev/null || missing="$$missing sudo"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed
 	$(BIN)/python manage.py compilemessages --locale fr --ignore '.venv' --ignore 'node_modules' -v 0
 
 messages: locale/fr/LC_MESSAGES/django.mo
 
-setup: $(VENV)/.installed node_modules/.installed messages
+setup: system-deps $(VENV)/.installed node_modules/.installed messages
 	@mkdir -p var/static
 
 run: export DEBUG = 1

@@ -17,7 +17,7 @@ from django_ratelimit.core import is_ratelimited
 
 from booking import selectors, services
 from booking.forms import BookingForm, Catalog, QuoteForm, ResendLinkForm, quote_initial
-from booking.models import BookingPolicy, Order
+from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
@@ -173,7 +173,11 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
         "events": list(order.events.all()),
         "ssh_keys": list(order.ssh_keys.all()),
         "payment": payment_view(order),
+        "accesses": list(order.accesses.select_related("host"))
+        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+        else [],
         "now": timezone.now(),
+        "time_left": order.ends_at - timezone.now(),
     }
     if request.htmx:
         response = render(request, "booking/order.html#order-status", context)

@@ -514,6 +514,9 @@ def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now
                 evidence=evidence,
                 now=now,
             )
+            from provisioning.services import order_paid_hook
+
+            order_paid_hook(order=order)
         elif order.status == OrderStatus.EXPIRED:
             try:
                 booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now)

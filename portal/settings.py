@@ -216,6 +216,15 @@ CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
     "task": "payments.scan_chains",
     "schedule": env.float("PAYMENTS_SCAN_SECONDS", default=2.0 if DEBUG else 10.0),
 }
+# --- Provisioning -------------------------------------------------------------------------------------------
+# The portal's own SSH private key, used to log in to the GPU hosts (never a customer's key).
+PROVISIONING_SSH_KEY_FILE = env.str("PROVISIONING_SSH_KEY_FILE", default=str(VAR_DIR / "provisioning_ed25519"))
+# A worker holds a run this long between steps; a killed worker's run is resumed by another after it.
+PROVISIONING_LEASE_SECONDS = env.int("PROVISIONING_LEASE_SECONDS", default=120)
+CELERY_BEAT_SCHEDULE["provisioning.lifecycle_tick"] = {
+    "task": "provisioning.lifecycle_tick",
+    "schedule": env.float("LIFECYCLE_EVERY_SECONDS", default=30.0),
+}
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 # --- Security -------------------------------------------------------------------------------------------------

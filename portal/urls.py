@@ -6,6 +6,7 @@ from portal import views
 
 urlpatterns = [
     path("", include("booking.urls")),
+    path("console/", include("provisioning.urls")),
     path("healthz", views.healthz, name="healthz"),
     path("livez", views.livez, name="livez"),
     path("i18n/", include("django.conf.urls.i18n")),

@@ -5,6 +5,52 @@ from provisioning.models import Host
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ["name", "address", "ssh_port", "driver", "is_active"]
+    list_display = ["name", "address", "ssh_port", "driver", "admin_user", "is_active"]
     list_filter = ["driver", "is_active"]
     search_fields = ["name", "address"]
+
+
+from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep  # noqa: E402
+
+
+@admin.register(OperatorSettings)
+class OperatorSettingsAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "auto_approve", "provision_lead_hours", "wipe_data_on_teardown"]
+
+    def has_add_permission(self, request):
+        return not OperatorSettings.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class StepInline(admin.TabularInline):
+    model = ProvisioningStep
+    extra = 0
+    can_delete = False
+    fields = ["position", "name", "host", "status", "attempts", "started_at", "finished_at", "output", "error"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(ProvisioningRun)
+class ProvisioningRunAdmin(admin.ModelAdmin):
+    list_display = ["order", "kind", "status", "created_at", "finished_at", "triggered_by"]
+    list_filter = ["kind", "status"]
+    inlines = [StepInline]
+    readonly_fields = [field.name for field in ProvisioningRun._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(Access)
+class AccessAdmin(admin.ModelAdmin):
+    list_display = ["order", "host", "username", "gpu_indices", "status", "preflight_status", "ready_at", "revoked_at"]
+    list_filter = ["status", "preflight_status"]
+    readonly_fields = [field.name for field in Access._meta.fields]
+
+    def has_add_permission(self, request):
+        return False

@@ -16,6 +16,22 @@ class Host(models.Model):
         _("SSH port"), default=22, validators=[MinValueValidator(1), MaxValueValidator(65535)]
     )
     driver = models.CharField(_("driver"), max_length=16, choices=Driver.choices, default=Driver.DRY_RUN)
+    admin_user = models.CharField(
+        _("admin user"), max_length=32, default="root", help_text=_("Account the portal logs in as (root or a sudoer).")
+    )
+    use_sudo = models.BooleanField(_("prefix commands with sudo"), default=False)
+    container_runtime = models.CharField(
+        _("container runtime"),
+        max_length=200,
+        blank=True,
+        help_text=_("Command that pulls images (podman or docker); empty: whichever the host has."),
+    )
+    host_key = models.CharField(
+        _("pinned host key"),
+        max_length=1000,
+        blank=True,
+        help_text=_("The host's public key, one OpenSSH line (ssh-keyscan). Required for the SSH driver."),
+    )
     is_active = models.BooleanField(_("active"), default=True)
     notes = models.TextField(_("notes"), blank=True)
 
@@ -26,3 +42,152 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class OperatorSettings(models.Model):
+    """Operator-set rules of provisioning. One row (pk=1), edited in the admin."""
+
+    auto_approve = models.BooleanField(
+        _("approve paid orders automatically"), default=False, help_text=_("Off: an operator approves each order.")
+    )
+    provision_lead_hours = models.PositiveSmallIntegerField(_("provision this many hours before the window"), default=6)
+    wipe_data_on_teardown = models.BooleanField(
+        _("delete the customer's home directory at teardown"),
+        default=False,
+        help_text=_("Off: the user is locked and its files kept for the operators."),
+    )
+
+    class Meta:
+        verbose_name = _("operator settings")
+        verbose_name_plural = _("operator settings")
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="operator_settings_single_row")]
+
+    def __str__(self) -> str:
+        return str(_("Operator settings"))
+
+    @classmethod
+    def current(cls) -> "OperatorSettings":
+        settings_row, _created = cls.objects.get_or_create(pk=1)
+        return settings_row
+
+
+class ProvisioningRun(models.Model):
+    """One attempt at provisioning, re-checking or tearing down an order's access: a list of recorded steps."""
+
+    class Kind(models.TextChoices):
+        PROVISION = "provision", _("Provision")
+        PREFLIGHT = "preflight", _("Re-run the pre-flight check")
+        TEARDOWN = "teardown", _("Teardown")
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("Queued")
+        RUNNING = "running", _("Running")
+        SUCCEEDED = "succeeded", _("Succeeded")
+        FAILED = "failed", _("Failed")
+
+    order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="provisioning_runs")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    # A worker holds the run while lease_until is in the future; a killed worker's lease runs out and the
+    # lifecycle sweep hands the run to another worker, which resumes at the first step not done.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    triggered_by = models.ForeignKey("auth.User", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("provisioning run")
+        verbose_name_plural = _("provisioning runs")
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.order_id} ({self.status})"
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class ProvisioningStep(models.Model):
+    """One idempotent step of a run on one host: started, finished, output, error. Done steps are never redone."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("Pending")
+        RUNNING = "running", _("Running")
+        DONE = "done", _("Done")
+        FAILED = "failed", _("Failed")
+
+    run = models.ForeignKey(ProvisioningRun, on_delete=models.CASCADE, related_name="steps")
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="+")
+    position = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=40)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    output = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [models.UniqueConstraint(fields=["run", "position"], name="one_step_per_position")]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.host_id} ({self.status})"
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class Access(models.Model):
+    """The customer's login on one host of the order, with the GPUs it may use."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("Being prepared")
+        READY = "ready", _("Ready")
+        REVOKED = "revoked", _("Revoked")
+
+    order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="accesses")
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="accesses")
+    username = models.CharField(max_length=32)
+    gpu_indices = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    preflight_report = models.JSONField(null=True, blank=True)
+    preflight_status = models.CharField(max_length=8, blank=True)
+
+    class Meta:
+        ordering = ["host__name"]
+        verbose_name = _("access")
+        verbose_name_plural = _("accesses")
+        constraints = [models.UniqueConstraint(fields=["order", "host"], name="one_access_per_order_host")]
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.host}"
+
+    @property
+    def ssh_command(self) -> str:
+        port = f" -p {self.host.ssh_port}" if self.host.ssh_port != 22 else ""
+        return f"ssh{port} {self.username}@{self.host.address}"
+
+
+class LifecycleNotice(models.Model):
+    """A warning sent before the window ends (48 h, 24 h, 1 h): once each."""
+
+    order = models.ForeignKey("booking.Order", on_delete=models.CASCADE, related_name="notices")
+    kind = models.CharField(max_length=8)
+    sent_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["order", "kind"], name="one_notice_per_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.order_id} {self.kind}"

@@ -82,8 +82,9 @@ def booking_data(catalog, ssh_key, start_date):
 
 
 @pytest.fixture
-def celery_worker_process(transactional_db, settings):
-    """A real Celery worker (a separate process) on the real broker (Redis) and the test database."""
+def start_celery_worker(transactional_db):
+    """Start real Celery workers (separate processes) on the real broker (Redis) and the test database:
+    `start_celery_worker(**extra_env)` returns the process, ready; all are stopped after the test."""
     import os
     import signal
     import subprocess
@@ -92,53 +93,68 @@ def celery_worker_process(transactional_db, settings):
 
     from django.db import connection
 
+    started: list[subprocess.Popen] = []
     db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": os.environ["REDIS_URL"],
-        "DEBUG": "1",
-    }
-    # Drop tasks a previous run may have left in the test broker.
-    celery_app.control.purge()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "portal",
-            "worker",
-            "--pool",
-            "solo",
-            "--queues",
-            "default,chain,provisioning",
-            "--loglevel",
-            "INFO",
-            "--without-heartbeat",
-            "--without-mingle",
-            "--without-gossip",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    lines = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        lines.append(line)
-        if "ready." in line:
-            break
-        if process.poll() is not None:
-            raise RuntimeError("Celery worker died on start:\n" + "".join(lines))
-    else:
+
+    def start(**extra_env) -> subprocess.Popen:
+        env = {
+            **os.environ,
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "REDIS_URL": os.environ["REDIS_URL"],
+            "DEBUG": "1",
+            **extra_env,
+        }
+        if not started:
+            celery_app.control.purge()  # drop tasks a previous run may have left in the test broker
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "worker",
+                "--pool",
+                "solo",
+                "--queues",
+                "default,chain,provisioning",
+                "--loglevel",
+                "INFO",
+                "--without-heartbeat",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(process)
+        deadline = time.monotonic() + 60
+        lines = []
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            lines.append(line)
+            if "ready." in line:
+                return process
+            if process.poll() is not None:
+                raise RuntimeError("Celery worker died on start:\n" + "".join(lines))
         process.kill()
         raise RuntimeError("Celery worker not ready in 60 s:\n" + "".join(lines))
-    yield process
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in started:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def celery_worker_process(start_celery_worker):
+    """One real Celery worker on every queue."""
+    return start_celery_worker()

@@ -1,0 +1,258 @@
+"""The real driver: paramiko, with the host key pinned and the portal's own key as the only credential.
+
+- Host key: only `HostSpec.host_key` is in the client's key store (under `address` or `[address]:port`), the
+  policy for anything else is RejectPolicy, and no known_hosts file is ever read. No pinned key, no connection.
+- Login: the private key at `HostSpec.client_key_path` only: no agent, no ~/.ssh keys, no password.
+- Commands: argv lists, shell-quoted; each runs under coreutils `timeout` on the host (so a hung command and its
+  children are killed there), with a local deadline as a backstop; stdout and stderr are kept up to 1 MiB each;
+  every exit status is checked unless the caller says check=False.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import select
+import shlex
+import socket
+import time
+
+import paramiko
+
+from .base import (
+    OUTPUT_CAP_BYTES,
+    CommandFailed,
+    CommandResult,
+    Connection,
+    Driver,
+    DriverError,
+    HostSpec,
+    quote_argv,
+)
+
+# `timeout` sends TERM at the deadline, then KILL this many seconds later if the command is still there.
+KILL_AFTER_S = 5
+# How long past the remote deadline the local side waits before giving up on the channel.
+LOCAL_GRACE_S = KILL_AFTER_S + 5
+_TIMEOUT_EXIT_STATUSES = {124, 137}  # timeout(1): 124 after TERM, 128+9 after KILL
+_CHUNK = 65536
+
+
+class _PinnedKeyOnlyPolicy(paramiko.RejectPolicy):
+    """RejectPolicy, with a message that says what went wrong (the pinned key is the only one ever accepted)."""
+
+    def __init__(self, host: HostSpec) -> None:
+        self.host = host
+
+    def missing_host_key(self, client, hostname, key):
+        raise DriverError(
+            f"host key mismatch for {self.host.name}: the server offered a {key.get_name()} key "
+            f"({key.fingerprint}) that is not the pinned one"
+        )
+
+
+def parse_host_key(host: HostSpec) -> paramiko.PKey:
+    """The pinned host key as a paramiko key; DriverError when missing or not an OpenSSH public key line."""
+    line = (host.host_key or "").strip()
+    if not line:
+        raise DriverError(f"no pinned host key for {host.name}: refusing to connect without one")
+    fields = line.split()
+    if len(fields) < 2:
+        raise DriverError(f"the pinned host key for {host.name} is not an OpenSSH public key line")
+    key_type, key_data = fields[0], fields[1]
+    try:
+        key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_data, validate=True))
+    except (binascii.Error, ValueError, paramiko.SSHException, paramiko.UnknownKeyType) as exc:
+        raise DriverError(f"the pinned host key for {host.name} is not a valid {key_type} public key") from exc
+    return key
+
+
+def _load_client_key(host: HostSpec) -> paramiko.PKey:
+    try:
+        return paramiko.PKey.from_path(host.client_key_path)
+    except FileNotFoundError as exc:
+        raise DriverError(f"the portal's SSH key {host.client_key_path} does not exist") from exc
+    except PermissionError as exc:
+        raise DriverError(f"the portal's SSH key {host.client_key_path} is not readable") from exc
+    except paramiko.PasswordRequiredException as exc:
+        raise DriverError(f"the portal's SSH key {host.client_key_path} is passphrase-protected") from exc
+    except (paramiko.SSHException, ValueError, OSError) as exc:
+        raise DriverError(f"the portal's SSH key {host.client_key_path} cannot be loaded: {exc}") from exc
+
+
+def _host_key_name(host: HostSpec) -> str:
+    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+
+
+class SSHDriver(Driver):
+    name = "ssh"
+    is_dry_run = False
+
+    def connect(self, host: HostSpec, *, timeout: float = 15.0) -> SSHConnection:
+        pinned_key = parse_host_key(host)
+        client_key = _load_client_key(host)
+        client = paramiko.SSHClient()
+        # Only the pinned key: no system or user known_hosts is loaded.
+        client.get_host_keys().add(_host_key_name(host), pinned_key.get_name(), pinned_key)
+        client.set_missing_host_key_policy(_PinnedKeyOnlyPolicy(host))
+        target = f"{host.username}@{host.address}:{host.port}"
+        started = time.monotonic()
+        try:
+            client.connect(
+                hostname=host.address,
+                port=host.port,
+                username=host.username,
+                pkey=client_key,
+                allow_agent=False,
+                look_for_keys=False,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
+            )
+        except DriverError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise DriverError(
+                f"host key mismatch for {host.name}: the server presented {exc.key.get_name()} "
+                f"{exc.key.fingerprint}, the pinned key is {exc.expected_key.get_name()} {exc.expected_key.fingerprint}"
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            if "timeout" in str(exc).lower():
+                raise DriverError(f"timed out after {timeout:g} s authenticating to {host.name} ({target})") from exc
+            raise DriverError(f"authentication failed for {target}: the portal's key was not accepted") from exc
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            client.close()
+            refused = all(getattr(error, "errno", None) == errno.ECONNREFUSED for error in exc.errors.values())
+            if refused:
+                raise DriverError(f"connection refused by {host.name} ({host.address}:{host.port})") from exc
+            raise DriverError(f"{host.name} ({host.address}:{host.port}) is unreachable") from exc
+        except TimeoutError as exc:
+            client.close()
+            raise DriverError(f"timed out after {timeout:g} s connecting to {host.name} ({target})") from exc
+        except socket.gaierror as exc:
+            client.close()
+            raise DriverError(f"cannot resolve {host.address} for {host.name}") from exc
+        except paramiko.SSHException as exc:
+            client.close()
+            text = str(exc)
+            if time.monotonic() - started >= timeout * 0.9:  # paramiko says "No existing session" on a slow handshake
+                message = f"timed out after {timeout:g} s in the SSH handshake with {host.name} ({target})"
+                raise DriverError(message) from exc
+            if "banner" in text.lower():
+                raise DriverError(f"no SSH banner from {host.name} ({target}) within {timeout:g} s") from exc
+            raise DriverError(f"SSH error connecting to {host.name} ({target}): {text}") from exc
+        except (EOFError, ConnectionError) as exc:
+            client.close()
+            raise DriverError(f"connection to {host.name} ({target}) closed during the SSH handshake") from exc
+        except OSError as exc:
+            client.close()
+            raise DriverError(f"cannot connect to {host.name} ({target}): {exc.strerror or exc}") from exc
+        return SSHConnection(host, client)
+
+
+class _CappedBuffer:
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        room = OUTPUT_CAP_BYTES - self.size
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        if data:
+            self.chunks.append(data)
+            self.size += len(data)
+
+    def text(self) -> str:
+        text = b"".join(self.chunks).decode("utf-8", errors="replace")
+        return text + "\n[output truncated at 1 MiB]" if self.truncated else text
+
+
+class SSHConnection(Connection):
+    def __init__(self, host: HostSpec, client: paramiko.SSHClient) -> None:
+        super().__init__(host)
+        self._client = client
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        stdin: str | bytes | None = None,
+        timeout: float = 120.0,
+        check: bool = True,
+    ) -> CommandResult:
+        command = quote_argv(argv)
+        if not timeout > 0:
+            raise ValueError("timeout must be positive")
+        remote_argv = ["timeout", f"--kill-after={KILL_AFTER_S}", f"{timeout:.3f}", *argv]
+        if self.host.use_sudo:
+            remote_argv = ["sudo", "-n", *remote_argv]
+        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise DriverError(f"the connection to {self.host.name} is closed")
+        started = time.monotonic()
+        try:
+            channel = transport.open_session(timeout=min(timeout, 30.0))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise DriverError(f"cannot open a session on {self.host.name}: {exc}") from exc
+        stdout, stderr = _CappedBuffer(), _CappedBuffer()
+        try:
+            channel.settimeout(min(timeout, 30.0))
+            channel.exec_command(shlex.join(remote_argv))
+            exit_status = self._pump(channel, data, stdout, stderr, deadline=started + timeout + LOCAL_GRACE_S)
+        except TimeoutError as exc:
+            raise DriverError(f"timed out after {timeout:g} s running `{command}` on {self.host.name}") from exc
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise DriverError(f"connection to {self.host.name} lost while running `{command}`: {exc}") from exc
+        finally:
+            channel.close()
+        duration = time.monotonic() - started
+        if exit_status in _TIMEOUT_EXIT_STATUSES and duration >= timeout - 0.05:
+            raise DriverError(f"timed out after {timeout:g} s running `{command}` on {self.host.name}")
+        result = CommandResult(
+            command=command,
+            exit_status=exit_status,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            duration_s=duration,
+        )
+        if check and exit_status != 0:
+            raise CommandFailed(result, self.host.name)
+        return result
+
+    @staticmethod
+    def _pump(
+        channel: paramiko.Channel, data: bytes, stdout: _CappedBuffer, stderr: _CappedBuffer, *, deadline: float
+    ) -> int:
+        """Feed stdin and read both outputs until the exit status arrives; TimeoutError past the deadline."""
+        view, sent = memoryview(data), 0
+        if not data:
+            channel.shutdown_write()  # commands that read stdin see EOF at once
+        while True:
+            if sent < len(view) and channel.send_ready():
+                sent += channel.send(view[sent : sent + _CHUNK])
+                if sent == len(view):
+                    channel.shutdown_write()
+            while channel.recv_ready():
+                stdout.add(channel.recv(_CHUNK))
+            while channel.recv_stderr_ready():
+                stderr.add(channel.recv_stderr(_CHUNK))
+            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                return channel.recv_exit_status()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            # Woken by output or by the channel closing; the exit status itself does not wake it, hence the cap.
+            select.select([channel], [], [], min(remaining, 0.05))
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,209 @@
+"""The idempotent steps of provisioning and teardown, run on one host through a driver connection.
+
+Each step checks before it acts, so running it again after a crash finishes the job instead of doing it twice.
+Commands are argv lists (quoted by the driver), never strings built from customer input.
+"""
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioning.drivers.base import CommandFailed, Connection
+
+PREFLIGHT_SCRIPT = Path(__file__).resolve().parent / "preflight.py"
+ENV_FILE = ".binome-env"
+MARKER = "# binome: research window environment"
+
+
+@dataclass(frozen=True)
+class StepContext:
+    username: str
+    comment: str
+    authorized_keys: str
+    gpu_indices: list[int]
+    visible_devices_variable: str  # CUDA_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES
+    expect_arch: str
+    expect_vendor: str
+    image_ref: str
+    container_runtime: str
+    wipe_data: bool
+
+
+DRY_RUN_REPORT = {
+    "schema": "binome.preflight/1",
+    "dry_run": True,
+    "checks": [{"name": "dry_run", "status": "SKIP", "reason": "dry-run driver: nothing was run on a real machine"}],
+    "summary": {"status": "DRY-RUN", "passed": 0, "failed": 0, "skipped": 1, "warnings": 0},
+}
+
+
+class StepFailed(Exception):
+    """A step could not complete; `message` is for operators."""
+
+
+def _dry(conn: Connection) -> bool:
+    return bool(getattr(conn, "is_dry_run", False))
+
+
+def _home(conn: Connection, username: str) -> str:
+    if _dry(conn):
+        return f"/home/{username}"
+    entry = conn.run(["getent", "passwd", username]).stdout.strip()
+    return entry.split(":")[5]
+
+
+def _user_exists(conn: Connection, username: str) -> bool:
+    return conn.run(["id", "-u", username], check=False).exit_status == 0
+
+
+def connect(conn: Connection, ctx: StepContext) -> str:
+    return conn.run(["uname", "-a"]).stdout.strip()
+
+
+def create_user(conn: Connection, ctx: StepContext) -> str:
+    if _user_exists(conn, ctx.username):
+        conn.run(["usermod", "--unlock", "--expiredate", "", ctx.username], check=False)
+        return f"user {ctx.username} already exists (unlocked)"
+    conn.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", ctx.comment, ctx.username])
+    # No password: key login only. Unlock the password-less account so sshd accepts key logins.
+    conn.run(["usermod", "--password", "*", ctx.username])
+    return f"user {ctx.username} created"
+
+
+def install_keys(conn: Connection, ctx: StepContext) -> str:
+    home = _home(conn, ctx.username)
+    conn.run(["install", "-d", "-m", "700", "-o", ctx.username, "-g", ctx.username, f"{home}/.ssh"])
+    conn.put_file(f"{home}/.ssh/authorized_keys", ctx.authorized_keys.encode(), mode=0o600, owner=ctx.username)
+    count = len([line for line in ctx.authorized_keys.splitlines() if line.strip()])
+    return f"{count} key(s) installed in {home}/.ssh/authorized_keys (700/600, owned by {ctx.username})"
+
+
+def restrict_gpus(conn: Connection, ctx: StepContext) -> str:
+    home = _home(conn, ctx.username)
+    devices = ",".join(str(index) for index in ctx.gpu_indices)
+    variables = {ctx.visible_devices_variable: devices}
+    if ctx.visible_devices_variable == "ROCR_VISIBLE_DEVICES":
+        variables["HIP_VISIBLE_DEVICES"] = devices
+    env_lines = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
+    conn.put_file(f"{home}/{ENV_FILE}", f"{MARKER}\n{env_lines}".encode(), mode=0o644, owner="root")
+    # Sourced first thing by login shells (.profile) and by the non-interactive shells of `ssh host command`
+    # (.bashrc, which Debian's bash reads for sshd before its interactive-only guard).
+    source = f'[ -r "$HOME/{ENV_FILE}" ] && . "$HOME/{ENV_FILE}"  {MARKER}'
+    for rc in (".bashrc", ".profile"):
+        path = f"{home}/{rc}"
+        script = (
+            f"touch {shlex.quote(path)} && chown {shlex.quote(ctx.username)}: {shlex.quote(path)} && "
+            f"(grep -qF {shlex.quote(MARKER)} {shlex.quote(path)} || sed -i '1i {source}' {shlex.quote(path)})"
+        )
+        conn.run(["sh", "-c", script])
+    nodes = [f"/dev/nvidia{index}" for index in ctx.gpu_indices] if ctx.expect_vendor == "nvidia" else []
+    present = [node for node in nodes if conn.run(["test", "-e", node], check=False).exit_status == 0]
+    if present and conn.run(["sh", "-c", "command -v setfacl"], check=False).exit_status == 0:
+        for node in present:
+            conn.run(["setfacl", "-m", f"u:{ctx.username}:rw", node])
+        permissions = f"device ACLs set on {', '.join(present)}"
+    else:
+        permissions = "device permissions not changed (no GPU device nodes or no setfacl on this host)"
+    return f"{', '.join(f'{k}={v}' for k, v in variables.items())} in the login environment; {permissions}"
+
+
+def prepare_image(conn: Connection, ctx: StepContext) -> str:
+    runtime = ctx.container_runtime
+    if not runtime:  # whichever the host has, if it answers (a docker client without its daemon does not count)
+        found = conn.run(["sh", "-c", "command -v podman || command -v docker"], check=False)
+        candidate = found.stdout.strip().splitlines()[0] if found.exit_status == 0 and found.stdout.strip() else ""
+        if candidate and conn.run([candidate, "info"], check=False, timeout=30).exit_status == 0:
+            runtime = candidate
+    if not runtime:
+        return f"no container runtime answers on this host: {ctx.image_ref} not pulled (the customer pulls it)"
+    result = conn.run([runtime, "pull", ctx.image_ref], check=False, timeout=3600)
+    if result.exit_status != 0:
+        raise StepFailed(f"{runtime} pull {ctx.image_ref} failed: {result.stderr.strip()[-500:]}")
+    return f"{runtime} pull {ctx.image_ref}: done"
+
+
+def preflight(conn: Connection, ctx: StepContext) -> str:
+    home = _home(conn, ctx.username)
+    conn.run(["install", "-d", "-m", "755", "-o", ctx.username, "-g", ctx.username, f"{home}/.binome"])
+    script = f"{home}/.binome/preflight.py"
+    conn.put_file(script, PREFLIGHT_SCRIPT.read_bytes(), mode=0o755, owner=ctx.username)
+    devices = ",".join(str(index) for index in ctx.gpu_indices)
+    argv = [
+        "runuser",
+        "-u",
+        ctx.username,
+        "--",
+        "env",
+        f"{ctx.visible_devices_variable}={devices}",
+        "python3",
+        script,
+        "--gpus",
+        devices,
+        "--expect-arch",
+        ctx.expect_arch,
+        "--expect-vendor",
+        ctx.expect_vendor,
+    ]
+    result = conn.run(argv, check=False, timeout=900)
+    if _dry(conn):
+        return json.dumps(DRY_RUN_REPORT)
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise StepFailed(
+            f"the pre-flight check printed no report (exit {result.exit_status}): {result.stderr.strip()[-500:]}"
+        ) from exc
+    return json.dumps(report)
+
+
+def revoke_keys(conn: Connection, ctx: StepContext) -> str:
+    if not _user_exists(conn, ctx.username):
+        return f"user {ctx.username} does not exist"
+    home = _home(conn, ctx.username)
+    conn.run(["rm", "-f", f"{home}/.ssh/authorized_keys"])
+    return "authorized keys removed"
+
+
+def stop_processes(conn: Connection, ctx: StepContext) -> str:
+    result = conn.run(["pkill", "-KILL", "-u", ctx.username], check=False)
+    return "processes stopped" if result.exit_status == 0 else "no process was running"
+
+
+def lock_user(conn: Connection, ctx: StepContext) -> str:
+    if not _user_exists(conn, ctx.username):
+        return f"user {ctx.username} does not exist"
+    conn.run(["usermod", "--lock", "--expiredate", "1", ctx.username])
+    return "user locked and expired"
+
+
+def keep_or_wipe(conn: Connection, ctx: StepContext) -> str:
+    if not ctx.wipe_data:
+        return "files kept (operator setting)"
+    if not _user_exists(conn, ctx.username):
+        return "already removed"
+    try:
+        conn.run(["userdel", "--remove", ctx.username])
+    except CommandFailed as exc:
+        raise StepFailed(f"userdel failed: {exc.result.stderr.strip()[-300:]}") from exc
+    return "user and home directory deleted"
+
+
+PROVISION_STEPS = ["connect", "create_user", "install_keys", "restrict_gpus", "prepare_image", "preflight"]
+PREFLIGHT_STEPS = ["connect", "preflight"]
+TEARDOWN_STEPS = ["connect", "revoke_keys", "stop_processes", "lock_user", "keep_or_wipe"]
+STEPS = {
+    function.__name__: function
+    for function in (
+        connect,
+        create_user,
+        install_keys,
+        restrict_gpus,
+        prepare_image,
+        preflight,
+        revoke_keys,
+        stop_processes,
+        lock_user,
+        keep_or_wipe,
+    )
+}

@@ -1,0 +1,34 @@
+"""Thin Celery wrappers for the provisioning queue."""
+
+from celery import shared_task
+
+from booking.models import Order
+from provisioning import services
+from provisioning.models import ProvisioningRun
+
+
+@shared_task(name="provisioning.execute_run", acks_late=True, reject_on_worker_lost=True)
+def execute_run(run_id: int) -> str:
+    run = ProvisioningRun.objects.filter(pk=run_id).first() if isinstance(run_id, int) else None
+    if run is None:
+        return "unknown"
+    return services.run_execute(run=run)
+
+
+@shared_task(name="provisioning.lifecycle_tick")
+def lifecycle_tick() -> dict:
+    return services.lifecycle_tick()
+
+
+@shared_task(name="provisioning.send_access_ready", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_access_ready(order_id: int) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is not None:
+        services.access_email_send(order=order)
+
+
+@shared_task(name="provisioning.send_end_warning", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_end_warning(order_id: int, kind: str) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is not None and kind in {kind for kind, _before in services.WARNINGS}:
+        services.end_warning_send(order=order, kind=kind)

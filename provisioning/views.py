@@ -1,0 +1,156 @@
+"""The operator console: a queue by state, each order's runs and actions, a calendar of lots. Staff with the
+"operate orders" permission only; every action goes through a service and leaves an OrderEvent."""
+
+from datetime import UTC, datetime, time, timedelta
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from booking.models import Allocation, Lot, Order, OrderEvent, OrderStatus
+from booking.rules import BookingError
+from booking.services import order_transition
+from payments.models import Invoice
+from provisioning import services
+
+OPERATE = "booking.operate_orders"
+
+
+def operator_required(view):
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not (request.user.is_staff and request.user.has_perm(OPERATE)):
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+QUEUE = [
+    ("paid", "Paid, awaiting approval", [OrderStatus.PAID]),
+    ("provisioning", "Provisioning", [OrderStatus.APPROVED, OrderStatus.PROVISIONING]),
+    ("failed", "Provisioning failed", [OrderStatus.PROVISIONING_FAILED]),
+    ("ready", "Ready", [OrderStatus.READY]),
+    ("active", "Active", [OrderStatus.ACTIVE]),
+]
+
+
+@require_GET
+@operator_required
+def queue(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    orders = list(
+        Order.objects.filter(status__in=[status for _key, _label, statuses in QUEUE for status in statuses])
+        .select_related("hardware_class")
+        .order_by("starts_at")[:500]
+    )
+    sections = [
+        {"key": key, "label": label, "orders": [order for order in orders if order.status in statuses]}
+        for key, label, statuses in QUEUE
+    ]
+    ending = [o for o in orders if o.status == OrderStatus.ACTIVE and o.ends_at - now <= timedelta(hours=48)]
+    sections.insert(5, {"key": "ending", "label": "Ending within 48 h", "orders": ending})
+    flagged = list(
+        Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100]
+    ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
+    context = {"sections": sections, "flagged": flagged, "now": now}
+    template = "provisioning/console/queue.html#queue" if request.htmx else "provisioning/console/queue.html"
+    return render(request, template, context)
+
+
+@require_GET
+@operator_required
+def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    order = get_object_or_404(Order.objects.select_related("hardware_class", "environment"), public_id=public_id)
+    runs = list(order.provisioning_runs.prefetch_related("steps__host")[:20])
+    context = {
+        "order": order,
+        "runs": runs,
+        "events": list(order.events.select_related("actor")),
+        "accesses": list(order.accesses.select_related("host")),
+        "allocations": list(order.allocations.select_related("lot__host")),
+        "invoices": list(order.invoices.all()),
+    }
+    template = "provisioning/console/order.html#runs" if request.htmx else "provisioning/console/order.html"
+    return render(request, template, context)
+
+
+ACTIONS = {
+    "approve": lambda order, user, reason: services.order_approve(order=order, actor=user),
+    "reject": lambda order, user, reason: services.order_reject(order=order, actor=user, reason=reason),
+    "retry": lambda order, user, reason: services.provisioning_retry(order=order, actor=user),
+    "preflight": lambda order, user, reason: services.preflight_rerun(order=order, actor=user),
+    "teardown": lambda order, user, reason: services.teardown_start(
+        order=order, actor=user, reason=reason or "torn down by an operator"
+    ),
+    "provision": lambda order, user, reason: services.provisioning_start(order=order, actor=user),
+    "cancel": lambda order, user, reason: order_transition(
+        order=order,
+        to_status=OrderStatus.CANCELLED,
+        actor_kind=OrderEvent.Actor.OPERATOR,
+        actor=user,
+        reason=f"cancelled by an operator: {reason}".strip(": "),
+    ),
+}
+
+
+@require_POST
+@operator_required
+def order_action(request: HttpRequest, public_id: str, action: str) -> HttpResponse:
+    order = get_object_or_404(Order, public_id=public_id)
+    if action not in ACTIONS:
+        raise PermissionDenied
+    reason = request.POST.get("reason", "").strip()[:2000]
+    try:
+        ACTIONS[action](order, request.user, reason)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{order.public_id}: {action} done.")
+    return redirect("console:order", public_id=order.public_id)
+
+
+@require_GET
+@operator_required
+def calendar(request: HttpRequest) -> HttpResponse:
+    """Lots × days over the coming weeks: held (unpaid), booked (paid and later), turnaround, maintenance."""
+    start_day = timezone.now().astimezone(UTC).date()
+    days = [start_day + timedelta(days=offset) for offset in range(28)]
+    range_start = datetime.combine(days[0], time.min, tzinfo=UTC)
+    range_end = datetime.combine(days[-1] + timedelta(days=1), time.min, tzinfo=UTC)
+    lots = list(Lot.objects.select_related("hardware_class", "host").order_by("hardware_class__position", "name"))
+    allocations = list(
+        Allocation.objects.filter(released_at__isnull=True, starts_at__lt=range_end, ends_at__gt=range_start)
+        .select_related("order")
+        .only(
+            "lot_id", "starts_at", "ends_at", "order__public_id", "order__status", "order__starts_at", "order__ends_at"
+        )
+    )
+    by_lot: dict[int, list[Allocation]] = {}
+    for allocation in allocations:
+        by_lot.setdefault(allocation.lot_id, []).append(allocation)
+    rows = []
+    for lot in lots:
+        cells = []
+        for day in days:
+            day_start = datetime.combine(day, time.min, tzinfo=UTC)
+            day_end = day_start + timedelta(days=1)
+            cell = {"state": "maintenance" if lot.status == Lot.Status.MAINTENANCE else "free", "order": None}
+            for allocation in by_lot.get(lot.pk, []):
+                if allocation.starts_at < day_end and allocation.ends_at > day_start:
+                    order = allocation.order
+                    in_window = order.starts_at < day_end and order.ends_at > day_start
+                    held = order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING)
+                    cell = {"state": ("held" if held else "booked") if in_window else "turnaround", "order": order}
+                    if in_window and order.ends_at - day_end < timedelta(days=1) and not held:
+                        cell["state"] = "ending"
+            cells.append(cell)
+        rows.append({"lot": lot, "cells": cells})
+    return render(request, "provisioning/console/calendar.html", {"days": days, "rows": rows})

@@ -1,0 +1,271 @@
+"""A real OpenSSH server for the provisioning tests, and a real `ssh` client to log in like a researcher would.
+
+The `sshd` fixture (one per test session) runs Debian's /usr/sbin/sshd on 127.0.0.1 at a free port, with its own
+ed25519 host key (pinned in `sshd.host_spec`) and the portal's admin key authorised for root in a file of its own
+(the real /root/.ssh is never touched). The configuration is a production one: keys only, root without password,
+UsePAM yes (Debian's default, and the only way accounts that useradd leaves without a password can log in),
+StrictModes yes (so provisioning must get the modes of ~/.ssh and authorized_keys right).
+
+Needs root (sshd, useradd) and the Debian packages of `make system-deps`: openssh-server, openssh-client, sudo.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from provisioning.drivers import HostSpec, get_driver
+from provisioning.drivers.base import Connection
+
+SSHD = "/usr/sbin/sshd"
+MISSING_PACKAGES_HINT = (
+    "run `make system-deps` (it installs Debian's openssh-server, openssh-client and sudo), "
+    "or `apt-get install openssh-server openssh-client sudo`"
+)
+
+
+@dataclass
+class SshServer:
+    port: int
+    host_key_line: str  # "ssh-ed25519 AAAA..." (the pinned key)
+    log_path: Path  # sshd's own log (LogLevel VERBOSE)
+    host_spec: HostSpec  # root@127.0.0.1:port, pinned host key, the portal's admin key
+    directory: Path  # config, keys and logs; root-owned, mode 755 (not under /tmp: StrictModes refuses /tmp)
+    known_hosts_path: Path
+    authorized_keys_dir: Path  # <dir>/<user>: extra authorized_keys files, owned by root, mode 644
+    process: subprocess.Popen = field(repr=False)
+
+    def login_as(self, user: str, private_key_path: str | os.PathLike, command: str, *, timeout: float = 30):
+        """Run `command` as `user` with the system ssh client, like a researcher would; returns CompletedProcess."""
+        return subprocess.run(
+            [
+                "ssh",
+                "-F",
+                "/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                f"UserKnownHostsFile={self.known_hosts_path}",
+                "-o",
+                "GlobalKnownHostsFile=/dev/null",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "IdentityAgent=none",
+                "-o",
+                "ConnectTimeout=10",
+                "-i",
+                os.fspath(private_key_path),
+                "-p",
+                str(self.port),
+                f"{user}@127.0.0.1",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def authorize_admin_key(self, user: str, public_key_line: str) -> None:
+        """Let `user` log in with `public_key_line` through the harness's own authorized-keys file for it."""
+        path = self.authorized_keys_dir / user
+        path.write_text(public_key_line.strip() + "\n")
+        path.chmod(0o644)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def generate_keypair(path: Path, comment: str = "binome-test", key_type: str = "ed25519") -> tuple[Path, str]:
+    """A key pair at `path` (private, mode 600) and `path`.pub; returns (private path, public line)."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", key_type, "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return path, path.with_name(path.name + ".pub").read_text().strip()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _sshd_config(directory: Path, port: int, *, per_source_penalties: bool) -> str:
+    lines = [
+        f"ListenAddress 127.0.0.1:{port}",
+        f"PidFile {directory / 'sshd.pid'}",
+        f"HostKey {directory / 'ssh_host_ed25519_key'}",
+        f"AuthorizedKeysFile .ssh/authorized_keys {directory / 'authorized_keys'}/%u",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM yes",
+        "StrictModes yes",
+        "PermitUserEnvironment no",
+        "X11Forwarding no",
+        "PrintMotd no",
+        "MaxStartups 100:30:200",
+        "LogLevel VERBOSE",
+        "Subsystem sftp internal-sftp",
+    ]
+    if per_source_penalties:  # OpenSSH >= 9.8 only: would lock the test client out after a few failed logins
+        lines.append("PerSourcePenalties no")
+    return "\n".join(lines) + "\n"
+
+
+def _check_config(config_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([SSHD, "-t", "-f", str(config_path)], capture_output=True, text=True, check=False)
+
+
+def _wait_for_banner(process: subprocess.Popen, port: int, log_path: Path, deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"sshd exited with status {process.returncode}:\n{log_path.read_text(errors='replace')}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.settimeout(2)
+                if sock.recv(256).startswith(b"SSH-2.0-"):
+                    return
+        except OSError as exc:
+            last_error = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd did not answer on port {port} ({last_error}):\n{log_path.read_text(errors='replace')}")
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SshServer]:
+    if not os.path.exists(SSHD):
+        pytest.fail(f"{SSHD} is missing: {MISSING_PACKAGES_HINT}", pytrace=False)
+    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.fail(f"the ssh client is missing: {MISSING_PACKAGES_HINT}", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("the provisioning tests run sshd and useradd: they need root", pytrace=False)
+
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # Debian's sshd needs its privilege-separation directory
+    directory = Path(tempfile.mkdtemp(prefix="binome-test-sshd-", dir="/run"))
+    process = None
+    try:
+        directory.chmod(0o755)  # test users must reach their file in authorized_keys/ (read as the user)
+        authorized_keys_dir = directory / "authorized_keys"
+        authorized_keys_dir.mkdir(mode=0o755)
+        _, host_key_public = generate_keypair(directory / "ssh_host_ed25519_key", comment="binome-test-host")
+        host_key_line = " ".join(host_key_public.split()[:2])
+        client_key_path, client_public = generate_keypair(directory / "portal_admin_ed25519", "binome-portal")
+        (authorized_keys_dir / "root").write_text(client_public + "\n")
+        (authorized_keys_dir / "root").chmod(0o644)
+        config_path = directory / "sshd_config"
+        log_path = directory / "sshd.log"
+
+        for _attempt in range(3):  # the free port may be taken between the probe and sshd's bind
+            port = _free_port()
+            config_path.write_text(_sshd_config(directory, port, per_source_penalties=True))
+            check = _check_config(config_path)
+            if check.returncode != 0 and "PerSourcePenalties" in check.stderr:
+                config_path.write_text(_sshd_config(directory, port, per_source_penalties=False))
+                check = _check_config(config_path)
+            if check.returncode != 0:
+                pytest.fail(f"sshd -t rejected the test configuration:\n{check.stderr}", pytrace=False)
+            with log_path.open("ab") as log:
+                process = subprocess.Popen(
+                    [SSHD, "-D", "-e", "-f", str(config_path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                _wait_for_banner(process, port, log_path)
+                break
+            except RuntimeError as exc:
+                failure = str(exc)
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+                process = None
+        else:
+            pytest.fail(f"sshd did not start: {failure}", pytrace=False)
+
+        known_hosts_path = directory / "known_hosts"
+        known_hosts_path.write_text(f"[127.0.0.1]:{port} {host_key_line}\n")
+        yield SshServer(
+            port=port,
+            host_key_line=host_key_line,
+            log_path=log_path,
+            host_spec=HostSpec(
+                name="test-sshd",
+                address="127.0.0.1",
+                port=port,
+                username="root",
+                host_key=host_key_line,
+                client_key_path=str(client_key_path),
+            ),
+            directory=directory,
+            known_hosts_path=known_hosts_path,
+            authorized_keys_dir=authorized_keys_dir,
+            process=process,
+        )
+    finally:
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def login_as(sshd: SshServer) -> Callable[..., subprocess.CompletedProcess]:
+    """login_as(user, private_key_path, command) -> CompletedProcess, through the system ssh client."""
+    return sshd.login_as
+
+
+@pytest.fixture
+def admin(sshd: SshServer) -> Iterator[Connection]:
+    """The real SSH driver, logged in to the test sshd as root with the portal's key."""
+    with get_driver("ssh").connect(sshd.host_spec) as connection:
+        yield connection
+
+
+@pytest.fixture
+def keypair(tmp_path: Path) -> Callable[[str], tuple[Path, str]]:
+    """keypair(name) -> (private key path, public key line): a fresh ed25519 pair, as a customer would make."""
+
+    def make(name: str = "id_ed25519") -> tuple[Path, str]:
+        return generate_keypair(tmp_path / name, comment=f"{name}@researcher")
+
+    return make
+
+
+def random_username(prefix: str = "binome-test") -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def remove_user(connection: Connection, user: str) -> None:
+    """userdel -r, retried while the user's last ssh session is still winding down."""
+    for _attempt in range(20):
+        result = connection.run(["userdel", "--remove", user], check=False)
+        # 0: removed; 6: no such user; 12: home not removed (still gone from passwd); 8: user still logged in.
+        if result.exit_status != 8:
+            break
+        time.sleep(0.25)
+    else:
+        connection.run(["userdel", "--remove", "--force", user], check=False)

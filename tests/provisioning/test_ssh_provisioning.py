@@ -1,0 +1,175 @@
+"""Provisioning for real: a host reached over SSH (Debian's sshd on 127.0.0.1), a customer who logs in with their
+own key and finds their GPUs set, a teardown after which the same login is refused."""
+
+import pytest
+from django.urls import reverse
+
+from booking.models import Lot, OrderStatus
+from payments.selectors import current_invoice
+from payments.services import invoice_mark_paid
+from provisioning import services
+from provisioning.models import Access, Host, ProvisioningRun
+from tests.booking.test_pages import place
+from tests.provisioning.conftest import remove_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def loopback_host(sshd, catalog, settings):
+    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot the order will get."""
+    settings.PROVISIONING_SSH_KEY_FILE = str(sshd.host_spec.client_key_path)
+    host = Host.objects.create(
+        name="loopback",
+        address="127.0.0.1",
+        ssh_port=sshd.port,
+        driver=Host.Driver.SSH,
+        admin_user=sshd.host_spec.username,
+        host_key=sshd.host_key_line,
+    )
+    Lot.objects.filter(hardware_class=catalog["b200-pair"]).update(status=Lot.Status.MAINTENANCE)
+    Lot.objects.create(name="loopback · GPUs 0,1", hardware_class=catalog["b200-pair"], host=host, gpu_indices="0,1")
+    return host
+
+
+@pytest.fixture
+def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin, django_capture_on_commit_callbacks):
+    private_key, public_key = keypair("customer")
+    order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    services.order_approve(order=order, actor=admin_user)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.provisioning_start(order=order, actor=admin_user)
+    order.refresh_from_db()
+    username = services.username_for(order)
+    try:
+        yield order, token, username, private_key
+    finally:
+        remove_user(admin, username)
+
+
+def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, login_as, client):
+    order, token, username, private_key = provisioned
+    run = order.provisioning_runs.get()
+    assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
+    assert order.status == OrderStatus.READY
+
+    whoami = login_as(
+        username, private_key, "whoami; echo CUDA=$CUDA_VISIBLE_DEVICES; stat -c %a ~/.ssh ~/.ssh/authorized_keys"
+    )
+    assert whoami.returncode == 0, whoami.stderr
+    lines = whoami.stdout.split()
+    assert lines[0] == username and "CUDA=0,1" in lines and lines[-2:] == ["700", "600"]
+
+    access = Access.objects.get(order=order)
+    # No GPU on the test machine: a well-formed report that fails with reasons, not a crash.
+    assert access.preflight_status == "FAIL"
+    assert {check["name"] for check in access.preflight_report["checks"]} >= {"gpu_visible", "torch_import"}
+    page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    assert f"ssh -p {access.host.ssh_port} {username}@127.0.0.1" in page.content.decode()
+
+
+def test_after_teardown_the_same_login_is_refused(
+    provisioned, login_as, admin_user, django_capture_on_commit_callbacks
+):
+    order, _token, username, private_key = provisioned
+    assert login_as(username, private_key, "true").returncode == 0
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.teardown_start(order=order, actor=admin_user, reason="test")
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.ENDED
+    teardown = order.provisioning_runs.get(kind="teardown")
+    assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
+    refused = login_as(username, private_key, "true")
+    assert refused.returncode != 0
+    assert Access.objects.get(order=order).status == Access.Status.REVOKED
+
+
+def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
+    client, loopback_host, booking_data, keypair, admin_user, admin, sshd, django_capture_on_commit_callbacks
+):
+    _private, public_key = keypair("customer")
+    order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    services.order_approve(order=order, actor=admin_user)
+    Host.objects.filter(pk=loopback_host.pk).update(host_key=keypair("impostor")[1])
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_start(order=order, actor=admin_user)
+        order.refresh_from_db()
+        run = order.provisioning_runs.get()
+        assert order.status == OrderStatus.PROVISIONING_FAILED
+        assert "host key" in run.error.lower()
+
+        Host.objects.filter(pk=loopback_host.pk).update(host_key=sshd.host_key_line)
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_retry(order=order, actor=admin_user)
+        order.refresh_from_db()
+        run.refresh_from_db()
+        assert order.status == OrderStatus.READY and run.status == ProvisioningRun.Status.SUCCEEDED
+        assert [step.attempts for step in run.steps.all()] == [2, 1, 1, 1, 1, 1]  # connect failed once, then each once
+    finally:
+        remove_user(admin, services.username_for(order))
+
+
+@pytest.mark.integration
+def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_step_done_once(
+    loopback_host, booking_data, keypair, admin_user, start_celery_worker, tmp_path, sshd
+):
+    import os
+    import signal
+    import time
+
+    from django.test import Client
+
+    from provisioning.drivers import get_driver
+
+    # A container runtime that takes its time, so the worker can be killed while it pulls.
+    slow_runtime = tmp_path / "slow-podman"
+    slow_runtime.write_text('#!/bin/sh\nsleep 4\necho pulled "$2"\n')
+    slow_runtime.chmod(0o755)
+    Host.objects.filter(pk=loopback_host.pk).update(container_runtime=str(slow_runtime))
+    _private, public_key = keypair("customer")
+    client = Client()
+    order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    services.order_approve(order=order, actor=admin_user)
+    worker_env = {"PROVISIONING_SSH_KEY_FILE": str(sshd.host_spec.client_key_path), "PROVISIONING_LEASE_SECONDS": "3"}
+    first = start_celery_worker(**worker_env)
+    try:
+        run = services.provisioning_start(order=order, actor=admin_user)  # committed: the worker picks it up
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not run.steps.filter(name="prepare_image", status="running").exists():
+            time.sleep(0.05)
+        assert run.steps.filter(name="prepare_image", status="running").exists()
+
+        os.killpg(first.pid, signal.SIGKILL)  # the worker dies in the middle of the run
+        first.wait(timeout=10)
+        start_celery_worker(**worker_env)
+        time.sleep(3.5)  # the dead worker's lease runs out ...
+        services.lifecycle_tick()  # ... and beat's sweep hands the run to the new worker
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.status in (ProvisioningRun.Status.SUCCEEDED, ProvisioningRun.Status.FAILED):
+                break
+            time.sleep(0.1)
+        assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
+        attempts = {step.name: step.attempts for step in run.steps.all()}
+        assert attempts == {
+            "connect": 1,
+            "create_user": 1,
+            "install_keys": 1,
+            "restrict_gpus": 1,
+            "prepare_image": 2,
+            "preflight": 1,
+        }
+        assert run.steps.get(name="create_user").output.endswith("created")  # made once, not "already exists"
+        order.refresh_from_db()
+        assert order.status == OrderStatus.READY
+    finally:
+        with get_driver("ssh").connect(sshd.host_spec) as connection:
+            remove_user(connection, services.username_for(order))
