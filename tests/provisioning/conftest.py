@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,13 @@ def _wait_for_banner(process: subprocess.Popen, port: int, log_path: Path, deadl
 
 @pytest.fixture(scope="session")
 def sshd() -> Iterator[SshServer]:
+    with running_sshd() as server:
+        yield server
+
+
+@contextmanager
+def running_sshd() -> Iterator[SshServer]:
+    """Debian's sshd on 127.0.0.1 at a free port, for the tests and bench/provisioning.py."""
     if not os.path.exists(SSHD):
         pytest.fail(f"{SSHD} is missing: {MISSING_PACKAGES_HINT}", pytrace=False)
     if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:

@@ -1,0 +1,174 @@
+"""Approval → access ready, on a real sshd on 127.0.0.1, with a real Celery worker on Redis.
+
+    .venv/bin/python bench/provisioning.py [--trials 5]     # as root (sshd, useradd); PostgreSQL and Redis up
+
+Measures, per trial, the time from the operator's approval (the order's window starting within the lead time, so
+the approval starts provisioning at once) to the order showing "ready" with the customer's login working, and
+the duration of each step. Target (issue 4): <= 10 s, image pull aside (the host has no container runtime).
+"""
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/binome_provbench")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=5)
+    options = parser.parse_args()
+
+    import psycopg
+
+    name = DATABASE_URL.rsplit("/", 1)[1]
+    with psycopg.connect(DATABASE_URL.rsplit("/", 1)[0] + "/postgres", autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+    from tests.provisioning.conftest import running_sshd
+
+    with running_sshd() as sshd:
+        env = {
+            **os.environ,
+            "DEBUG": "1",
+            "DATABASE_URL": DATABASE_URL,
+            "REDIS_URL": REDIS_URL,
+            "PROVISIONING_SSH_KEY_FILE": str(sshd.host_spec.client_key_path),
+            "LOG_LEVEL": "WARNING",
+            "EMAIL_URL": "dummymail://",
+        }
+        os.environ.update(env)
+        migrate = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v", "0"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if migrate.returncode:
+            sys.exit(f"migrate failed:\n{migrate.stderr}")
+        import django
+
+        os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+        django.setup()
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "worker",
+                "--pool",
+                "solo",
+                "--queues",
+                "default,chain,provisioning",
+                "--loglevel",
+                "WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            run_trials(sshd, options.trials)
+        finally:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=20)
+
+
+def run_trials(sshd, trials: int) -> None:
+    from django.contrib.auth import get_user_model
+    from django.core.cache import cache
+
+    from booking.demo import seed_demo_catalog
+    from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Lot, OrderStatus
+    from booking.selectors import earliest_start_date
+    from booking.services import BookingRequest, Contact, order_create
+    from booking.ssh_keys import parse_public_key
+    from payments.selectors import current_invoice
+    from payments.services import invoice_mark_paid
+    from portal.celery import app as celery_app
+    from provisioning import services
+    from provisioning.drivers import get_driver
+    from provisioning.models import Host, OperatorSettings
+    from tests.provisioning.conftest import generate_keypair, remove_user
+
+    celery_app.control.purge()
+    seed_demo_catalog()
+    cache.clear()
+    b200 = HardwareClass.objects.get(slug="b200-pair")
+    host = Host.objects.create(
+        name="loopback", address="127.0.0.1", ssh_port=sshd.port, driver=Host.Driver.SSH, host_key=sshd.host_key_line
+    )
+    Lot.objects.filter(hardware_class=b200).update(status=Lot.Status.MAINTENANCE)
+    Lot.objects.create(name="loopback · GPUs 0,1", hardware_class=b200, host=host, gpu_indices="0,1")
+    policy = BookingPolicy.current()
+    # Windows start at the earliest date: within a lead time this long, approval provisions at once.
+    OperatorSettings.objects.update_or_create(pk=1, defaults={"provision_lead_hours": 24 * 40})
+    admin = get_user_model().objects.create_superuser("bench", "bench@example.org", "bench-password-long")
+    keys_dir = Path(tempfile.mkdtemp(prefix="binome-bench-keys-"))
+    totals, by_step = [], {}
+    print(f"sshd on 127.0.0.1:{sshd.port}; worker on {REDIS_URL}; database {DATABASE_URL}")
+    for trial in range(trials):
+        private_key, public_key = generate_keypair(keys_dir / f"customer{trial}")
+        order, _token = order_create(
+            request=BookingRequest(
+                hardware_class=b200,
+                environment=EnvironmentImage.objects.get(slug="pytorch-2-7-cuda-12-8"),
+                lot_count=1,
+                start_date=earliest_start_date(policy=policy) + timedelta(days=12 * trial),
+                days=7,
+                contact=Contact(name="Bench", email="bench@example.org", organisation="Bench"),
+                ssh_keys=[parse_public_key(public_key)],
+                hypothesis="bigger_batch",
+            )
+        )
+        invoice_mark_paid(invoice=current_invoice(order), user=admin, reason="bench")
+        username = services.username_for(order)
+        started = time.perf_counter()
+        services.order_approve(order=order, actor=admin)
+        while time.perf_counter() - started < 120:
+            order.refresh_from_db()
+            if order.status in (OrderStatus.READY, OrderStatus.PROVISIONING_FAILED):
+                break
+            time.sleep(0.02)
+        ready = time.perf_counter() - started
+        login = sshd.login_as(username, private_key, "echo $CUDA_VISIBLE_DEVICES")
+        run = order.provisioning_runs.get()
+        totals.append(ready)
+        for step in run.steps.all():
+            by_step.setdefault(step.name, []).append(step.duration_s or 0.0)
+        print(
+            f"trial {trial + 1}: {order.public_id} {order.status} in {ready:.2f} s; customer login "
+            f"{'ok, CUDA_VISIBLE_DEVICES=' + login.stdout.strip() if login.returncode == 0 else 'FAILED'}"
+        )
+        with get_driver("ssh").connect(sshd.host_spec) as connection:
+            remove_user(connection, username)
+    print()
+    print(
+        "step durations, median s: "
+        + ", ".join(f"{name} {statistics.median(values):.2f}" for name, values in by_step.items())
+    )
+    print(
+        f"approval -> access ready: median {statistics.median(totals):.2f} s, max {max(totals):.2f} s "
+        f"(target <= 10 s: {'met' if max(totals) <= 10 else 'NOT met'})"
+    )
+
+
+if __name__ == "__main__":
+    main()
