@@ -26,6 +26,7 @@ from booking.models import (
     OrderEvent,
     OrderSshKey,
     OrderStatus,
+    WindowDays,
 )
 from booking.page_cache import bump_generation
 from booking.rules import (
@@ -258,6 +259,115 @@ def order_reallocate_after_late_payment(
         reason="late payment: lots allocated again",
         evidence=evidence,
         now=now,
+    )
+    bump_generation()
+
+
+# Before access exists on a host, its lots can move; later, tear down first.
+REASSIGNABLE = frozenset({OrderStatus.PAID, OrderStatus.APPROVED, OrderStatus.PROVISIONING_FAILED})
+
+
+@transaction.atomic
+def order_reassign_lot(
+    *, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser, now: datetime | None = None
+) -> None:
+    """Move one of the order's lots to another free lot of the same class, for the same period. The new
+    allocation is checked by the same exclusion constraint as a booking."""
+    now = now or timezone.now()
+    order = Order.objects.select_for_update().get(pk=order.pk)
+    if order.status not in REASSIGNABLE:
+        raise BookingError(_("Lots can be moved before access is prepared, or after a failed provisioning."))
+    list(HardwareClass.objects.select_for_update().filter(pk=order.hardware_class_id).values_list("pk", flat=True))
+    current = Allocation.objects.select_for_update().filter(order=order, lot_id=from_lot_id, released_at__isnull=True)
+    allocation = current.first()
+    if allocation is None:
+        raise BookingError(_("This lot is not allocated to the order."), field="from_lot")
+    policy = BookingPolicy.current()
+    window = selectors.window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
+    free = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=10_000)
+    if to_lot_id not in free:
+        raise BookingError(_("That lot is not free for this window, or not of this class."), field="to_lot")
+    current.update(released_at=now)
+    try:
+        with transaction.atomic():
+            Allocation.objects.create(
+                order=order, lot_id=to_lot_id, starts_at=allocation.starts_at, ends_at=allocation.ends_at
+            )
+    except IntegrityError as exc:
+        raise BookingError(_("That lot was taken meanwhile."), field="to_lot") from exc
+    OrderEvent.objects.create(
+        order=order,
+        from_status=order.status,
+        to_status=order.status,
+        actor_kind=OrderEvent.Actor.OPERATOR,
+        actor=actor,
+        reason="lot reassigned",
+        evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
+    )
+    bump_generation()
+
+
+def extension_check(*, order: Order, days: int) -> selectors.Window:
+    """The extension window right after the order's end if the same lots are free for it, else BookingError."""
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+        raise BookingError(_("Only a ready or active window can be extended."))
+    if days not in WindowDays.values:
+        raise BookingError(_("Choose an extension of 3, 7 or 30 days."), field="days")
+    policy = BookingPolicy.current()
+    held_from, held_until = order.ends_at + policy.turnaround, order.ends_at + timedelta(days=days) + policy.turnaround
+    lot_ids = list(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
+    taken = Allocation.objects.filter(
+        lot_id__in=lot_ids, released_at__isnull=True, starts_at__lt=held_until, ends_at__gt=held_from
+    ).exclude(order=order)
+    if taken.exists():
+        raise BookingError(_("The same lots are booked after this window: it cannot be extended."))
+    return selectors.Window(
+        starts_at=order.ends_at,
+        ends_at=order.ends_at + timedelta(days=days),
+        held_from=held_from,
+        held_until=held_until,
+    )
+
+
+@transaction.atomic
+def order_extension_request(*, order: Order, days: int, actor: AbstractBaseUser | None):
+    """An extension is its own invoice (payments); the end moves only once it is paid (order_extend)."""
+    from payments.services import invoice_create
+
+    extension_check(order=order, days=days)
+    price = order.hardware_class.prices.filter(days=days).values_list("amount_per_lot", flat=True).first()
+    if price is None:
+        raise BookingError(_("This window is not on sale for this hardware class."), field="days")
+    invoice = invoice_create(order=order, fiat_amount=price * order.lot_count, purpose="extension", extension_days=days)
+    OrderEvent.objects.create(
+        order=order,
+        from_status=order.status,
+        to_status=order.status,
+        actor_kind=OrderEvent.Actor.OPERATOR if actor else OrderEvent.Actor.CUSTOMER,
+        actor=actor,
+        reason="extension requested",
+        evidence={"days": days, "invoice": invoice.pk},
+    )
+    return invoice
+
+
+@transaction.atomic
+def order_extend(*, order: Order, days: int, evidence: dict) -> None:
+    """The extension is paid: move the end and the lots' periods. The exclusion constraint re-checks them."""
+    order = Order.objects.select_for_update().get(pk=order.pk)
+    window = extension_check(order=order, days=days)
+    Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
+    Order.objects.filter(pk=order.pk).update(ends_at=window.ends_at, updated_at=timezone.now())
+    from provisioning.models import LifecycleNotice
+
+    LifecycleNotice.objects.filter(order=order).delete()  # the warnings run again before the new end
+    OrderEvent.objects.create(
+        order=order,
+        from_status=order.status,
+        to_status=order.status,
+        actor_kind=OrderEvent.Actor.SYSTEM,
+        reason=f"window extended by {days} days",
+        evidence={**evidence, "new_end": window.ends_at.isoformat()},
     )
     bump_generation()
 

@@ -150,6 +150,13 @@ def _order_or_404(public_id: str, token: str) -> Order:
     return order
 
 
+def _extension_payment(order: Order, find, view):
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+        return None
+    invoice = find(order)
+    return view(order, invoice=invoice) if invoice is not None else None
+
+
 def _private(response: HttpResponse) -> HttpResponse:
     """The order page is a secret: never sent as a referrer, never indexed (never_cache keeps it out of caches)."""
     response["Referrer-Policy"] = "no-referrer"
@@ -165,7 +172,7 @@ def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 
 def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
     """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
-    from payments.selectors import payment_view
+    from payments.selectors import open_extension_invoice, payment_view
 
     context = {
         "order": order,
@@ -173,6 +180,7 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
         "events": list(order.events.all()),
         "ssh_keys": list(order.ssh_keys.all()),
         "payment": payment_view(order),
+        "extension": _extension_payment(order, open_extension_invoice, payment_view),
         "accesses": list(order.accesses.select_related("host"))
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
         else [],

@@ -39,6 +39,7 @@ class Invoice(models.Model):
 
     order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="invoices")
     purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.ORDER)
+    extension_days = models.PositiveSmallIntegerField(null=True, blank=True)
     status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.NEW)
 
     chain_id = models.PositiveBigIntegerField(_("chain id"))

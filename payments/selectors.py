@@ -62,8 +62,17 @@ def current_invoice(order: Order) -> Invoice | None:
     )
 
 
-def payment_view(order: Order, *, with_qr: bool = True) -> PaymentView | None:
-    invoice = current_invoice(order)
+def open_extension_invoice(order: Order) -> Invoice | None:
+    return (
+        Invoice.objects.filter(order=order, purpose=Invoice.Purpose.EXTENSION)
+        .exclude(status__in=[Invoice.Status.INVALID])
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def payment_view(order: Order, *, invoice: Invoice | None = None, with_qr: bool = True) -> PaymentView | None:
+    invoice = invoice or current_invoice(order)
     if invoice is None:
         return None
     chain = config.chain(invoice.chain_id)

@@ -99,6 +99,7 @@ def invoice_create(
     fiat_amount: Decimal,
     asset: config.Asset | None = None,
     purpose: str = Invoice.Purpose.ORDER,
+    extension_days: int | None = None,
     now: datetime | None = None,
 ) -> Invoice:
     """A quote in `asset` with a deposit address of its own, valid as long as the order's hold."""
@@ -112,6 +113,7 @@ def invoice_create(
     return Invoice.objects.create(
         order=order,
         purpose=purpose,
+        extension_days=extension_days,
         chain_id=asset.chain_id,
         asset_symbol=asset.symbol,
         asset_contract=asset.contract,
@@ -502,7 +504,13 @@ def _first_seen(invoice: Invoice, now: datetime) -> datetime:
 def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
     from booking import services as booking
 
-    if invoice.purpose != Invoice.Purpose.ORDER:
+    if invoice.purpose == Invoice.Purpose.EXTENSION:
+        if invoice.status == Invoice.Status.SETTLED and was != Invoice.Status.SETTLED:
+            try:
+                booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
+            except BookingError:
+                invoice.needs_operator = True  # the lots were taken or the window ended meanwhile: refund
+                invoice.save(update_fields=["needs_operator"])
         return
     if invoice.status == Invoice.Status.SETTLED and was != Invoice.Status.SETTLED:
         if order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
@@ -570,7 +578,9 @@ def invoice_mark_paid(*, invoice: Invoice, user, reason: str, now: datetime | No
     invoice.marked, invoice.marked_reason, invoice.marked_by = True, reason, user
     invoice.save()
     evidence = {"invoice": invoice.pk, "marked_by": user.get_username(), "reason": reason}
-    if order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
+    if invoice.purpose == Invoice.Purpose.EXTENSION:
+        booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
+    elif order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
         booking.order_transition(
             order=order,
             to_status=OrderStatus.PAID,

@@ -19,7 +19,10 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     if is_ratelimited(request, group="i-paid", key="ip", rate="30/h", method="POST", increment=True):
         messages.error(request, _("You pressed “I've paid” many times: we keep checking the chain on our own."))
         return redirect("booking:order", public_id=public_id, token=token)
-    invoice = selectors.current_invoice(order)
+    invoice_id = request.POST.get("invoice", "")
+    invoice = (
+        order.invoices.filter(pk=int(invoice_id)).first() if invoice_id.isdigit() else selectors.current_invoice(order)
+    )
     if invoice is None:
         messages.error(request, _("This order has no invoice to pay."))
     else:

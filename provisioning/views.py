@@ -12,8 +12,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from booking.models import Allocation, Lot, Order, OrderEvent, OrderStatus
+from booking import services as booking_services
+from booking.models import Allocation, BookingPolicy, Lot, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
+from booking.selectors import free_lot_ids, window_for
 from booking.services import order_transition
 from payments.models import Invoice
 from provisioning import services
@@ -70,6 +72,12 @@ def queue(request: HttpRequest) -> HttpResponse:
 def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     order = get_object_or_404(Order.objects.select_related("hardware_class", "environment"), public_id=public_id)
     runs = list(order.provisioning_runs.prefetch_related("steps__host")[:20])
+    free_lots = []
+    if order.status in booking_services.REASSIGNABLE:
+        policy = BookingPolicy.current()
+        window = window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
+        free_ids = free_lot_ids(hardware_class=order.hardware_class, window=window, limit=50)
+        free_lots = list(Lot.objects.filter(pk__in=free_ids).select_related("host"))
     context = {
         "order": order,
         "runs": runs,
@@ -77,21 +85,35 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "accesses": list(order.accesses.select_related("host")),
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),
+        "free_lots": free_lots,
     }
     template = "provisioning/console/order.html#runs" if request.htmx else "provisioning/console/order.html"
     return render(request, template, context)
 
 
+def _number(post, name: str) -> int:
+    value = post.get(name, "")
+    if not value.isdigit() or len(value) > 12:
+        raise BookingError(f"{name}: a number is required.")
+    return int(value)
+
+
 ACTIONS = {
-    "approve": lambda order, user, reason: services.order_approve(order=order, actor=user),
-    "reject": lambda order, user, reason: services.order_reject(order=order, actor=user, reason=reason),
-    "retry": lambda order, user, reason: services.provisioning_retry(order=order, actor=user),
-    "preflight": lambda order, user, reason: services.preflight_rerun(order=order, actor=user),
-    "teardown": lambda order, user, reason: services.teardown_start(
+    "approve": lambda order, user, reason, post: services.order_approve(order=order, actor=user),
+    "reject": lambda order, user, reason, post: services.order_reject(order=order, actor=user, reason=reason),
+    "retry": lambda order, user, reason, post: services.provisioning_retry(order=order, actor=user),
+    "preflight": lambda order, user, reason, post: services.preflight_rerun(order=order, actor=user),
+    "teardown": lambda order, user, reason, post: services.teardown_start(
         order=order, actor=user, reason=reason or "torn down by an operator"
     ),
-    "provision": lambda order, user, reason: services.provisioning_start(order=order, actor=user),
-    "cancel": lambda order, user, reason: order_transition(
+    "provision": lambda order, user, reason, post: services.provisioning_start(order=order, actor=user),
+    "reassign": lambda order, user, reason, post: booking_services.order_reassign_lot(
+        order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
+    ),
+    "extend": lambda order, user, reason, post: booking_services.order_extension_request(
+        order=order, days=_number(post, "days"), actor=user
+    ),
+    "cancel": lambda order, user, reason, post: order_transition(
         order=order,
         to_status=OrderStatus.CANCELLED,
         actor_kind=OrderEvent.Actor.OPERATOR,
@@ -109,7 +131,7 @@ def order_action(request: HttpRequest, public_id: str, action: str) -> HttpRespo
         raise PermissionDenied
     reason = request.POST.get("reason", "").strip()[:2000]
     try:
-        ACTIONS[action](order, request.user, reason)
+        ACTIONS[action](order, request.user, reason, request.POST)
     except BookingError as exc:
         messages.error(request, exc.message)
     else:

@@ -309,3 +309,24 @@ def test_when_no_rpc_url_answers_nothing_changes_and_the_page_says_the_check_is_
     order.refresh_from_db()
     assert invoice.status == Invoice.Status.NEW and order.status == OrderStatus.AWAITING_PAYMENT
     assert "Check delayed: the network is not answering" in order_page(client, order, token)
+
+
+def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booking_data, admin_user):
+    from booking.services import order_extension_request, order_transition
+
+    order, _token = place(client, booking_data(lots="1"))
+    services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    end = order.ends_at
+
+    extension = order_extension_request(order=order, days=7, actor=admin_user)
+    pay_invoice(chain, extension)
+    chain.mine(2)
+    scan()
+
+    extension.refresh_from_db()
+    order.refresh_from_db()
+    assert extension.status == Invoice.Status.SETTLED
+    assert order.ends_at == end + timedelta(days=7) and order.status == OrderStatus.READY
+    assert order.events.last().reason == "window extended by 7 days"

@@ -1,13 +1,14 @@
 """The operator console: who may use it, approval, runs on dry-run hosts, the lifecycle of a window."""
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.core import mail
 from django.urls import reverse
 
-from booking.models import Order, OrderStatus
+from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
@@ -166,3 +167,57 @@ def test_the_calendar_shows_held_booked_and_free_lots(client, catalog, booking_d
     page = client.get(reverse("console:calendar")).content.decode()
     assert "cal-booked" in page and "cal-held" in page and "cal-free" in page and "cal-turnaround" in page
     assert paid_order[0].public_id in page
+
+
+def test_an_operator_moves_a_lot_to_a_free_one_of_the_same_class(client, paid_order, operator):
+    order, _token = paid_order
+    client.force_login(operator)
+    held = set(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
+    free = Lot.objects.filter(hardware_class=order.hardware_class).exclude(pk__in=held).first()
+    taken = next(iter(held))
+    page = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
+    assert f'<option value="{free.pk}">' in page
+
+    reassign = reverse("console:action", kwargs={"public_id": order.public_id, "action": "reassign"})
+    client.post(reassign, {"from_lot": taken, "to_lot": free.pk})
+
+    live = set(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
+    assert live == held - {taken} | {free.pk}
+    assert order.events.last().reason == "lot reassigned"
+
+    # Another class's lot, a lot already held, and garbage are refused; nothing moves.
+    h200 = Lot.objects.filter(hardware_class__slug="h200-pair").first()
+    for to_lot in (h200.pk, next(iter(live - {free.pk})), "x", ""):
+        response = client.post(reassign, {"from_lot": free.pk, "to_lot": to_lot}, follow=True)
+        assert response.status_code == 200
+    assert set(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True)) == live
+
+
+def test_an_extension_is_its_own_invoice_and_moves_the_end_only_once_paid(
+    client, paid_order, operator, admin_user, django_capture_on_commit_callbacks
+):
+    order, token = paid_order
+    client.force_login(operator)
+    for action in ("approve", "provision"):
+        with django_capture_on_commit_callbacks(execute=True):
+            client.post(reverse("console:action", kwargs={"public_id": order.public_id, "action": action}))
+    order.refresh_from_db()
+    end = order.ends_at
+    client.post(reverse("console:action", kwargs={"public_id": order.public_id, "action": "extend"}), {"days": "3"})
+
+    extension = Invoice.objects.get(order=order, purpose="extension")
+    order.refresh_from_db()
+    assert extension.extension_days == 3 and extension.fiat_amount == 2 * Decimal("1450.00")
+    assert order.ends_at == end  # not before it is paid
+    customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    assert (
+        "Extension by 3 days" in customer.content.decode()
+        and extension.deposit_address in customer.content.decode().lower()
+    )
+
+    invoice_mark_paid(invoice=extension, user=admin_user, reason="test")  # an admin settles it
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(days=3)
+    assert all(
+        a.ends_at == order.ends_at + timedelta(hours=6) for a in order.allocations.filter(released_at__isnull=True)
+    )
