@@ -76,6 +76,7 @@ format: setup
 bench: setup
 	$(BIN)/python bench/pages.py
 	$(BIN)/python bench/chain_scan.py
+	$(BIN)/python bench/provisioning.py
 
 contracts: node_modules/.installed
 	npm run --silent build:contracts
