@@ -133,10 +133,26 @@ def seed_demo_catalog() -> dict[str, int]:
     return {"classes": HardwareClass.objects.count(), "lots": Lot.objects.count()}
 
 
+# The operators' group: the console, payment review, and read access to the admin's raw data.
+OPERATOR_PERMISSIONS = [
+    ("booking", "operate_orders"),
+    ("payments", "review_payments"),
+    ("booking", "view_order"),
+    ("booking", "view_orderevent"),
+    ("booking", "view_lot"),
+    ("payments", "view_invoice"),
+    ("payments", "view_transfer"),
+    ("provisioning", "view_host"),
+    ("provisioning", "view_provisioningrun"),
+    ("provisioning", "view_access"),
+]
+
+
 @transaction.atomic
 def seed_operators_group() -> Group:
     group, _created = Group.objects.get_or_create(name=OPERATORS_GROUP)
-    group.permissions.add(Permission.objects.get(codename="operate_orders", content_type__app_label="booking"))
+    for app_label, codename in OPERATOR_PERMISSIONS:
+        group.permissions.add(Permission.objects.get(codename=codename, content_type__app_label=app_label))
     return group
 
 

@@ -228,3 +228,10 @@ def resend_link(request: HttpRequest) -> HttpResponse:
         services.orders_request_links(email=email, language=get_language())
         sent = True
     return render(request, "booking/resend_link.html", {"form": form, "sent": sent})
+
+
+@require_http_methods(["GET"])
+def guide(request: HttpRequest) -> HttpResponse:
+    """The researcher's guide, written per language (long-form text reads better than translated fragments)."""
+    language = request.LANGUAGE_CODE if request.LANGUAGE_CODE in dict(settings.LANGUAGES) else "en"
+    return render(request, f"booking/guide_{language}.html")

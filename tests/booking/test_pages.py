@@ -246,3 +246,20 @@ def test_every_transition_is_recorded_with_its_actor(client, catalog, booking_da
 
     events = list(OrderEvent.objects.filter(order=order).values_list("from_status", "to_status", "actor_kind"))
     assert events == [("", "awaiting_payment", "customer"), ("awaiting_payment", "cancelled", "customer")]
+
+
+@pytest.mark.parametrize(("language", "title_word"), [("en", "share"), ("fr", "partagent")])
+def test_the_guide_exists_in_both_languages_with_every_section_the_booking_page_links_to(
+    client, catalog, language, title_word
+):
+    client.cookies["django_language"] = language
+    booking = client.get(reverse("booking:book")).content.decode()
+    anchors = set(re.findall(r'href="/guide/#([\w-]+)"', booking))
+    assert anchors == {"share", "alternatives", "window", "blackwell", "split-trial"}
+
+    guide = client.get(reverse("booking:guide"))
+    page = guide.content.decode()
+    assert guide.status_code == 200 and f'<html lang="{language}">' in page
+    for anchor in anchors:
+        assert f'id="{anchor}"' in page
+    assert title_word in page.lower()
