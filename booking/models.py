@@ -346,6 +346,9 @@ class Order(models.Model):
     price_per_lot = models.DecimalField(_("price per lot"), max_digits=12, decimal_places=2)
     total_price = models.DecimalField(_("total"), max_digits=14, decimal_places=2)
     hold_expires_at = models.DateTimeField(_("lots held until"), null=True, blank=True)
+    # The memory-fit advisor's inputs and verdict when the researcher used it while booking (booking/fit.py).
+    fit_inputs = models.JSONField(_("fit advisor inputs"), null=True, blank=True)
+    fit_advice = models.JSONField(_("fit advisor verdict"), null=True, blank=True)
     language = models.CharField(_("language"), max_length=8, default="en")
 
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
@@ -470,3 +473,20 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lot} for {self.order}"
+
+
+class SplitTrialReport(models.Model):
+    """A split-trial kit report uploaded by the researcher, validated (provisioning/split_trial_report.py) and kept
+    with the order."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="split_trials")
+    uploaded_at = models.DateTimeField(auto_now_add=True)
+    report = models.JSONField()
+
+    class Meta:
+        ordering = ["-uploaded_at"]
+        verbose_name = _("split-trial report")
+        verbose_name_plural = _("split-trial reports")
+
+    def __str__(self) -> str:
+        return f"{self.order_id} · {self.uploaded_at:%Y-%m-%d %H:%M}"

@@ -175,3 +175,30 @@ def orders_for_email(*, email: str, since: datetime) -> QuerySet[Order]:
         .filter(contact_email__iexact=email, created_at__gte=since)
         .order_by("-created_at")
     )
+
+
+def split_trial_bars(report: dict) -> dict:
+    """Bar heights (0–100) for the order page's split-trial chart: step time and peak memory, one card vs each rank
+    of the pair. Values come from a report already validated by provisioning/split_trial_report.py."""
+    single = report.get("single") or {}
+    ranks = (report.get("pair") or {}).get("ranks") or []
+
+    def memory(phase: dict) -> float:
+        return float(phase.get("peak_memory_mib") or phase.get("peak_rss_mib") or 0)
+
+    series = {
+        "step_ms": [("1 card", float(single.get("step_time_ms_median") or 0))]
+        + [(f"rank {rank.get('rank')}", float(rank.get("step_time_ms_median") or 0)) for rank in ranks],
+        "comm_ms": [("1 card", 0.0)]
+        + [(f"rank {rank.get('rank')}", float(rank.get("comm_time_ms_median") or 0)) for rank in ranks],
+        "memory_mib": [("1 card", memory(single))] + [(f"rank {rank.get('rank')}", memory(rank)) for rank in ranks],
+    }
+    charts = {}
+    for name, values in series.items():
+        top = max((value for _label, value in values), default=0) or 1
+        charts[name] = [
+            {"label": label, "value": value, "height": round(100 * value / top, 1),
+             "y": round(110 - 100 * value / top, 1), "x": 20 + 70 * index}
+            for index, (label, value) in enumerate(values)
+        ]
+    return charts

@@ -64,6 +64,8 @@ class BookingRequest:
     hypothesis_detail: str = ""
     notes: str = ""
     language: str = "en"
+    fit_inputs: dict | None = None
+    fit_advice: dict | None = None
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -140,6 +142,8 @@ def order_create(*, request: BookingRequest, now: datetime | None = None) -> tup
         total_price=price_per_lot * request.lot_count,
         hold_expires_at=now + timedelta(minutes=policy.hold_minutes),
         language=request.language,
+        fit_inputs=request.fit_inputs,
+        fit_advice=request.fit_advice,
     )
     try:
         with transaction.atomic():
@@ -440,3 +444,36 @@ def orders_request_links(*, email: str, language: str) -> None:
     from booking.tasks import send_order_links
 
     send_order_links.delay_on_commit(email.strip().lower(), language)
+
+
+def split_trial_upload(*, order: Order, raw: bytes) -> "SplitTrialReport":
+    """Keep a split-trial kit report with the order, once it has been validated field by field."""
+    from booking.models import SplitTrialReport
+    from provisioning.split_trial_report import InvalidReport, parse_report
+
+    try:
+        report = parse_report(raw)
+    except InvalidReport as exc:
+        raise BookingError(SPLIT_TRIAL_MESSAGES.get(exc.code, SPLIT_TRIAL_MESSAGES["not_json"]), field="report") from exc
+    if order.split_trials.count() >= 20:
+        raise BookingError(_("This order already keeps 20 reports."), field="report")
+    return SplitTrialReport.objects.create(order=order, report=report)
+
+
+def _split_trial_messages() -> dict:
+    from django.utils.translation import gettext_lazy
+
+    return {
+        "too_large": gettext_lazy("This report is too large: a split-trial report is a few kilobytes of JSON."),
+        "not_json": gettext_lazy("This file is not a JSON report written by the split-trial kit."),
+        "too_deep": gettext_lazy("This JSON is nested too deeply to be a split-trial report."),
+        "wrong_schema": gettext_lazy("This is not a split-trial report (schema binome.split-trial/1)."),
+        "missing_field": gettext_lazy("This report misses a field the split-trial kit always writes."),
+        "bad_field": gettext_lazy("A field of this report has the wrong type."),
+        "bad_number": gettext_lazy("A number of this report is not a finite, plausible measurement."),
+        "bad_text": gettext_lazy("A text of this report is empty or too long."),
+        "bad_ranks": gettext_lazy("The two-card phase must report exactly ranks 0 and 1, consistent with the run."),
+    }
+
+
+SPLIT_TRIAL_MESSAGES = _split_trial_messages()

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import get_language
 from django.utils.translation import gettext as _
@@ -15,8 +16,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
-from booking import selectors, services
-from booking.forms import BookingForm, Catalog, QuoteForm, ResendLinkForm, quote_initial
+from booking import advisor, selectors, services
+from booking.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
 from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import cached_page
 from booking.quotes import Quote, build_quote
@@ -93,9 +94,14 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
             return render(request, "429.html", status=429)
         form = BookingForm(request.POST, **form_kwargs)
         quote_form: QuoteForm | None = QuoteForm(request.POST, **form_kwargs)
+        fit_form = FitForm(request.POST if request.POST.get("fit-parameters_billion") else None, prefix="fit")
         if form.is_valid():
+            fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"])
+            fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
             try:
-                order, token = services.order_create(request=_booking_request(form, language=get_language()))
+                order, token = services.order_create(
+                    request=_booking_request(form, language=get_language(), **fit)
+                )
             except SoldOut as exc:
                 form.add_error(exc.field, exc.message)
                 next_dates = exc.next_dates
@@ -111,19 +117,28 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
         quote_form = QuoteForm(source, **form_kwargs) if source.get("hardware_class") else None
         typed = {name: source.get(name) for name in BookingForm.base_fields if source.get(name) is not None}
         form = BookingForm(initial={**initial, **typed}, **form_kwargs)
+        fit_form = FitForm(prefix="fit")
 
     quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
     if quote is not None and next_dates:
         quote.next_dates = next_dates
-    context = {"form": form, "quote": quote, "catalog": catalog, "policy": policy, **(extra_context or {})}
+    context = {
+        "form": form,
+        "fit_form": fit_form,
+        "quote": quote,
+        "catalog": catalog,
+        "policy": policy,
+        **(extra_context or {}),
+    }
     if request.htmx and request.method == "GET":
         return render(request, "booking/book.html#quote", context)
     return render(request, "booking/book.html", context)
 
 
-def _booking_request(form: BookingForm, *, language: str) -> services.BookingRequest:
+def _booking_request(form: BookingForm, *, language: str, **fit) -> services.BookingRequest:
     data = form.cleaned_data
     return services.BookingRequest(
+        **fit,
         hardware_class=data["hardware_class"],
         environment=data["environment"],
         lot_count=data["lots"],
@@ -174,6 +189,12 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
     """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
     from payments.selectors import open_extension_invoice, payment_view
 
+    split_trials = (
+        list(order.split_trials.all()[:5])
+        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+        else []
+    )
+
     context = {
         "order": order,
         "token": token,
@@ -181,6 +202,8 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
         "ssh_keys": list(order.ssh_keys.all()),
         "payment": payment_view(order),
         "extension": _extension_payment(order, open_extension_invoice, payment_view),
+        "split_trials": split_trials,
+        "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
         "accesses": list(order.accesses.select_related("host"))
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
         else [],
@@ -235,3 +258,52 @@ def guide(request: HttpRequest) -> HttpResponse:
     """The researcher's guide, written per language (long-form text reads better than translated fragments)."""
     language = request.LANGUAGE_CODE if request.LANGUAGE_CODE in dict(settings.LANGUAGES) else "en"
     return render(request, f"booking/guide_{language}.html")
+
+
+@require_http_methods(["GET"])
+def fit_advisor(request: HttpRequest) -> HttpResponse:
+    """The memory-fit advisor: its own page, and the live partial of the booking page (htmx)."""
+    form = FitForm(request.GET if request.GET.get("fit-parameters_billion") else None, prefix="fit")
+    advice = _fit_advice(form, hypothesis=request.GET.get("hypothesis", "")[:40])
+    context = {"fit_form": form, "advice": advice}
+    if request.htmx:
+        return render(request, "booking/fit.html#advice", context)
+    return render(request, "booking/fit.html", context)
+
+
+def _fit_advice(form: FitForm, *, hypothesis: str) -> dict | None:
+    if not form.is_bound or not form.is_valid():
+        return None
+    inputs = form.fit_input()
+    if inputs is None:
+        return None
+    return advisor.advise(inputs=inputs, classes=list(selectors.offered_classes()), hypothesis=hypothesis)
+
+
+@require_POST
+@never_cache
+def split_trial_upload(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    upload = request.FILES.get("report")
+    if upload is None:
+        messages.error(request, _("Choose the report file (report.json) written by the split-trial kit."))
+    elif upload.size > 256_000:
+        messages.error(request, str(services.SPLIT_TRIAL_MESSAGES["too_large"]))
+    else:
+        try:
+            services.split_trial_upload(order=order, raw=upload.read(256_001))
+        except BookingError as exc:
+            messages.error(request, str(exc.message))
+        else:
+            messages.success(request, _("Split-trial report added to your order."))
+    return redirect(reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#split-trial")
+
+
+@require_http_methods(["GET"])
+def split_trial_kit(request: HttpRequest) -> HttpResponse:
+    """The split-trial kit, also copied to each machine's ~/.binome/ at provisioning."""
+    from provisioning.steps import SPLIT_TRIAL_SCRIPT
+
+    response = HttpResponse(SPLIT_TRIAL_SCRIPT.read_bytes(), content_type="text/x-python; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="split_trial.py"'
+    return response

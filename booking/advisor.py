@@ -1,0 +1,43 @@
+"""The memory-fit advisor on the portal: booking/fit.py's formulas applied to the catalog's classes, as a small
+serialisable verdict kept with the order. Reads only."""
+
+from booking import fit
+from booking.models import HardwareClass
+
+
+def hypothesis_advice_code(advice: fit.Advice, hypothesis: str | None) -> str:
+    """What the hypothesis suggests, as a code the templates translate."""
+    single_fits = any(
+        option.name == "single_card" and option.verdict == fit.Verdict.FITS
+        for class_fit in advice.fits
+        for option in class_fit.options
+    )
+    if hypothesis == "compare_hyperparameters":
+        return "two_experiments" if single_fits else "shard"
+    if hypothesis == "make_possible":
+        return "shard"
+    if hypothesis in ("bigger_batch", "shorter_step"):
+        return "data_parallel" if single_fits else "shard"
+    return ""
+
+
+def advise(*, inputs: fit.FitInput, classes: list[HardwareClass], hypothesis: str | None) -> dict:
+    hardware = [(c.name, float(c.memory_per_card_gb), c.cards_per_lot) for c in classes] or list(fit.DEFAULT_HARDWARE)
+    advice = fit.advise(inputs, hardware=hardware, hypothesis=hypothesis if hypothesis in fit.HYPOTHESES else None)
+    return {
+        "recommendation": advice.recommendation,
+        "hypothesis": hypothesis or "",
+        "hypothesis_advice": hypothesis_advice_code(advice, hypothesis),
+        "reasons": advice.reasons,
+        "classes": [
+            {
+                "hardware": class_fit.hardware,
+                "card_gb": class_fit.card_gb,
+                "options": [
+                    {"name": option.name, "total_gb": round(option.breakdown.total_gb, 1), "verdict": str(option.verdict)}
+                    for option in class_fit.options
+                ],
+            }
+            for class_fit in advice.fits
+        ],
+    }

@@ -1,0 +1,443 @@
+"""Validate a split-trial report (provisioning/split_trial.py, schema ``binome.split-trial/1``) uploaded to the portal.
+
+Pure: standard library only, no torch, no Django. The one entry point::
+
+    from provisioning.split_trial_report import InvalidReport, parse_report
+
+    try:
+        report = parse_report(uploaded_bytes)          # max_bytes=256_000 by default
+    except InvalidReport as exc:
+        show(exc.code, exc.path)                       # translate by code; exc.args[0] is an English message
+
+``parse_report`` returns a new dict holding only the keys listed in ``REPORT`` below, with their types checked:
+numbers finite and within sane bounds (no NaN, no Infinity, no 1e400, no 40-digit integers, no booleans for
+numbers), text stripped of control characters (C0/C1, bidi overrides, lone surrogates) and length-limited,
+``pair.ranks`` exactly two entries for ranks 0 and 1. Unknown keys are dropped, never an error. Text is kept as
+text, markup included: the cleaned report carries ``"validation": {"text_format": "plain", "markup_seen": ...,
+"dropped_keys": N}`` and the portal must escape every string on output (Django templates do).
+
+A report with an ``error`` (a phase failed) may have ``single``, ``pair`` and ``comparison`` null or missing;
+without one, all three are required.
+
+Codes of ``InvalidReport.code``:
+
+- ``too_large``: more than ``max_bytes`` bytes;
+- ``not_json``: not UTF-8 text, not JSON, a duplicated key;
+- ``too_deep``: JSON nested deeper than ``MAX_DEPTH`` levels;
+- ``wrong_schema``: not an object, or ``schema`` is not ``binome.split-trial/1``;
+- ``missing_field``: a required field is absent or null;
+- ``bad_field``: a field has the wrong type (object, list, true/false) or a value outside its fixed choices;
+- ``bad_number``: NaN, Infinity, a number too large, negative, out of bounds or not an integer where one is due;
+- ``bad_text``: not a string, empty where text is required, or longer than its limit;
+- ``bad_ranks``: ``pair.ranks`` does not list exactly ranks 0 and 1, or the phases contradict each other
+  (different global batch or number of examples).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+
+SCHEMA = "binome.split-trial/1"
+MAX_BYTES = 256_000
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 16
+
+CODES = (
+    "too_large",
+    "not_json",
+    "too_deep",
+    "wrong_schema",
+    "missing_field",
+    "bad_field",
+    "bad_number",
+    "bad_text",
+    "bad_ranks",
+)
+
+
+class InvalidReport(ValueError):
+    """A report the portal refuses; ``code`` is one of CODES, ``path`` the offending field ("" for the whole)."""
+
+    def __init__(self, code: str, message: str, path: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.path = path
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"InvalidReport(code={self.code!r}, path={self.path!r}, message={self.message!r})"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Field kinds
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Number:
+    def __init__(self, low: float = 0.0, high: float = 1e9, *, integer: bool = False, required: bool = True):
+        self.low, self.high, self.integer, self.required = low, high, integer, required
+
+
+class Text:
+    def __init__(self, limit: int = 300, *, required: bool = True, multiline: bool = False):
+        self.limit, self.required, self.multiline = limit, required, multiline
+
+
+class Choice:
+    def __init__(self, *choices: str, required: bool = True):
+        self.choices, self.required = choices, required
+
+
+class Flag:
+    def __init__(self, *, required: bool = True):
+        self.required = required
+
+
+class TextList:
+    def __init__(self, limit: int, min_items: int, max_items: int, *, required: bool = True):
+        self.limit, self.min_items, self.max_items, self.required = limit, min_items, max_items, required
+
+
+class Object:
+    def __init__(self, fields: dict, *, required: bool = True):
+        self.fields, self.required = fields, required
+
+
+class Ranks:
+    def __init__(self, fields: dict):
+        self.fields, self.required = fields, True
+
+
+def _int(high: float, **kw) -> Number:
+    return Number(0, high, integer=True, **kw)
+
+
+MS = 1e7  # 10 000 s per step: beyond that it is not a step time
+MIB = 1e9  # about 1 EiB: beyond any card or host
+_PHASE = {
+    "device": Text(40, required=False),
+    "device_name": Text(200, required=False),
+    "step_time_ms_median": Number(0, MS),
+    "step_time_ms_p90": Number(0, MS),
+    "peak_memory_mib": Number(0, MIB),
+    "peak_rss_mib": Number(0, MIB, required=False),
+    "memory_total_mib": Number(0, MIB, required=False),
+    "peak_memory_percent": Number(0, 100, required=False),
+    "steps_measured": _int(1e7),
+    "warmup_steps": _int(1e7),
+    "global_batch": _int(1e8, required=False),
+    "per_rank_batch": _int(1e8, required=False),
+    "examples": _int(1e10, required=False),
+    "examples_processed": _int(1e13, required=False),
+    "loss_finite": Flag(required=False),
+    "cpu_threads": _int(1e5, required=False),
+    "wall_s": Number(0, 1e7, required=False),
+}
+_RANK = {
+    "rank": _int(1),
+    **{key: kind for key, kind in _PHASE.items() if key not in ("steps_measured", "warmup_steps")},
+    "step_time_ms_p90": Number(0, MS, required=False),
+    "steps_measured": _int(1e7, required=False),
+    "warmup_steps": _int(1e7, required=False),
+    "comm_time_ms_median": Number(0, MS),
+    "comm_exposed_ms_median": Number(0, MS, required=False),
+    "comm_fraction": Number(0, 1),
+}
+
+REPORT = {
+    "started_at": Text(40, required=False),
+    "duration_s": Number(0, 1e7, required=False),
+    "environment": Object(
+        {
+            "torch": Text(80),
+            "python": Text(40, required=False),
+            "device_kind": Choice("cpu", "cuda", "rocm"),
+            "backend": Choice("gloo", "nccl", "rccl"),
+            "torch_backend": Choice("gloo", "nccl", required=False),
+            "device_names": TextList(200, 0, 2),
+            "precision": Choice("fp32", "bf16"),
+            "precision_detail": Text(300, required=False),
+            "examples": _int(1e10),
+            "global_batch": _int(1e8),
+            "per_rank_batch": _int(1e8, required=False),
+            "steps": _int(1e7),
+            "warmup_steps": _int(1e7),
+            "steps_measured": _int(1e7, required=False),
+            "examples_processed": _int(1e13, required=False),
+            "model": Text(300, required=False),
+            "optimizer": Text(100, required=False),
+            "seed": _int(2**63, required=False),
+            "parameters": _int(1e14, required=False),
+            "peak_memory_source": Text(300, required=False),
+            "comm_timing": Text(600, required=False),
+            "same_data": Text(300, required=False),
+            "cpu_threads_single": _int(1e5, required=False),
+            "cpu_threads_per_rank": _int(1e5, required=False),
+        }
+    ),
+    "single": Object({**_PHASE, "rank": _int(0, required=False)}),
+    "pair": Object(
+        {
+            "ranks": Ranks(_RANK),
+            "step_time_ms_median": Number(0, MS),
+            "step_time_ms_p90": Number(0, MS, required=False),
+            "slowest_rank": _int(1, required=False),
+            "comm_time_ms_median": Number(0, MS, required=False),
+            "steps_measured": _int(1e7, required=False),
+            "warmup_steps": _int(1e7, required=False),
+            "global_batch": _int(1e8, required=False),
+            "per_rank_batch": _int(1e8, required=False),
+            "examples": _int(1e10, required=False),
+            "examples_processed": _int(1e13, required=False),
+            "imbalance": Object({"flag": Flag(), "max_over_min": Number(1, 1e6), "detail": Text(600, required=False)}),
+            "wall_s": Number(0, 1e7, required=False),
+        }
+    ),
+    "comparison": Object(
+        {
+            "speedup": Number(0, 1e4),
+            "step_change_percent": Number(0, 1e6),
+            "step_change": Choice("shorter", "longer", "unchanged", required=False),
+            "comm_cost_percent": Number(0, 100),
+            "comm_exposed_percent": Number(0, 100, required=False),
+            "same_global_batch": Flag(required=False),
+            "same_examples": Flag(required=False),
+        }
+    ),
+    "conclusion": Text(1000),
+    "error": Text(2000, required=False),
+}
+_PHASES = ("single", "pair", "comparison")
+
+# C0 and C1 controls, DEL, bidi embeddings/overrides/isolates, zero-width and BOM, lone surrogates.
+_STRIP = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]"
+)
+_SPACES = re.compile(r"[\t\n\r]+")
+_MARKUP = re.compile(r"<\s*/?\s*[A-Za-z!?]|&#?\w+;|javascript:", re.IGNORECASE)
+_SPECIAL = re.compile(r'[\[\]{}"\\]')
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _depth(text: str) -> int:
+    """Nesting depth of JSON text, strings skipped: one linear pass over the special characters, no recursion
+    (json.loads recurses) and no backtracking regex over hostile strings."""
+    depth = deepest = 0
+    in_string = False
+    skip_until = -1
+    for match in _SPECIAL.finditer(text):
+        position, char = match.start(), match.group()
+        if position < skip_until:
+            continue
+        if in_string:
+            if char == "\\":
+                skip_until = position + 2  # the escaped character
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str):
+    raise InvalidReport("bad_number", f"{name} is not a number a report may carry")
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise InvalidReport("bad_number", f"an integer of {len(text)} digits is too large")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidReport("bad_number", "a number overflows to infinity")
+    return value
+
+
+def _no_duplicates(pairs: list) -> dict:
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidReport("not_json", "a key appears twice in the same object")
+        result[key] = value
+    return result
+
+
+def _load(raw, max_bytes: int):
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise InvalidReport("not_json", f"expected the uploaded bytes, got {type(raw).__name__}")
+    raw = bytes(raw)
+    if len(raw) > max_bytes:
+        raise InvalidReport("too_large", f"the report is {len(raw)} bytes; the limit is {max_bytes}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InvalidReport("not_json", "the report is not UTF-8 text") from None
+    if _depth(text) > MAX_DEPTH:
+        raise InvalidReport("too_deep", f"the report nests deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            object_pairs_hook=_no_duplicates,
+        )
+    except RecursionError:
+        raise InvalidReport("too_deep", "the report nests too deeply") from None
+    except ValueError as exc:
+        if isinstance(exc, InvalidReport):
+            raise
+        raise InvalidReport("not_json", f"the report is not valid JSON ({exc})") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cleaning
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _Cleaner:
+    def __init__(self):
+        self.markup_seen = False
+        self.dropped = 0
+
+    def number(self, kind: Number, value, path: str):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidReport("bad_number", f"{path} must be a number", path)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidReport("bad_number", f"{path} must be a finite number", path)
+        if kind.integer:
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise InvalidReport("bad_number", f"{path} must be a whole number", path)
+                value = int(value)
+        else:
+            value = float(value)
+        if not kind.low <= value <= kind.high:
+            raise InvalidReport("bad_number", f"{path} must lie between {kind.low:g} and {kind.high:g}", path)
+        return value
+
+    def text(self, kind: Text, value, path: str) -> str:
+        if not isinstance(value, str):
+            raise InvalidReport("bad_text", f"{path} must be text", path)
+        if len(value) > kind.limit * 2:  # before cleaning: a huge string of controls is refused too
+            raise InvalidReport("bad_text", f"{path} is longer than {kind.limit} characters", path)
+        value = _SPACES.sub(" ", value)
+        value = _STRIP.sub("", value)
+        value = unicodedata.normalize("NFC", value).strip()
+        if len(value) > kind.limit:
+            raise InvalidReport("bad_text", f"{path} is longer than {kind.limit} characters", path)
+        if kind.required and not value:
+            raise InvalidReport("bad_text", f"{path} must not be empty", path)
+        if _MARKUP.search(value):
+            self.markup_seen = True
+        return value
+
+    def value(self, kind, value, path: str):
+        if isinstance(kind, Number):
+            return self.number(kind, value, path)
+        if isinstance(kind, Text):
+            return self.text(kind, value, path)
+        if isinstance(kind, Choice):
+            if not isinstance(value, str) or value not in kind.choices:
+                raise InvalidReport("bad_field", f"{path} must be one of {', '.join(kind.choices)}", path)
+            return value
+        if isinstance(kind, Flag):
+            if not isinstance(value, bool):
+                raise InvalidReport("bad_field", f"{path} must be true or false", path)
+            return value
+        if isinstance(kind, TextList):
+            if not isinstance(value, list):
+                raise InvalidReport("bad_field", f"{path} must be a list", path)
+            if not kind.min_items <= len(value) <= kind.max_items:
+                raise InvalidReport("bad_field", f"{path} must hold {kind.min_items} to {kind.max_items} names", path)
+            return [self.text(Text(kind.limit), item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if isinstance(kind, Ranks):
+            return self.ranks(kind, value, path)
+        if isinstance(kind, Object):
+            return self.object(kind.fields, value, path)
+        raise AssertionError(f"unknown field kind {kind!r}")
+
+    def object(self, fields: dict, value, path: str) -> dict:
+        if not isinstance(value, dict):
+            raise InvalidReport("bad_field", f"{path or 'the report'} must be a JSON object", path)
+        self.dropped += sum(1 for key in value if key not in fields)
+        cleaned = {}
+        for key, kind in fields.items():
+            where = f"{path}.{key}" if path else key
+            if value.get(key) is None:
+                if kind.required:
+                    raise InvalidReport("missing_field", f"{where} is missing", where)
+                continue
+            cleaned[key] = self.value(kind, value[key], where)
+        return cleaned
+
+    def ranks(self, kind: Ranks, value, path: str) -> list:
+        if not isinstance(value, list):
+            raise InvalidReport("bad_ranks", f"{path} must be a list of the two ranks", path)
+        if len(value) != 2:
+            raise InvalidReport("bad_ranks", f"{path} must list exactly 2 ranks, not {len(value)}", path)
+        rows = [self.object(kind.fields, row, f"{path}[{i}]") for i, row in enumerate(value)]
+        if sorted(row["rank"] for row in rows) != [0, 1]:
+            raise InvalidReport("bad_ranks", f"{path} must list rank 0 and rank 1, once each", path)
+        return sorted(rows, key=lambda row: row["rank"])
+
+
+def _check_consistency(report: dict) -> None:
+    environment = report["environment"]
+    if environment["warmup_steps"] >= environment["steps"]:
+        raise InvalidReport(
+            "bad_number", "environment.warmup_steps must be smaller than environment.steps", "environment"
+        )
+    for phase in ("single", "pair"):
+        section = report.get(phase)
+        if not section:
+            continue
+        for key in ("global_batch", "examples"):
+            if key in section and section[key] != environment[key]:
+                raise InvalidReport(
+                    "bad_ranks", f"{phase}.{key} differs from environment.{key}: the phases must match", phase
+                )
+        rows = [section, *section.get("ranks", [])]
+        if any(row.get("steps_measured", 0) + environment["warmup_steps"] > environment["steps"] for row in rows):
+            raise InvalidReport("bad_number", f"{phase}: more steps measured than environment.steps allows", phase)
+
+
+def parse_report(raw: bytes, *, max_bytes: int = MAX_BYTES) -> dict:
+    """A cleaned copy of an uploaded split-trial report; raises InvalidReport (a ValueError) with a code."""
+    data = _load(raw, max_bytes)
+    if not isinstance(data, dict):
+        raise InvalidReport("wrong_schema", "the report must be a JSON object")
+    if data.get("schema") != SCHEMA:
+        raise InvalidReport("wrong_schema", f"this is not a split-trial report (schema must be {SCHEMA})", "schema")
+    error = data.get("error")
+    failed = isinstance(error, str) and _STRIP.sub("", _SPACES.sub(" ", error[:4000])).strip() != ""
+    fields = {
+        key: (Object(kind.fields, required=False) if failed and key in _PHASES else kind)
+        for key, kind in REPORT.items()
+    }
+    cleaner = _Cleaner()
+    cleaned = {"schema": SCHEMA, **cleaner.object(fields, {k: v for k, v in data.items() if k != "schema"}, "")}
+    _check_consistency(cleaned)
+    cleaned["validation"] = {
+        "text_format": "plain",
+        "markup_seen": cleaner.markup_seen,
+        "dropped_keys": cleaner.dropped,
+    }
+    return cleaned

@@ -1,0 +1,109 @@
+"""The split-trial report on the order page: uploaded by the researcher, validated, shown as a table and a chart."""
+
+import html
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from booking.models import OrderStatus, SplitTrialReport
+from booking.services import order_transition
+from payments.selectors import current_invoice
+from payments.services import invoice_mark_paid
+from tests.booking.test_pages import place
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def kit_report(tmp_path_factory) -> bytes:
+    """A real report: the kit run on the CPU with gloo and two processes, as CI can."""
+    output = tmp_path_factory.mktemp("kit") / "report.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "provisioning" / "split_trial.py"),
+            "--device",
+            "cpu",
+            "--examples",
+            "256",
+            "--batch",
+            "32",
+            "--steps",
+            "10",
+            "--warmup",
+            "3",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return output.read_bytes()
+
+
+@pytest.fixture
+def ready_order(client, catalog, booking_data, admin_user):
+    order, token = place(client, booking_data(lots="1"))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    return order, token
+
+
+def upload(client, order, token, content: bytes, name: str = "report.json"):
+    url = reverse("booking:order-split-trial", kwargs={"public_id": order.public_id, "token": token})
+    return client.post(url, {"report": SimpleUploadedFile(name, content, "application/json")}, follow=True)
+
+
+def test_a_kit_report_is_kept_and_shown_as_a_table_and_a_chart(client, ready_order, kit_report):
+    order, token = ready_order
+    response = upload(client, order, token, kit_report)
+
+    assert response.status_code == 200
+    saved = SplitTrialReport.objects.get(order=order)
+    page = html.unescape(response.content.decode())
+    assert "Split-trial report added to your order." in page
+    assert saved.report["conclusion"] in page
+    assert page.count("<svg") >= 3 and "Pair, card 1" in page
+    assert json.loads(kit_report)["environment"]["backend"] == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"not json at all", "not a JSON report written by the split-trial kit"),
+        (b'{"schema": "something/else"}', "This is not a split-trial report"),
+        (b'{"schema": "binome.split-trial/1", "x": NaN}', "not a finite, plausible measurement"),
+        (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+        (b" " * 300_000, "too large"),
+    ],
+)
+def test_a_malformed_or_hostile_report_is_refused_and_nothing_saved(client, ready_order, content, message):
+    order, token = ready_order
+    response = upload(client, order, token, content)
+
+    assert response.status_code == 200
+    assert message in html.unescape(response.content.decode())
+    assert not SplitTrialReport.objects.exists()
+
+
+def test_the_kit_can_be_downloaded(client, catalog):
+    response = client.get(reverse("booking:split-trial-kit"))
+    assert response.status_code == 200 and b"split" in response.content
+    assert response["Content-Disposition"] == 'attachment; filename="split_trial.py"'
+
+
+def test_uploads_need_the_order_token(client, ready_order, kit_report):
+    order, token = ready_order
+    url = reverse("booking:order-split-trial", kwargs={"public_id": order.public_id, "token": "x" * 43})
+    assert client.post(url, {"report": SimpleUploadedFile("r.json", kit_report)}).status_code == 404
+    assert not SplitTrialReport.objects.exists()
