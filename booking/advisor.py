@@ -34,7 +34,11 @@ def advise(*, inputs: fit.FitInput, classes: list[HardwareClass], hypothesis: st
                 "hardware": class_fit.hardware,
                 "card_gb": class_fit.card_gb,
                 "options": [
-                    {"name": option.name, "total_gb": round(option.breakdown.total_gb, 1), "verdict": str(option.verdict)}
+                    {
+                        "name": option.name,
+                        "total_gb": round(option.breakdown.total_gb, 1),
+                        "verdict": str(option.verdict),
+                    }
                     for option in class_fit.options
                 ],
             }

@@ -195,50 +195,97 @@ class FitForm(forms.Form):
     """The memory-fit advisor's inputs (booking/fit.py). Prefixed "fit" on the booking page."""
 
     parameters_billion = forms.FloatField(
-        label=_("Parameters (billions)"), min_value=0.001, max_value=10000,
+        label=_("Parameters (billions)"),
+        min_value=0.001,
+        max_value=10000,
         widget=forms.NumberInput(attrs={"step": "any", "data-fit": ""}),
         error_messages={"invalid": _("Give the model size in billions of parameters, e.g. 7 or 0.35.")},
     )
     mode = forms.ChoiceField(
-        label=_("Use"), choices=[("training", _("Training")), ("inference", _("Inference"))],
-        widget=forms.RadioSelect(attrs={"data-fit": ""}), initial="training",
+        label=_("Use"),
+        choices=[("training", _("Training")), ("inference", _("Inference"))],
+        widget=forms.RadioSelect(attrs={"data-fit": ""}),
+        initial="training",
     )
     weight_precision = forms.ChoiceField(
-        label=_("Weights in"), choices=[("bf16", "bf16"), ("fp32", "fp32"), ("fp8", "fp8")],
-        widget=forms.Select(attrs={"data-fit": ""}), initial="bf16",
+        label=_("Weights in"),
+        choices=[("bf16", "bf16"), ("fp32", "fp32"), ("fp8", "fp8")],
+        widget=forms.Select(attrs={"data-fit": ""}),
+        initial="bf16",
     )
     optimizer = forms.ChoiceField(
         label=_("Optimizer"),
-        choices=[("adamw", "AdamW"), ("sgd_momentum", _("SGD with momentum")), ("adafactor", _("Adafactor-like")),
-                 ("none", _("None"))],
-        widget=forms.Select(attrs={"data-fit": ""}), initial="adamw",
+        choices=[
+            ("adamw", "AdamW"),
+            ("sgd_momentum", _("SGD with momentum")),
+            ("adafactor", _("Adafactor-like")),
+            ("none", _("None")),
+        ],
+        widget=forms.Select(attrs={"data-fit": ""}),
+        initial="adamw",
     )
     optimizer_precision = forms.ChoiceField(
-        label=_("Optimizer state in"), choices=[("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "fp8")],
-        widget=forms.Select(attrs={"data-fit": ""}), initial="fp32",
+        label=_("Optimizer state in"),
+        choices=[("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "fp8")],
+        widget=forms.Select(attrs={"data-fit": ""}),
+        initial="fp32",
     )
     activations_gb = forms.FloatField(
-        label=_("Activations per card (GB), if measured"), required=False, min_value=0, max_value=100000,
+        label=_("Activations per card (GB), if measured"),
+        required=False,
+        min_value=0,
+        max_value=100000,
         widget=forms.NumberInput(attrs={"step": "any", "data-fit": ""}),
     )
-    batch = forms.IntegerField(label=_("Batch per card"), required=False, min_value=1, max_value=10**7,
-                               widget=forms.NumberInput(attrs={"data-fit": ""}))
-    sequence = forms.IntegerField(label=_("Sequence length"), required=False, min_value=1, max_value=10**7,
-                                  widget=forms.NumberInput(attrs={"data-fit": ""}))
-    hidden = forms.IntegerField(label=_("Hidden size"), required=False, min_value=1, max_value=10**7,
-                                widget=forms.NumberInput(attrs={"data-fit": ""}))
-    layers = forms.IntegerField(label=_("Layers"), required=False, min_value=1, max_value=10**7,
-                                widget=forms.NumberInput(attrs={"data-fit": ""}))
+    batch = forms.IntegerField(
+        label=_("Batch per card"),
+        required=False,
+        min_value=1,
+        max_value=10**7,
+        widget=forms.NumberInput(attrs={"data-fit": ""}),
+    )
+    sequence = forms.IntegerField(
+        label=_("Sequence length"),
+        required=False,
+        min_value=1,
+        max_value=10**7,
+        widget=forms.NumberInput(attrs={"data-fit": ""}),
+    )
+    hidden = forms.IntegerField(
+        label=_("Hidden size"),
+        required=False,
+        min_value=1,
+        max_value=10**7,
+        widget=forms.NumberInput(attrs={"data-fit": ""}),
+    )
+    layers = forms.IntegerField(
+        label=_("Layers"),
+        required=False,
+        min_value=1,
+        max_value=10**7,
+        widget=forms.NumberInput(attrs={"data-fit": ""}),
+    )
     checkpointing_factor = forms.FloatField(
-        label=_("Activations kept (1 = no checkpointing)"), required=False, min_value=0.01, max_value=1,
-        initial=1.0, widget=forms.NumberInput(attrs={"step": "0.05", "data-fit": ""}),
+        label=_("Activations kept (1 = no checkpointing)"),
+        required=False,
+        min_value=0.01,
+        max_value=1,
+        initial=1.0,
+        widget=forms.NumberInput(attrs={"step": "0.05", "data-fit": ""}),
     )
     kv_cache_gb = forms.FloatField(
-        label=_("KV cache (GB), inference"), required=False, min_value=0, max_value=100000,
+        label=_("KV cache (GB), inference"),
+        required=False,
+        min_value=0,
+        max_value=100000,
         widget=forms.NumberInput(attrs={"step": "any", "data-fit": ""}),
     )
     reserve_percent = forms.FloatField(
-        label=_("Runtime reserve (%)"), required=False, min_value=0, max_value=50, initial=10,
+        label=_("Runtime reserve (%)"),
+        required=False,
+        min_value=0,
+        max_value=50,
+        initial=10,
         widget=forms.NumberInput(attrs={"step": "1", "data-fit": ""}),
     )
 

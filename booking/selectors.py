@@ -197,8 +197,13 @@ def split_trial_bars(report: dict) -> dict:
     for name, values in series.items():
         top = max((value for _label, value in values), default=0) or 1
         charts[name] = [
-            {"label": label, "value": value, "height": round(100 * value / top, 1),
-             "y": round(110 - 100 * value / top, 1), "x": 20 + 70 * index}
+            {
+                "label": label,
+                "value": value,
+                "height": round(100 * value / top, 1),
+                "y": round(110 - 100 * value / top, 1),
+                "x": 20 + 70 * index,
+            }
             for index, (label, value) in enumerate(values)
         ]
     return charts

@@ -446,7 +446,7 @@ def orders_request_links(*, email: str, language: str) -> None:
     send_order_links.delay_on_commit(email.strip().lower(), language)
 
 
-def split_trial_upload(*, order: Order, raw: bytes) -> "SplitTrialReport":
+def split_trial_upload(*, order: Order, raw: bytes):
     """Keep a split-trial kit report with the order, once it has been validated field by field."""
     from booking.models import SplitTrialReport
     from provisioning.split_trial_report import InvalidReport, parse_report
@@ -454,7 +454,9 @@ def split_trial_upload(*, order: Order, raw: bytes) -> "SplitTrialReport":
     try:
         report = parse_report(raw)
     except InvalidReport as exc:
-        raise BookingError(SPLIT_TRIAL_MESSAGES.get(exc.code, SPLIT_TRIAL_MESSAGES["not_json"]), field="report") from exc
+        raise BookingError(
+            SPLIT_TRIAL_MESSAGES.get(exc.code, SPLIT_TRIAL_MESSAGES["not_json"]), field="report"
+        ) from exc
     if order.split_trials.count() >= 20:
         raise BookingError(_("This order already keeps 20 reports."), field="report")
     return SplitTrialReport.objects.create(order=order, report=report)

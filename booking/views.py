@@ -99,9 +99,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
             fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"])
             fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
             try:
-                order, token = services.order_create(
-                    request=_booking_request(form, language=get_language(), **fit)
-                )
+                order, token = services.order_create(request=_booking_request(form, language=get_language(), **fit))
             except SoldOut as exc:
                 form.add_error(exc.field, exc.message)
                 next_dates = exc.next_dates

@@ -103,7 +103,7 @@ def test_the_kit_can_be_downloaded(client, catalog):
 
 
 def test_uploads_need_the_order_token(client, ready_order, kit_report):
-    order, token = ready_order
+    order, _token = ready_order
     url = reverse("booking:order-split-trial", kwargs={"public_id": order.public_id, "token": "x" * 43})
     assert client.post(url, {"report": SimpleUploadedFile("r.json", kit_report)}).status_code == 404
     assert not SplitTrialReport.objects.exists()
