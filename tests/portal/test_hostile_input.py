@@ -1,0 +1,177 @@
+"""Property-based hostile input (hypothesis) over the forms and endpoints: whatever arrives, no server error, and
+nothing is saved for an invalid input. Over 1,000 generated requests in all."""
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from booking.models import Order, OrderEvent
+from payments.models import Invoice
+from tests.booking.test_pages import place
+
+pytestmark = pytest.mark.django_db
+
+EXAMPLES = 150  # × 7 properties (two requests each for some): well over 1,000 generated inputs
+RUN = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+OK = {200, 302, 400, 404, 405, 429}
+
+nasty_text = st.one_of(
+    st.text(max_size=300),
+    st.sampled_from(
+        [
+            "<script>alert(1)</script>",
+            "' OR 1=1 --",
+            "\x00",
+            "../../etc/passwd",
+            "9" * 400,
+            "-1",
+            "1e309",
+            "NaN",
+            "2027-02-30",
+            "b200-pair",
+            "pytorch-2-7-cuda-12-8",
+            "ssh-ed25519 AAAA",
+            "💥" * 50,
+            "\u202e",
+            "0x" + "f" * 64,
+            "31337:ETH",
+            "",
+        ]
+    ),
+)
+BOOKING_FIELDS = [
+    "hardware_class",
+    "environment",
+    "lots",
+    "start_date",
+    "days",
+    "contact_name",
+    "contact_email",
+    "organisation",
+    "messenger",
+    "ssh_keys",
+    "hypothesis",
+    "hypothesis_detail",
+    "notes",
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_rate_limits(settings):
+    settings.RATELIMIT_ENABLE = False
+
+
+@RUN
+@given(data=st.dictionaries(st.sampled_from(BOOKING_FIELDS), nasty_text, max_size=len(BOOKING_FIELDS)))
+def test_booking_posts(client, catalog, data):
+    before = Order.objects.count()
+    response = client.post(reverse("booking:book"), data)
+    assert response.status_code in OK
+    if response.status_code != 302:
+        assert Order.objects.count() == before
+
+
+@RUN
+@given(
+    params=st.dictionaries(
+        st.sampled_from(
+            [
+                "hardware_class",
+                "environment",
+                "lots",
+                "start_date",
+                "days",
+                "utm",
+                "fit-parameters_billion",
+                "fit-mode",
+                "fit-batch",
+            ]
+        ),
+        nasty_text,
+        max_size=6,
+    ),
+    htmx=st.booleans(),
+)
+def test_booking_and_advisor_gets(client, catalog, params, htmx):
+    headers = {"HX-Request": "true"} if htmx else {}
+    for url in (reverse("booking:book"), reverse("booking:fit")):
+        assert client.get(url, params, headers=headers).status_code in OK
+
+
+@RUN
+@given(email=nasty_text)
+def test_resend_link(client, catalog, email):
+    assert client.post(reverse("booking:resend-link"), {"email": email}).status_code in OK
+
+
+URLS = {"paid": "order-paid", "asset": "order-asset", "cancel": "order-cancel"}
+
+
+@RUN
+@given(action=st.sampled_from(sorted(URLS)), value=nasty_text)
+def test_order_actions_without_the_right_token_change_nothing(client, catalog, booking_data, action, value):
+    order = Order.objects.first() or place(client, booking_data())[0]
+    events, invoices = OrderEvent.objects.count(), Invoice.objects.count()
+    url = reverse(f"booking:{URLS[action]}", kwargs={"public_id": order.public_id, "token": "t" * 43})
+    assert client.post(url, {"tx_hint": value, "asset": value}).status_code == 404
+    assert OrderEvent.objects.count() == events and Invoice.objects.count() == invoices
+
+
+@RUN
+@given(tx_hint=nasty_text, asset=nasty_text)
+def test_payment_actions_with_the_token_refuse_hostile_values(client, catalog, booking_data, tx_hint, asset):
+    order = Order.objects.first()
+    if order is None:
+        order, token = place(client, booking_data())
+        test_payment_actions_with_the_token_refuse_hostile_values.token = token
+    kwargs = {"public_id": order.public_id, "token": test_payment_actions_with_the_token_refuse_hostile_values.token}
+    invoice = Invoice.objects.get(order=order, status="new")
+    assert client.post(reverse("booking:order-paid", kwargs=kwargs), {"tx_hint": tx_hint}).status_code in OK
+    assert client.post(reverse("booking:order-asset", kwargs=kwargs), {"asset": asset}).status_code in OK
+    invoice.refresh_from_db()
+    # Only a well-formed transaction hash is ever kept as a hint.
+    assert invoice.customer_tx_hint == "" or re.fullmatch(r"0x[0-9a-f]{64}", invoice.customer_tx_hint)
+    assert Invoice.objects.filter(order=order).exclude(status="invalid").count() == 1
+
+
+@RUN
+@given(content=st.one_of(st.binary(max_size=2000), nasty_text.map(str.encode)))
+def test_split_trial_uploads_with_the_right_token(client, catalog, booking_data, content):
+    from booking.models import OrderStatus, SplitTrialReport
+    from booking.services import order_transition
+
+    order = Order.objects.filter(status=OrderStatus.READY).first()
+    if order is None:
+        order, token = place(client, booking_data())
+        for status in ("paid", "approved", "provisioning", "ready"):
+            order_transition(order=order, to_status=status, actor_kind="system")
+        test_split_trial_uploads_with_the_right_token.token = token
+    url = reverse(
+        "booking:order-split-trial",
+        kwargs={"public_id": order.public_id, "token": test_split_trial_uploads_with_the_right_token.token},
+    )
+    response = client.post(url, {"report": SimpleUploadedFile("r.json", content)})
+    assert response.status_code in OK
+    assert not SplitTrialReport.objects.exists()
+
+
+@RUN
+@given(action=nasty_text, reason=nasty_text, extra=nasty_text)
+def test_console_actions_by_an_operator(client, catalog, booking_data, django_user_model, action, reason, extra):
+    operator = django_user_model.objects.filter(username="olga").first()
+    if operator is None:
+        operator = django_user_model.objects.create_user("olga", password="a-long-password-here", is_staff=True)
+        operator.user_permissions.add(Permission.objects.get(codename="operate_orders"))
+    client.force_login(operator)
+    order = Order.objects.first() or place(client, booking_data())[0]
+    safe_action = "".join(ch for ch in action if ch.isalnum() or ch in "-_")[:40] or "approve"
+    response = client.post(
+        f"/console/orders/{order.public_id}/{safe_action}/",
+        {"reason": reason, "from_lot": extra, "to_lot": extra, "days": extra},
+    )
+    assert response.status_code in OK | {403}
