@@ -1,0 +1,111 @@
+"""Browser journeys: Playwright driving Debian's Chromium (/usr/bin/chromium) against a live server, with the real
+PostgreSQL, Redis, anvil and a real Celery worker and beat. Screenshots go to test-artifacts/ (not committed)."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from payments import config
+from payments.chain import DevChain
+from payments.demo import DEMO_USDT_RATE
+from payments.models import OperatorRate
+from tests.payments.conftest import anvil, chains_toml  # noqa: F401  (the session's anvil, shared with payments)
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are still synchronous
+    # (Django documents this switch for such callers).
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (make system-deps)", pytrace=False)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    context = browser.new_context(viewport={"width": 1200, "height": 1400})
+    page = context.new_page()
+    yield page
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+
+
+@pytest.fixture
+def live_chain(anvil, transactional_db, settings, tmp_path):
+    """The demo chain on the session's anvil for a live server, a worker and beat (a committed database)."""
+    path = tmp_path / "chains.toml"
+    path.write_text(chains_toml(anvil.url, confirmations=3))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    OperatorRate.objects.create(
+        chain_id=31337, asset_symbol="dUSDT", fiat_currency=settings.PRICE_CURRENCY, rate=DEMO_USDT_RATE
+    )
+    client = DevChain(config.chain(31337))
+    snapshot = client.snapshot()
+    yield client, path
+    client.revert(snapshot)
+
+
+@pytest.fixture
+def worker_and_beat(live_chain, start_celery_worker):
+    """A real worker, and beat scanning the chain every second."""
+    from django.db import connection
+
+    _client, path = live_chain
+    env = {
+        "PAYMENTS_CHAINS_FILE": str(path),
+        "PAYMENTS_SCAN_SECONDS": "1",
+        "EXPIRE_HOLDS_EVERY_SECONDS": "3600",
+        "LIFECYCLE_EVERY_SECONDS": "3600",
+    }
+    start_celery_worker(**env)
+    db = connection.settings_dict
+    beat = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "beat",
+            "--loglevel",
+            "WARNING",
+            "--schedule",
+            str(Path(tempfile.mkdtemp()) / "beat-schedule"),
+        ],
+        env={
+            **os.environ,
+            **env,
+            "DEBUG": "1",
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        },
+        start_new_session=True,
+    )
+    yield
+    os.killpg(beat.pid, signal.SIGTERM)
+    beat.wait(timeout=20)
