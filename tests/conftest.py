@@ -158,3 +158,12 @@ def start_celery_worker(transactional_db):
 def celery_worker_process(start_celery_worker):
     """One real Celery worker on every queue."""
     return start_celery_worker()
+
+
+@pytest.fixture(scope="session")
+def anvil():
+    """A real EVM node (anvil from npm) with the project's contracts, compiled from source by solc-js."""
+    from tests.payments.conftest import deployed_anvil
+
+    with deployed_anvil() as node:
+        yield node

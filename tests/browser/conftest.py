@@ -14,7 +14,7 @@ from payments import config
 from payments.chain import DevChain
 from payments.demo import DEMO_USDT_RATE
 from payments.models import OperatorRate
-from tests.payments.conftest import anvil, chains_toml  # noqa: F401  (the session's anvil, shared with payments)
+from tests.payments.conftest import chains_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,17 +59,21 @@ class Anvil:
             self.process.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def anvil():
+@contextmanager
+def deployed_anvil():
+    """A fresh anvil with the demo contracts at the addresses the demo chains file names (the `anvil` fixture of
+    tests/conftest.py, one per session)."""
     node = Anvil()
     node.start()
-    client = DevChain(config.parse_chains(chains_toml(node.url))[31337])
-    deployer = client.accounts()[0]
-    for name, args, symbol in CONTRACTS:
-        asset = client.chain.asset(symbol)
-        assert client.deploy(name, *args, sender=deployer) == (asset.contract or asset.rate_feed)
-    yield node
-    node.stop()
+    try:
+        client = DevChain(config.parse_chains(chains_toml(node.url))[31337])
+        deployer = client.accounts()[0]
+        for name, args, symbol in CONTRACTS:
+            asset = client.chain.asset(symbol)
+            assert client.deploy(name, *args, sender=deployer) == (asset.contract or asset.rate_feed)
+        yield node
+    finally:
+        node.stop()
 
 
 @pytest.fixture
