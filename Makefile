@@ -12,7 +12,7 @@ ANVIL_PORT ?= 8545
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
-.PHONY: run test setup system-deps messages contracts lint format bench clean
+.PHONY: run test setup system-deps messages contracts screenshots lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,16 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python manage.py makemigrations --check --dry-run -v 0
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The README's screenshots: the browser journeys save one per page into test-artifacts/, copied to docs/img/.
+screenshots: export DEBUG = 1
+screenshots: export DATABASE_URL = $(TEST_DATABASE_URL)
+screenshots: export REDIS_URL = $(TEST_REDIS_URL)
+screenshots: setup
+	$(BIN)/pytest -q tests/browser
+	mkdir -p docs/img
+	cp test-artifacts/test_a_researcher_books_pays_on_chain_and_watches_the_order_become_paid.png docs/img/order-paid.png
+	cp test-artifacts/test_une_chercheuse_reserve_en_francais.png docs/img/commande-fr.png
 
 lint: setup
 	$(BIN)/ruff check .
