@@ -114,9 +114,10 @@ def test_every_state_changing_request_needs_its_csrf_token(catalog, booking_data
 
 
 def _production(*args: str, **env: str) -> subprocess.CompletedProcess:
-    environment = {
-        key: value for key, value in os.environ.items() if key not in ("DEBUG", "SECRET_KEY", "PAYMENTS_XPUB")
-    }
+    # A production environment: none of the development or test switches (the browser tests set
+    # DJANGO_ALLOW_ASYNC_UNSAFE for Playwright in this process).
+    dropped = ("DEBUG", "SECRET_KEY", "PAYMENTS_XPUB", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    environment = {key: value for key, value in os.environ.items() if key not in dropped}
     environment.update({"DEBUG": "0", "PAYMENTS_CHAINS_FILE": str(ROOT / "payments" / "chains.demo.toml"), **env})
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=environment, capture_output=True, text=True, check=False
