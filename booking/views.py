@@ -22,6 +22,7 @@ from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
+from payments.selectors import PaymentView, open_extension_invoice, payment_view
 
 
 def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict) -> Quote | None:
@@ -163,11 +164,12 @@ def _order_or_404(public_id: str, token: str) -> Order:
     return order
 
 
-def _extension_payment(order: Order, find, view):
+def _extension_payment(order: Order) -> PaymentView | None:
+    """The payment block of an extension being paid, on a ready or active window."""
     if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
         return None
-    invoice = find(order)
-    return view(order, invoice=invoice) if invoice is not None else None
+    invoice = open_extension_invoice(order)
+    return payment_view(order, invoice=invoice) if invoice is not None else None
 
 
 def _private(response: HttpResponse) -> HttpResponse:
@@ -185,8 +187,6 @@ def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 
 def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
     """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
-    from payments.selectors import open_extension_invoice, payment_view
-
     split_trials = (
         list(order.split_trials.all()[:5])
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
@@ -199,7 +199,7 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
         "events": list(order.events.all()),
         "ssh_keys": list(order.ssh_keys.all()),
         "payment": payment_view(order),
-        "extension": _extension_payment(order, open_extension_invoice, payment_view),
+        "extension": _extension_payment(order),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
         "accesses": list(order.accesses.select_related("host"))
