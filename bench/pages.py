@@ -35,6 +35,12 @@ def bench_environment(database_url: str, redis_url: str, static_root: str) -> di
         "SECURE_SSL_REDIRECT": "0",
         "STATIC_ROOT": static_root,
         "RATELIMIT_ENABLE": "0",
+        # Production settings refuse the demo key: a public BIP-32 test vector (depth 3) stands in.
+        "PAYMENTS_XPUB": (
+            "xpub6D4BDPcP2GT577Vvch3R8wDkScZWzQzMMUm3PWbmWvVJrZwQY4VUNgqFJPMM3No2dFDFGTsxxpG5uJh7n7epu4trkrX7x7"
+            "DogT5Uv6fcLW5"
+        ),
+        "PAYMENTS_CHAINS_FILE": str(ROOT / "payments" / "chains.demo.toml"),
         "LOG_LEVEL": "WARNING",
     }
 
