@@ -10,10 +10,8 @@ lot, every other answer "sold out", p99 under 1 s. Needs PostgreSQL and Redis on
 
 import argparse
 import http.client
-import json
 import re
 import secrets
-import subprocess
 import sys
 import tempfile
 import threading
@@ -22,7 +20,7 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pages import PYTHON, ROOT, bench_environment, measure, percentile, recreate_database, run
+from pages import bench_environment, measure, percentile, prepare, start_gunicorn
 
 SEED = """
 import django, json
@@ -120,32 +118,9 @@ def main() -> None:
     database_url = "postgres://root@127.0.0.1:5432/binome_load"
     env = bench_environment(database_url, "redis://127.0.0.1:6379/5", tempfile.mkdtemp(prefix="binome-load-"))
     env["SECRET_KEY"] = secrets.token_urlsafe(64)
-    recreate_database(database_url)
-    run([PYTHON, "manage.py", "migrate", "--no-input", "-v", "0"], env)
-    run([PYTHON, "manage.py", "collectstatic", "--no-input", "-v", "0"], env)
-    seeded = json.loads(
-        run([PYTHON, "-c", SEED], {**env, "DJANGO_SETTINGS_MODULE": "portal.settings", "PYTHONPATH": str(ROOT)})
-        .strip()
-        .splitlines()[-1]
-    )
-    server = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "gunicorn",
-            "portal.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{options.port}",
-            "--workers",
-            str(options.workers),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        cwd=ROOT,
-    )
+    seeded = prepare(database_url, env, SEED)
+    server = start_gunicorn(options.port, options.workers, env)
     try:
-        time.sleep(3)
         endpoints = {
             "trivial view /livez": ("/livez", {}),
             "booking page": ("/", {}),

@@ -10,6 +10,7 @@ Needs PostgreSQL on 127.0.0.1 (BENCH_DATABASE_URL) and, if available, Redis (BEN
 
 import argparse
 import http.client
+import json
 import multiprocessing
 import os
 import secrets
@@ -60,6 +61,46 @@ def recreate_database(database_url: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def prepare(database_url: str, env: dict, seed: str, *seed_args: str) -> dict:
+    """A fresh database, migrated, static files collected, seeded by `seed` (a script printing one JSON line)."""
+    recreate_database(database_url)
+    run([PYTHON, "manage.py", "migrate", "--no-input", "-v", "0"], env)
+    run([PYTHON, "manage.py", "collectstatic", "--no-input", "-v", "0"], env)
+    run([PYTHON, "manage.py", "compilemessages", "--locale", "fr", "--ignore", ".venv", "-v", "0"], env)
+    seed_env = {**env, "DJANGO_SETTINGS_MODULE": "portal.settings", "PYTHONPATH": str(ROOT)}
+    return json.loads(run([PYTHON, "-c", seed, *seed_args], seed_env).strip().splitlines()[-1])
+
+
+def start_gunicorn(port: int, workers: int, env: dict) -> subprocess.Popen:
+    """gunicorn on 127.0.0.1:port, returned once /livez answers."""
+    server = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "gunicorn",
+            "portal.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    for _ in range(100):
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            connection.request("GET", "/livez", headers={"Host": "127.0.0.1"})
+            if connection.getresponse().status == 200:
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.terminate()
+    sys.exit("gunicorn did not start")
 
 
 SEED = """
@@ -159,49 +200,9 @@ def main() -> None:
     env = bench_environment(database_url, redis_url, static_root)
 
     print(f"database {database_url}, cache {redis_url}; preparing ...", flush=True)
-    recreate_database(database_url)
-    run([PYTHON, "manage.py", "migrate", "--no-input", "-v", "0"], env)
-    run([PYTHON, "manage.py", "collectstatic", "--no-input", "-v", "0"], env)
-    run([PYTHON, "manage.py", "compilemessages", "--locale", "fr", "--ignore", ".venv", "-v", "0"], env)
-    import json
-
-    seeded = json.loads(
-        run(
-            [PYTHON, "-c", SEED, str(options.lots)],
-            {**env, "DJANGO_SETTINGS_MODULE": "portal.settings", "PYTHONPATH": str(ROOT)},
-        )
-        .strip()
-        .splitlines()[-1]
-    )
-
-    server = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "gunicorn",
-            "portal.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{options.port}",
-            "--workers",
-            str(options.workers),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        cwd=ROOT,
-    )
+    seeded = prepare(database_url, env, SEED, str(options.lots))
+    server = start_gunicorn(options.port, options.workers, env)
     try:
-        for _ in range(100):
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", options.port, timeout=1)
-                connection.request("GET", "/livez", headers={"Host": "127.0.0.1"})
-                if connection.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("gunicorn did not start")
-
         endpoints = {
             "trivial view /livez": ("/livez", {}),
             "booking page": ("/", {}),

@@ -15,6 +15,7 @@ from booking.models import (
     OrderSshKey,
     Price,
 )
+from portal.singleton import SingletonAdmin
 
 
 class PriceInline(admin.TabularInline):
@@ -78,14 +79,8 @@ class LotAdmin(admin.ModelAdmin):
 
 
 @admin.register(BookingPolicy)
-class BookingPolicyAdmin(admin.ModelAdmin):
+class BookingPolicyAdmin(SingletonAdmin):
     list_display = ["__str__", "turnaround_hours", "hold_minutes", "min_notice_hours", "horizon_days"]
-
-    def has_add_permission(self, request):
-        return not BookingPolicy.objects.exists()
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class ReadOnlyInline(admin.TabularInline):

@@ -16,6 +16,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from portal.singleton import SingletonRow
+
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """'12.8' -> (12, 8); '6.2.4' -> (6, 2, 4). Non-numeric parts end the version."""
@@ -168,7 +170,7 @@ class Price(models.Model):
         return f"{self.hardware_class} · {self.days} d · {self.amount_per_lot}"
 
 
-class BookingPolicy(models.Model):
+class BookingPolicy(SingletonRow, models.Model):
     """Operator-set rules of the booking desk. One row (pk=1), edited in the admin."""
 
     turnaround_hours = models.PositiveSmallIntegerField(
@@ -205,11 +207,6 @@ class BookingPolicy(models.Model):
     @property
     def turnaround(self) -> timedelta:
         return timedelta(hours=self.turnaround_hours)
-
-    @classmethod
-    def current(cls) -> "BookingPolicy":
-        policy, _created = cls.objects.get_or_create(pk=1)
-        return policy
 
 
 class Lot(models.Model):

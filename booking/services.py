@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
@@ -186,8 +187,6 @@ def _issue_token(*, order: Order) -> str:
 
 
 def order_link(*, order: Order, token: str) -> str:
-    from django.urls import reverse
-
     return settings.SITE_URL + reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
 
 

@@ -1,9 +1,11 @@
 """Reads of the payments app: what the order page shows of its invoice."""
 
+import hashlib
 from dataclasses import dataclass
 from decimal import Decimal
 
 import segno
+from django.core.cache import cache
 
 from booking.models import Order
 from payments import config
@@ -53,6 +55,15 @@ class PaymentView:
     choices: list[config.Asset]
 
 
+def qr_svg(uri: str) -> str:
+    """The payment request as an SVG QR code. Drawn once per URI and kept in the shared cache: the order page's
+    status block re-renders it on every poll."""
+    key = "qr:" + hashlib.sha256(uri.encode()).hexdigest()
+    return cache.get_or_set(
+        key, lambda: segno.make(uri, error="m").svg_inline(scale=4, dark="#16202b"), timeout=24 * 3600
+    )
+
+
 def current_invoice(order: Order) -> Invoice | None:
     return (
         Invoice.objects.filter(order=order, purpose=Invoice.Purpose.ORDER)
@@ -71,7 +82,7 @@ def open_extension_invoice(order: Order) -> Invoice | None:
     )
 
 
-def payment_view(order: Order, *, invoice: Invoice | None = None, with_qr: bool = True) -> PaymentView | None:
+def payment_view(order: Order, *, invoice: Invoice | None = None) -> PaymentView | None:
     invoice = invoice or current_invoice(order)
     if invoice is None:
         return None
@@ -93,7 +104,7 @@ def payment_view(order: Order, *, invoice: Invoice | None = None, with_qr: bool 
         amount_missing=format_units(invoice.amount_missing_units, invoice.asset_decimals),
         amount_received=format_units(invoice.amount_confirmed_units, invoice.asset_decimals),
         uri=uri,
-        qr_svg=segno.make(uri, error="m").svg_inline(scale=4, dark="#16202b") if with_qr else "",
+        qr_svg=qr_svg(uri),
         seen_block=seen_block,
         confirmations=confirmations,
         confirmations_required=required,

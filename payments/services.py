@@ -458,9 +458,8 @@ def _unchanged(invoice: Invoice, confirmed: int, pending: int, now: datetime) ->
 def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int, head: int, now: datetime) -> bool:
     """Move the invoice and its order to what the chain shows (`confirmed` and `pending` base units in its asset).
     Returns True when the invoice settled now."""
-    order = invoice.order
     with transaction.atomic():
-        order = Order.objects.select_for_update().get(pk=order.pk)
+        order = Order.objects.select_for_update().get(pk=invoice.order_id)
         invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
         was = invoice.status
         invoice.amount_confirmed_units, invoice.amount_pending_units = confirmed, pending
@@ -483,8 +482,8 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
         else:
             invoice.paid_partial = 0 < confirmed < due
             invoice.status = Invoice.Status.EXPIRED if now >= invoice.expires_at else Invoice.Status.NEW
-        invoice.save()
         _move_order(order=order, invoice=invoice, was=was, evidence=evidence, now=now)
+        invoice.save()
     if settled_now:
         from payments.tasks import send_payment_received
 
@@ -498,10 +497,11 @@ def _first_seen(invoice: Invoice, now: datetime) -> datetime:
         .values_list("first_seen_at", flat=True)
         .first()
     )
-    return first or timezone.now()
+    return first or now
 
 
 def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
+    """Carry the invoice's new state to its order (the caller saves the invoice, flags included)."""
     from booking import services as booking
 
     if invoice.purpose == Invoice.Purpose.EXTENSION:
@@ -510,7 +510,6 @@ def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now
                 booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
             except BookingError:
                 invoice.needs_operator = True  # the lots were taken or the window ended meanwhile: refund
-                invoice.save(update_fields=["needs_operator"])
         return
     if invoice.status == Invoice.Status.SETTLED and was != Invoice.Status.SETTLED:
         if order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
@@ -529,11 +528,9 @@ def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now
             try:
                 booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now)
             except BookingError:
-                invoice.needs_operator = True
-                invoice.save(update_fields=["needs_operator"])
+                invoice.needs_operator = True  # the lots were taken meanwhile: refund or reschedule
         else:
             invoice.needs_operator = True  # e.g. cancelled meanwhile: refund owed
-            invoice.save(update_fields=["needs_operator"])
     elif invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.AWAITING_PAYMENT:
         booking.order_transition(
             order=order,

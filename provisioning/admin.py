@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from provisioning.models import Host
+from portal.singleton import SingletonAdmin
+from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
 
 
 @admin.register(Host)
@@ -10,18 +11,9 @@ class HostAdmin(admin.ModelAdmin):
     search_fields = ["name", "address"]
 
 
-from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep  # noqa: E402
-
-
 @admin.register(OperatorSettings)
-class OperatorSettingsAdmin(admin.ModelAdmin):
+class OperatorSettingsAdmin(SingletonAdmin):
     list_display = ["__str__", "auto_approve", "provision_lead_hours", "wipe_data_on_teardown"]
-
-    def has_add_permission(self, request):
-        return not OperatorSettings.objects.exists()
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class StepInline(admin.TabularInline):

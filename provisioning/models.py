@@ -2,6 +2,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from portal.singleton import SingletonRow
+
 
 class Host(models.Model):
     """A GPU node of the fleet, reached by a provisioning driver. Lots (booking) live on hosts."""
@@ -44,7 +46,7 @@ class Host(models.Model):
         return self.name
 
 
-class OperatorSettings(models.Model):
+class OperatorSettings(SingletonRow, models.Model):
     """Operator-set rules of provisioning. One row (pk=1), edited in the admin."""
 
     auto_approve = models.BooleanField(
@@ -64,11 +66,6 @@ class OperatorSettings(models.Model):
 
     def __str__(self) -> str:
         return str(_("Operator settings"))
-
-    @classmethod
-    def current(cls) -> "OperatorSettings":
-        settings_row, _created = cls.objects.get_or_create(pk=1)
-        return settings_row
 
 
 class ProvisioningRun(models.Model):
