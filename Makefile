@@ -40,7 +40,7 @@ system-deps:
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed
-	$(BIN)/python manage.py compilemessages --locale fr --ignore '.venv' --ignore 'node_modules' -v 0
+	DEBUG=1 $(BIN)/python manage.py compilemessages --locale fr --ignore '.venv' --ignore 'node_modules' -v 0
 
 messages: locale/fr/LC_MESSAGES/django.mo
 
