@@ -2,14 +2,16 @@
 swaps the live regions (`#quote` on the booking page, `#order-status` on the order page)."""
 
 import hashlib
+import logging
 
 from django.conf import settings
 from django.contrib import messages
+from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.translation import get_language
+from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
@@ -23,6 +25,13 @@ from booking.page_cache import cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
 from payments.selectors import PaymentView, open_extension_invoice, payment_view
+
+logger = logging.getLogger(__name__)
+
+BOOKING_INTERRUPTED = gettext_lazy(
+    "We could not save your booking: our database stopped answering for a moment. Nothing was booked and nothing "
+    "is owed. Your answers are kept below; press the button again to place the order."
+)
 
 
 def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict) -> Quote | None:
@@ -87,6 +96,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     }
     placing = request.method == "POST" and request.POST.get("action") != "quote"
     next_dates: list = []
+    status = 200
 
     if placing:
         if is_ratelimited(
@@ -106,6 +116,13 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
                 next_dates = exc.next_dates
             except BookingError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            except (OperationalError, InterfaceError) as exc:
+                # The database went away mid-booking: the transaction is gone with it (nothing was booked). The
+                # next query opens a new connection; the page is drawn again with everything the researcher typed.
+                logger.warning("booking interrupted by the database: %s", exc)
+                connection.close()
+                form.add_error(None, BOOKING_INTERRUPTED)
+                status = 503
             else:
                 messages.success(
                     request, _("Your lots are held. Keep this page's address: it is the key to your order.")
@@ -131,7 +148,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     }
     if request.htmx and request.method == "GET":
         return render(request, "booking/book.html#quote", context)
-    return render(request, "booking/book.html", context)
+    return render(request, "booking/book.html", context, status=status)
 
 
 def _booking_request(form: BookingForm, *, language: str, **fit) -> services.BookingRequest:

@@ -1,5 +1,14 @@
 """Security headers Django 5.2 does not set by itself: a Content-Security-Policy (no inline script anywhere: htmx
-and portal.js are served from static/) and a Permissions-Policy."""
+and portal.js are served from static/) and a Permissions-Policy. And a 503 page, not a 500, while the database
+does not answer."""
+
+import logging
+
+from django.db import InterfaceError, OperationalError, connection
+from django.http import HttpResponse
+from django.template.loader import render_to_string
+
+logger = logging.getLogger(__name__)
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -21,3 +30,22 @@ class SecurityHeadersMiddleware:
         response.headers.setdefault("Content-Security-Policy", policy)
         response.headers.setdefault("Permissions-Policy", PERMISSIONS_POLICY)
         return response
+
+
+class DatabaseUnavailableMiddleware:
+    """A view that lost its database answers 503 with a page that needs none (templates/503.html): what happened,
+    that nothing was saved by this attempt, and to retry. The broken connection is dropped so the next request
+    opens a fresh one."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        logger.warning("database unavailable during %s %s: %s", request.method, request.path, exception)
+        connection.close()
+        return HttpResponse(render_to_string("503.html"), status=503, headers={"Retry-After": "30"})

@@ -61,6 +61,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django_ratelimit.middleware.RatelimitMiddleware",
+    "portal.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -105,9 +106,12 @@ REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            # Django's RedisCache, answering as an empty cache while Redis is unreachable (portal/cache.py).
+            "BACKEND": "portal.cache.ResilientRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
+            # Fail fast: a cache that does not answer must not hold a request.
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
         }
     }
     CELERY_BROKER_URL = REDIS_URL

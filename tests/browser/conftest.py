@@ -6,12 +6,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
 
 from payments import config
-from payments.chain import DevChain
+from payments.chain import ChainUnavailable, DevChain
 from payments.demo import DEMO_USDT_RATE
 from payments.models import OperatorRate
 from tests.payments.conftest import chains_toml
@@ -56,11 +58,11 @@ def page(browser, request):
     context.close()
 
 
-@pytest.fixture
-def live_chain(anvil, transactional_db, settings, tmp_path):
-    """The demo chain on the session's anvil for a live server, a worker and beat (a committed database)."""
+@contextmanager
+def chain_for_live_server(node, settings, tmp_path: Path):
+    """The demo chain on `node` for a live server, a worker and beat (a committed database): (client, chains file)."""
     path = tmp_path / "chains.toml"
-    path.write_text(chains_toml(anvil.url, confirmations=3))
+    path.write_text(chains_toml(node.url, confirmations=3))
     settings.PAYMENTS_CHAINS_FILE = str(path)
     OperatorRate.objects.create(
         chain_id=31337, asset_symbol="dUSDT", fiat_currency=settings.PRICE_CURRENCY, rate=DEMO_USDT_RATE
@@ -68,20 +70,28 @@ def live_chain(anvil, transactional_db, settings, tmp_path):
     client = DevChain(config.chain(31337))
     snapshot = client.snapshot()
     yield client, path
-    client.revert(snapshot)
+    with suppress(ChainUnavailable):  # a node a test stopped for good has nothing to revert
+        client.revert(snapshot)
 
 
 @pytest.fixture
-def worker_and_beat(live_chain, start_celery_worker):
-    """A real worker, and beat scanning the chain every second."""
+def live_chain(anvil, transactional_db, settings, tmp_path):
+    """The session's anvil, reverted after the test."""
+    with chain_for_live_server(anvil, settings, tmp_path) as chain:
+        yield chain
+
+
+def start_worker_and_beat(start_celery_worker, chains_path: Path, **extra_env: str) -> Callable[[], None]:
+    """A real worker, and beat scanning the chain every second; returns the function that stops beat (the
+    worker is stopped by `start_celery_worker`)."""
     from django.db import connection
 
-    _client, path = live_chain
     env = {
-        "PAYMENTS_CHAINS_FILE": str(path),
+        "PAYMENTS_CHAINS_FILE": str(chains_path),
         "PAYMENTS_SCAN_SECONDS": "1",
         "EXPIRE_HOLDS_EVERY_SECONDS": "3600",
         "LIFECYCLE_EVERY_SECONDS": "3600",
+        **extra_env,
     }
     start_celery_worker(**env)
     db = connection.settings_dict
@@ -106,6 +116,17 @@ def worker_and_beat(live_chain, start_celery_worker):
         },
         start_new_session=True,
     )
+
+    def stop() -> None:
+        os.killpg(beat.pid, signal.SIGTERM)
+        beat.wait(timeout=20)
+
+    return stop
+
+
+@pytest.fixture
+def worker_and_beat(live_chain, start_celery_worker):
+    _client, path = live_chain
+    stop = start_worker_and_beat(start_celery_worker, path)
     yield
-    os.killpg(beat.pid, signal.SIGTERM)
-    beat.wait(timeout=20)
+    stop()

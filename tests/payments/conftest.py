@@ -34,14 +34,19 @@ def chains_toml(*rpc_urls: str, confirmations: int = 3) -> str:
 
 
 class Anvil:
-    def __init__(self) -> None:
+    """An anvil node on a free port. With `state`, the chain (blocks, logs, balances it touched) is written there
+    when the node stops and read back when it starts again: a node that goes down and comes back."""
+
+    def __init__(self, state: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.state = state
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
+        state = ["--state", str(self.state)] if self.state else []
         self.process = subprocess.Popen(
-            [str(ROOT / "node_modules" / ".bin" / "anvil"), "--port", str(self.port), "--silent"],
+            [str(ROOT / "node_modules" / ".bin" / "anvil"), "--port", str(self.port), "--silent", *state],
             start_new_session=True,
         )
         client = DevChain(config.parse_chains(chains_toml(self.url))[31337])
@@ -60,10 +65,10 @@ class Anvil:
 
 
 @contextmanager
-def deployed_anvil():
+def deployed_anvil(state: Path | None = None):
     """A fresh anvil with the demo contracts at the addresses the demo chains file names (the `anvil` fixture of
     tests/conftest.py, one per session)."""
-    node = Anvil()
+    node = Anvil(state)
     node.start()
     try:
         client = DevChain(config.parse_chains(chains_toml(node.url))[31337])

@@ -1,0 +1,68 @@
+"""The shared cache, degraded rather than down when Redis is.
+
+Everything the portal keeps in the cache can be recomputed or forgotten: rendered booking pages, QR codes,
+rate-limit counters. A Redis outage must therefore not turn a researcher's "I've paid" or an order page into a
+server error. `ResilientRedisCache` is Django's own RedisCache whose calls, when Redis cannot be reached, log
+a warning and answer as an empty cache would: a miss on reads, nothing stored on writes, "added" on `add` (so
+django-ratelimit fails open: a counter that cannot be kept limits no one) and "missing" on `incr`.
+
+Only connection-level failures are absorbed; anything else (a wrong type, a bad argument) still raises.
+`/healthz` still reports the cache down: it writes a probe and reads it back.
+"""
+
+import functools
+import logging
+import time
+
+from django.core.cache.backends.redis import RedisCache
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+logger = logging.getLogger(__name__)
+
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError)
+_WARN_EVERY_S = 10.0
+_last_warning = 0.0
+
+
+def _warn(operation: str, exc: Exception) -> None:
+    global _last_warning
+    now = time.monotonic()
+    if now - _last_warning >= _WARN_EVERY_S:  # one line per ten seconds of outage, not one per request
+        _last_warning = now
+        logger.warning("cache unreachable, %s answered as an empty cache: %s", operation, exc)
+
+
+def _degrade(on_failure):
+    """Run the RedisCache method; when Redis is unreachable, return `on_failure(*args, **kwargs)` instead."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except UNREACHABLE as exc:
+                _warn(method.__name__, exc)
+                return on_failure(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _missing_counter(key, *args, **kwargs):
+    raise ValueError(f"Key '{key}' not found (the cache is unreachable)")
+
+
+class ResilientRedisCache(RedisCache):
+    get = _degrade(lambda key, default=None, version=None: default)(RedisCache.get)
+    get_many = _degrade(lambda keys, version=None: {})(RedisCache.get_many)
+    has_key = _degrade(lambda *args, **kwargs: False)(RedisCache.has_key)
+    set = _degrade(lambda *args, **kwargs: None)(RedisCache.set)
+    set_many = _degrade(lambda data, *args, **kwargs: list(data))(RedisCache.set_many)
+    add = _degrade(lambda *args, **kwargs: True)(RedisCache.add)
+    touch = _degrade(lambda *args, **kwargs: False)(RedisCache.touch)
+    delete = _degrade(lambda *args, **kwargs: False)(RedisCache.delete)
+    delete_many = _degrade(lambda *args, **kwargs: None)(RedisCache.delete_many)
+    incr = _degrade(_missing_counter)(RedisCache.incr)
+    clear = _degrade(lambda *args, **kwargs: False)(RedisCache.clear)

@@ -1,0 +1,37 @@
+"""What a researcher does in the browser, shared by the journeys and the fault tests."""
+
+import re
+
+from booking.models import Order
+from tests.factories import make_ssh_key
+
+PAYMENT_LINK = re.compile(r"ethereum:(0x[0-9a-fA-F]{40})@31337/transfer\?address=(0x[0-9a-fA-F]{40})&uint256=(\d+)")
+ORDER_URL = re.compile(r".*/orders/BN-[^/]+/[^/]+/$")
+
+
+def fill_booking(page, *, lots: str, email: str) -> None:
+    page.fill("input[name=lots]", lots)
+    page.check("input[name=days][value='7']")
+    page.fill("input[name=contact_name]", "Ada Lovelace")
+    page.fill("input[name=contact_email]", email)
+    page.fill("input[name=organisation]", "Analytical Engines Lab")
+    page.fill("textarea[name=ssh_keys]", make_ssh_key())
+    page.check("input[name=hypothesis][value='make_possible']")
+
+
+def place_order(page, base_url: str, *, lots: str = "1", email: str = "ada@example.org") -> Order:
+    page.goto(base_url + "/")
+    fill_booking(page, lots=lots, email=email)
+    page.click("button.button-primary")
+    page.wait_for_url(ORDER_URL)
+    return Order.objects.get(contact_email=email)
+
+
+def pay_as_a_wallet(page, chain, *, account: int = 4, fraction: tuple[int, int] = (1, 1)) -> dict:
+    """Pay what the page's EIP-681 link asks (or `fraction` of it), to the address it names; the receipt."""
+    match = PAYMENT_LINK.fullmatch(page.get_attribute("a[href^='ethereum:']", "href"))
+    token, to, units = match.group(1).lower(), match.group(2), int(match.group(3))
+    units = units * fraction[0] // fraction[1]
+    payer = chain.accounts()[account]
+    chain.mint(token, payer, units, sender=payer)
+    return chain.send_token(token, to, units, sender=payer)
