@@ -76,8 +76,10 @@ screenshots: export REDIS_URL = $(TEST_REDIS_URL)
 screenshots: setup
 	$(BIN)/pytest -q tests/browser
 	mkdir -p docs/img
-	cp test-artifacts/test_a_researcher_books_pays_on_chain_and_watches_the_order_become_paid.png docs/img/order-paid.png
-	cp test-artifacts/test_une_chercheuse_reserve_en_francais.png docs/img/commande-fr.png
+	cp test-artifacts/researcher-paid.png docs/img/order-paid.png
+	cp test-artifacts/console-provisioned.png docs/img/console-provisioned.png
+	cp test-artifacts/researcher-ready.png docs/img/order-ready.png
+	cp test-artifacts/commande-fr.png docs/img/commande-fr.png
 
 lint: setup
 	$(BIN)/ruff check .

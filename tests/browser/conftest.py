@@ -17,6 +17,7 @@ from payments.chain import ChainUnavailable, DevChain
 from payments.demo import DEMO_USDT_RATE
 from payments.models import OperatorRate
 from tests.payments.conftest import chains_toml
+from tests.provisioning.conftest import admin, loopback_host, sshd  # noqa: F401 (fixtures of the operator journey)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -56,6 +57,22 @@ def page(browser, request):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
     context.close()
+
+
+@pytest.fixture
+def new_page(browser):
+    """`new_page()`: a page in a browser context of its own (another person at another computer), closed after
+    the test so that its polling stops with it."""
+    contexts = []
+
+    def make(**options):
+        context = browser.new_context(**{"viewport": {"width": 1200, "height": 1400}, **options})
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
 
 
 @contextmanager

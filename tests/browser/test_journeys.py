@@ -1,77 +1,219 @@
-"""A researcher's journey in the browser, in English and in French."""
+"""The product end to end as its users meet it, in the browser: a researcher in English and in French, the
+operator who approves, extends and tears down, the admin who settles a partial payment by hand. Each page's final
+state is saved in test-artifacts/ (`make screenshots` copies some into docs/img/)."""
 
 import re
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 
-from booking.models import Order, OrderStatus
-from tests.factories import make_ssh_key
+from booking.models import Lot, Order, OrderStatus
+from payments.models import Invoice
+from provisioning.models import Access, OperatorSettings, ProvisioningRun
+from provisioning.services import username_for
+from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
+from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order
+from tests.provisioning.conftest import remove_user
 
 pytestmark = pytest.mark.integration
 
-
-def fill_booking(page, *, lots: str, email: str) -> None:
-    page.fill("input[name=lots]", lots)
-    page.check("input[name=days][value='7']")
-    page.fill("input[name=contact_name]", "Ada Lovelace")
-    page.fill("input[name=contact_email]", email)
-    page.fill("input[name=organisation]", "Analytical Engines Lab")
-    page.fill("textarea[name=ssh_keys]", make_ssh_key())
-    page.check("input[name=hypothesis][value='make_possible']")
+PASSWORD = "correct horse battery staple 42"
 
 
-def test_a_researcher_books_pays_on_chain_and_watches_the_order_become_paid(
-    page, live_server, live_chain, catalog, worker_and_beat
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def log_in(page, url: str, username: str) -> None:
+    """Open `url` as a staff member: Django's admin login comes first, then `url` itself."""
+    page.goto(url)
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("input[type=submit]")
+
+
+@pytest.fixture
+def operator(transactional_db):
+    user = get_user_model().objects.create_user("olga", "olga@binome.example", PASSWORD, is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
+    return user
+
+
+@pytest.fixture
+def admin_reviewer(transactional_db):
+    return get_user_model().objects.create_superuser("adele", "adele@binome.example", PASSWORD)
+
+
+@pytest.fixture
+def operations(live_chain, loopback_host, start_celery_worker, sshd):
+    """A worker and beat that reach the loopback host over SSH; two B200 lots on it (GPUs 0,1 and 2,3)."""
+    _chain, path = live_chain
+    b200 = Lot.objects.filter(host=loopback_host).first().hardware_class
+    Lot.objects.create(name="loopback · GPUs 2,3", hardware_class=b200, host=loopback_host, gpu_indices="2,3")
+    OperatorSettings.objects.update_or_create(pk=1, defaults={"provision_lead_hours": 72})  # approve = provision
+    stop = start_worker_and_beat(
+        start_celery_worker, path, PROVISIONING_SSH_KEY_FILE=str(sshd.host_spec.client_key_path)
+    )
+    yield
+    stop()
+
+
+def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
+    new_page, page, live_server, live_chain, catalog, operations, operator, admin
 ):
     chain, _path = live_chain
+    # The researcher reads availability and price, and asks the fit advisor.
     page.goto(live_server.url + "/")
-    assert "NVIDIA B200 pair" in page.inner_text("#quote") and "6 / 6" in page.inner_text("#quote")
-
-    # The fit advisor answers live as the researcher types.
+    quote = page.inner_text("#quote")
+    assert "NVIDIA B200 pair" in quote and "2 / 2" in quote
     page.fill("input[name=fit-parameters_billion]", "13")  # 13B mixed-precision AdamW: 208 GB of states
     page.locator("#fit-advice").get_by_text("The B200 pair with sharding").wait_for(timeout=15000)
 
+    # Two lots for 7 days, contact details and a key: the order page with its payment instructions.
     fill_booking(page, lots="2", email="ada@example.org")
     page.click("text=Place the order and hold the lots")
-    page.wait_for_url(re.compile(r".*/orders/BN-[^/]+/[^/]+/$"))
+    page.wait_for_url(ORDER_URL)
     assert "Awaiting payment" in page.inner_text("#order-status")
+    assert page.locator("#order-status svg").count() == 1  # the QR code
+    order = Order.objects.get()
 
-    # Pay as a wallet would: what the EIP-681 link says, to whom it says.
-    uri = page.get_attribute("a[href^='ethereum:']", "href")
-    match = re.fullmatch(r"ethereum:(0x[0-9a-fA-F]{40})@31337/transfer\?address=(0x[0-9a-fA-F]{40})&uint256=(\d+)", uri)
-    token, to, units = match.group(1).lower(), match.group(2), int(match.group(3))
-    payer = chain.accounts()[4]
-    chain.mint(token, payer, units, sender=payer)
-    receipt = chain.send_token(token, to, units, sender=payer)
+    # Pay as a wallet would, press I've paid, watch k/N confirmations become "paid" without reloading.
+    receipt = pay_as_a_wallet(page, chain)
     page.fill("input[name=tx_hint]", receipt["transactionHash"])
     page.click("text=I've paid")
-
     page.locator("#order-status").get_by_text("confirmations").wait_for(timeout=30000)
     chain.mine(2)
     page.locator("#order-status").get_by_text("Paid: 6300.00 dEURC received and confirmed.").wait_for(timeout=30000)
-    order = Order.objects.get()
-    assert order.status == OrderStatus.PAID
-    assert order.fit_advice["recommendation"] == "b200_pair_sharded"
+    shot(page, "researcher-paid")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID and order.fit_advice["recommendation"] == "b200_pair_sharded"
+
+    # The operator logs in, finds the paid order in the console and approves it; provisioning runs over SSH.
+    console = new_page()
+    console.on("dialog", lambda dialog: dialog.accept())
+    log_in(console, live_server.url + "/console/", "olga")
+    paid_section = console.locator("section", has_text="Paid, awaiting approval")
+    paid_section.get_by_role("link", name=order.public_id).click()
+    console.click("button:has-text('Approve')")
+    runs = console.locator("#runs")
+    runs.get_by_text("Provision · Succeeded").wait_for(timeout=90000)
+    steps = runs.locator("table.steps").first.inner_text()
+    assert steps.count("Done") == 6, steps
+    shot(console, "console-provisioned")
+
+    # The researcher's page shows how to log in and the pre-flight report, without a reload.
+    access = Access.objects.get(order=order)
+    page.locator("#order-status").get_by_text("How to log in").wait_for(timeout=30000)
+    status = page.inner_text("#order-status")
+    assert access.ssh_command in status and "GPUs 0,1,2,3" in status
+    assert "Pre-flight report: FAIL" in status  # no GPU on the test machine: a report with reasons, not a crash
+    assert "gpu_visible" in status
+    shot(page, "researcher-ready")
+
+    # The operator extends the window by 7 days: a new invoice the researcher pays from the same page.
+    ends_at = order.ends_at
+    console.reload()  # the actions follow the order's status; the runs panel alone refreshes by itself
+    console.select_option("select[name=days]", "7")
+    console.click("button:has-text('Extend (new invoice)')")
+    assert "extend done" in console.inner_text("ul.messages")
+    page.locator("#order-status").get_by_text("Extension by 7 days").wait_for(timeout=30000)
+    pay_as_a_wallet(page, chain)
+    chain.mine(3)
+    page.locator("#order-status").get_by_text("Extension paid: your window now ends on").wait_for(timeout=60000)
+    order.refresh_from_db()
+    assert (order.ends_at - ends_at).days == 7
+    console.reload()
+    assert order.ends_at.strftime("%Y-%m-%d %H:%M") in console.inner_text("dl.summary")
+
+    # The operator tears it down: the run revokes the login, the researcher's page says the window has ended.
+    username = username_for(order)
+    try:
+        console.fill("input[name=reason][placeholder=Reason] >> nth=0", "experiment finished early")
+        console.click("button:has-text('Tear down now')")
+        runs.get_by_text("Teardown · Succeeded").wait_for(timeout=90000)
+        shot(console, "console-torn-down")
+        page.locator("#order-status").get_by_text("The window has ended and access was revoked.").wait_for(
+            timeout=30000
+        )
+        shot(page, "researcher-ended")
+        order.refresh_from_db()
+        assert order.status == OrderStatus.ENDED
+        assert order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN).status == "succeeded"
+        history = console.inner_text("ol.timeline")
+        assert "olga" in history and "experiment finished early" in history
+    finally:
+        remove_user(admin, username)
 
 
-def test_une_chercheuse_reserve_en_francais(page, live_server, live_chain, catalog):
+def test_une_chercheuse_reserve_et_paie_en_francais(page, live_server, live_chain, catalog, worker_and_beat):
+    chain, _path = live_chain
     page.goto(live_server.url + "/")
     with page.expect_navigation():
         page.select_option("#language-select", "fr")
     assert page.get_attribute("html", "lang") == "fr"
-    assert "Disponibilité et prix" in page.inner_text("#quote")
+    quote = page.inner_text("#quote")
+    assert "Disponibilité et prix" in quote and "6 / 6" in quote
+    page.fill("input[name=fit-parameters_billion]", "13")
+    page.locator("#fit-advice").get_by_text("Il faut la paire de B200 avec partitionnement").wait_for(timeout=15000)
 
-    fill_booking(page, lots="1", email="marie@example.org")
+    fill_booking(page, lots="2", email="marie@example.org")
     page.fill("input[name=contact_email]", "pas-une-adresse")
     page.click("button.button-primary")
     assert "Saisissez une adresse de courriel valide." in page.inner_text("#field-contact_email")
     assert Order.objects.count() == 0
 
     page.fill("input[name=contact_email]", "marie@example.org")
-    page.fill("textarea[name=ssh_keys]", make_ssh_key())
-    page.click("button.button-primary")
-    page.wait_for_url(re.compile(r".*/orders/BN-[^/]+/[^/]+/$"))
-    assert "En attente de paiement" in page.inner_text("#order-status") or "paiement" in page.inner_text(
-        "#order-status"
-    )
+    page.click("text=Passer la commande et bloquer les lots")
+    page.wait_for_url(ORDER_URL)
     assert page.get_attribute("html", "lang") == "fr"
+    assert "En attente de paiement" in page.inner_text("#order-status")
+
+    pay_as_a_wallet(page, chain)
+    page.click("text=J’ai payé")
+    page.locator("#order-status").get_by_text(re.compile(r"Transfert détecté dans le bloc \d+\s*:\s*\d/3")).wait_for(
+        timeout=30000
+    )
+    chain.mine(2)
+    paid = re.compile(r"Payé\s*:\s*réception de 6300[.,]00 dEURC confirmée")  # French spacing: a no-break space
+    page.locator("#order-status").get_by_text(paid).wait_for(timeout=30000)
+    shot(page, "commande-fr")
+    assert Order.objects.get().language == "fr"
+
+
+def test_an_admin_settles_a_partially_paid_invoice_with_a_reason(
+    new_page, page, live_server, live_chain, catalog, worker_and_beat, admin_reviewer
+):
+    chain, _path = live_chain
+    order = place_order(page, live_server.url, email="partial@example.org")
+    pay_as_a_wallet(page, chain, fraction=(1, 2))  # half of it: the other half came by bank, the researcher says
+    chain.mine(3)
+    page.locator("#order-status").get_by_text("are still missing").wait_for(timeout=30000)
+    invoice = Invoice.objects.get(order=order)
+    assert invoice.paid_partial and invoice.status != Invoice.Status.SETTLED
+
+    admin_page = new_page(viewport={"width": 1400, "height": 1200})
+    log_in(admin_page, live_server.url + "/admin/payments/invoice/", "adele")
+    admin_page.click("text=Partially paid")  # the exception filter
+    rows = admin_page.locator("#result_list tbody tr")
+    assert rows.count() == 1 and order.public_id in rows.first.inner_text()
+    rows.first.locator("input[name=_selected_action]").check()
+    admin_page.select_option("select[name=action]", "mark_paid")
+    admin_page.click("button[name=index]")
+    admin_page.fill("textarea[name=reason]", "Second half received by bank transfer, ref 2026-118")
+    admin_page.click("input[type=submit][value='Mark paid']")
+    assert "1 invoice(s) marked paid." in admin_page.inner_text("ul.messagelist")
+
+    # The audit trail: the order's history and the invoice's admin history both name who and why.
+    admin_page.goto(live_server.url + f"/admin/booking/order/{order.pk}/change/")
+    events = admin_page.inner_text("body")
+    assert "marked paid: Second half received by bank transfer, ref 2026-118" in events and "adele" in events
+    admin_page.goto(live_server.url + f"/admin/payments/invoice/{invoice.pk}/history/")
+    assert "Marked paid: Second half received by bank transfer" in admin_page.inner_text("#change-history")
+    shot(admin_page, "admin-invoice-history")
+
+    page.locator("#order-status").get_by_text("Confirmed by an operator.").wait_for(timeout=30000)
+    shot(page, "researcher-marked-paid")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID

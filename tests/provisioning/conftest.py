@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from booking.models import Lot
 from provisioning.drivers import HostSpec, get_driver
 from provisioning.drivers.base import Connection
+from provisioning.models import Host
 
 SSHD = "/usr/sbin/sshd"
 MISSING_PACKAGES_HINT = (
@@ -277,3 +279,20 @@ def remove_user(connection: Connection, user: str) -> None:
         time.sleep(0.25)
     else:
         connection.run(["userdel", "--remove", "--force", user], check=False)
+
+
+@pytest.fixture
+def loopback_host(sshd, catalog, settings):
+    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot the order will get."""
+    settings.PROVISIONING_SSH_KEY_FILE = str(sshd.host_spec.client_key_path)
+    host = Host.objects.create(
+        name="loopback",
+        address="127.0.0.1",
+        ssh_port=sshd.port,
+        driver=Host.Driver.SSH,
+        admin_user=sshd.host_spec.username,
+        host_key=sshd.host_key_line,
+    )
+    Lot.objects.filter(hardware_class=catalog["b200-pair"]).update(status=Lot.Status.MAINTENANCE)
+    Lot.objects.create(name="loopback · GPUs 0,1", hardware_class=catalog["b200-pair"], host=host, gpu_indices="0,1")
+    return host

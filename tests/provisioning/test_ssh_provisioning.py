@@ -4,7 +4,7 @@ own key and finds their GPUs set, a teardown after which the same login is refus
 import pytest
 from django.urls import reverse
 
-from booking.models import Lot, OrderStatus
+from booking.models import OrderStatus
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from provisioning import services
@@ -13,23 +13,6 @@ from tests.booking.test_pages import place
 from tests.provisioning.conftest import remove_user
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def loopback_host(sshd, catalog, settings):
-    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot the order will get."""
-    settings.PROVISIONING_SSH_KEY_FILE = str(sshd.host_spec.client_key_path)
-    host = Host.objects.create(
-        name="loopback",
-        address="127.0.0.1",
-        ssh_port=sshd.port,
-        driver=Host.Driver.SSH,
-        admin_user=sshd.host_spec.username,
-        host_key=sshd.host_key_line,
-    )
-    Lot.objects.filter(hardware_class=catalog["b200-pair"]).update(status=Lot.Status.MAINTENANCE)
-    Lot.objects.create(name="loopback · GPUs 0,1", hardware_class=catalog["b200-pair"], host=host, gpu_indices="0,1")
-    return host
 
 
 @pytest.fixture
