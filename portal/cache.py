@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -54,7 +54,28 @@ def _missing_counter(key, *args, **kwargs):
     raise ValueError(f"Key '{key}' not found (the cache is unreachable)")
 
 
+class ReusedClientRedisCacheClient(RedisCacheClient):
+    """Django's client builds a new `redis.Redis` for every call, and redis-py spends about half a millisecond
+    setting one up (its response callbacks): more than the round trip itself on loopback. A client is
+    thread-safe (it takes a connection from its pool per command), so one per pool is kept and reused."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._clients = {}
+
+    def get_client(self, key=None, *, write=False):
+        pool = self._get_connection_pool(write)
+        client = self._clients.get(id(pool))
+        if client is None:
+            client = self._clients[id(pool)] = self._client(connection_pool=pool)
+        return client
+
+
 class ResilientRedisCache(RedisCache):
+    def __init__(self, server, params):
+        super().__init__(server, params)
+        self._class = ReusedClientRedisCacheClient
+
     get = _degrade(lambda key, default=None, version=None: default)(RedisCache.get)
     get_many = _degrade(lambda keys, version=None: {})(RedisCache.get_many)
     has_key = _degrade(lambda *args, **kwargs: False)(RedisCache.has_key)
