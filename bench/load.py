@@ -5,11 +5,13 @@ last free lot at once through HTTP.
     .venv/bin/python bench/load.py [--seconds 3] [--levels 2,8,32]
 
 Targets (issue 6): booking page >= 0.5x and status poll >= 0.8x the trivial view; exactly one order for the last
-lot, every other answer "sold out", p99 under 1 s. Needs PostgreSQL and Redis on 127.0.0.1.
+lot, every other answer "sold out", p99 under 1 s. Needs PostgreSQL and Redis on 127.0.0.1 (BENCH_DATABASE_URL,
+default database binome_load, and BENCH_REDIS_URL, default db 5: the database is dropped and created again).
 """
 
 import argparse
 import http.client
+import os
 import re
 import secrets
 import sys
@@ -115,8 +117,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--port", type=int, default=8766)
     options = parser.parse_args()
-    database_url = "postgres://root@127.0.0.1:5432/binome_load"
-    env = bench_environment(database_url, "redis://127.0.0.1:6379/5", tempfile.mkdtemp(prefix="binome-load-"))
+    database_url = os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/binome_load")
+    redis_url = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+    env = bench_environment(database_url, redis_url, tempfile.mkdtemp(prefix="binome-load-"))
     env["SECRET_KEY"] = secrets.token_urlsafe(64)
     seeded = prepare(database_url, env, SEED)
     server = start_gunicorn(options.port, options.workers, env)
