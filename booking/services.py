@@ -39,6 +39,7 @@ from booking.rules import (
     check_window,
 )
 from booking.ssh_keys import SshPublicKey
+from booking.status_cache import bump_orders
 from booking.tokens import new_access_token, new_public_id, token_hash
 
 logger = logging.getLogger(__name__)
@@ -361,6 +362,7 @@ def order_extend(*, order: Order, days: int, evidence: dict) -> None:
     window = extension_check(order=order, days=days)
     Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
     Order.objects.filter(pk=order.pk).update(ends_at=window.ends_at, updated_at=timezone.now())
+    bump_orders(order.pk)
     from provisioning.models import LifecycleNotice
 
     LifecycleNotice.objects.filter(order=order).delete()  # the warnings run again before the new end

@@ -3,11 +3,13 @@ swaps the live regions (`#quote` on the booking page, `#order-status` on the ord
 
 import hashlib
 import logging
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
 from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -18,10 +20,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
-from booking import advisor, selectors, services
+from booking import advisor, selectors, services, status_cache
 from booking.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
 from booking.models import BookingPolicy, Order, OrderStatus
-from booking.page_cache import cached_page
+from booking.page_cache import CSRF_PLACEHOLDER_BYTES, cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
 from payments.selectors import PaymentView, open_extension_invoice, payment_view
@@ -199,18 +201,46 @@ def _private(response: HttpResponse) -> HttpResponse:
 @require_http_methods(["GET"])
 @never_cache
 def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    if request.htmx:
+        return _private(_order_status(request, public_id, token))
     return order_page(request, _order_or_404(public_id, token), token)
 
 
-def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
-    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
+def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """The polled status block, from the shared cache while nothing it shows has changed (booking/status_cache.py).
+    An entry exists only for a link the database accepted; a miss checks the link again."""
+    key = status_cache.entry_key(public_id=public_id, token=token, language=request.LANGUAGE_CODE)
+    entry = status_cache.lookup(key, public_id=public_id)
+    if entry is None:
+        order = _order_or_404(public_id, token)
+        versions = status_cache.current_versions(order.public_id)
+        context = _order_context(order, token)
+        response = render(request, "booking/order.html#order-status", {**context, **status_cache.render_context()})
+        entry = status_cache.Entry(versions, response.content, order.is_settled)
+        status_cache.store(key, entry, fresh_for=_status_fresh_for(order, now=context["now"]))
+    body = entry.body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
+    return HttpResponseStopPolling(body) if entry.stop_polling else HttpResponse(body)
+
+
+END_WARNING = timedelta(hours=48)  # the order page warns this long before an active window ends
+
+
+def _status_fresh_for(order: Order, *, now) -> float:
+    """How long the status block's text stays true without a write: until the end warning appears, if due."""
+    time_left = order.ends_at - now
+    if order.status == OrderStatus.ACTIVE and time_left >= END_WARNING:
+        return (time_left - END_WARNING).total_seconds()
+    return float(status_cache.ENTRY_TTL)
+
+
+def _order_context(order: Order, token: str) -> dict:
     split_trials = (
         list(order.split_trials.all()[:5])
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
         else []
     )
-
-    context = {
+    now = timezone.now()
+    return {
         "order": order,
         "token": token,
         "events": list(order.events.all()),
@@ -222,9 +252,14 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
         "accesses": list(order.accesses.select_related("host"))
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
         else [],
-        "now": timezone.now(),
-        "time_left": order.ends_at - timezone.now(),
+        "now": now,
+        "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
     }
+
+
+def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
+    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
+    context = _order_context(order, token)
     if request.htmx:
         response = render(request, "booking/order.html#order-status", context)
         if order.is_settled:

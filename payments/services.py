@@ -19,6 +19,7 @@ from django.utils.translation import gettext as _
 
 from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
+from booking.status_cache import bump_chains, bump_orders
 from payments import config
 from payments.addresses import deposit_address
 from payments.chain import ChainClient, ChainUnavailable, TransferLog
@@ -188,6 +189,7 @@ def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime 
         Invoice.objects.filter(pk=invoice.pk).update(
             customer_paid_at=now, customer_tx_hint=tx_hint.lower() or invoice.customer_tx_hint
         )
+        bump_orders(invoice.order_id)
         OrderEvent.objects.create(
             order_id=invoice.order_id,
             from_status=invoice.order.status,
@@ -210,6 +212,7 @@ def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bo
     except Exception as exc:  # kombu/redis raise many types; any of them means "not queued"
         logger.warning("could not queue the check of invoice %s: %s", invoice_id, exc)
         Invoice.objects.filter(pk=invoice_id, check_delayed_since__isnull=True).update(check_delayed_since=now)
+        bump_orders(*Invoice.objects.filter(pk=invoice_id).values_list("order_id", flat=True))
         return False
     Invoice.objects.filter(pk=invoice_id).update(check_requested_at=now)
     return True
@@ -275,7 +278,7 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
         else:
             raise_after = None
             result.head, result.confirmed, result.logs = head, confirmed, len(logs)
-            _apply_logs(
+            touched = _apply_logs(
                 chain=chain,
                 logs=logs,
                 by_address=by_address,
@@ -292,6 +295,7 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
                 head=head,
                 confirmed_hash=canonical.get(confirmed, ""),
                 now=now,
+                touched=touched,
             )
             sums = _chain_sums([invoice.pk for invoice in invoices])
             for invoice in invoices:
@@ -307,6 +311,19 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
             Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(
                 last_checked_at=now, last_seen_head=head, check_delayed_since=None
             )
+            # The order pages whose status block shows what this cycle changed: confirmations (from the head)
+            # while a transfer is being confirmed, transfers seen or removed, a check no longer delayed.
+            bump_orders(
+                *(
+                    invoice.order_id
+                    for invoice in invoices
+                    if invoice.pk in touched
+                    or invoice.check_delayed_since is not None
+                    or (invoice.status == Invoice.Status.PROCESSING and invoice.last_seen_head != head)
+                )
+            )
+            if cursor.unavailable_since is not None:
+                bump_chains()
             cursor.confirmed_block, cursor.head_block, cursor.last_scan_at = confirmed, head, now
             cursor.unavailable_since = None
             cursor.save(update_fields=["confirmed_block", "head_block", "last_scan_at", "unavailable_since"])
@@ -319,7 +336,9 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
 def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: str, now: datetime) -> None:
     logger.warning("chain %s unavailable: %s", cursor.chain_id, error)
     cursor.last_error, cursor.last_error_at = error[:2000], now
-    cursor.unavailable_since = cursor.unavailable_since or now
+    if cursor.unavailable_since is None:
+        cursor.unavailable_since = now
+        bump_chains()
     cursor.save(update_fields=["last_error", "last_error_at", "unavailable_since"])
     Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices], check_delayed_since__isnull=True).update(
         check_delayed_since=now
@@ -335,7 +354,9 @@ def _apply_logs(
     confirmed: int,
     canonical: dict[int, str],
     now: datetime,
-) -> None:
+) -> set[int]:
+    """Record the logs as transfers; returns the ids of the invoices whose transfers changed."""
+    touched: set[int] = set()
     seen_keys = {(log.tx_hash, log.log_index) for log in logs}
     # Transfers seen earlier in the re-read range but absent now were removed by a reorganisation.
     for transfer in Transfer.objects.filter(
@@ -344,6 +365,7 @@ def _apply_logs(
         if (transfer.tx_hash, transfer.log_index) not in seen_keys:
             transfer.status = Transfer.Status.REMOVED
             transfer.save(update_fields=["status"])
+            touched.add(transfer.invoice_id)
     for log in logs:
         invoice = by_address.get(log.recipient)
         is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
@@ -374,6 +396,8 @@ def _apply_logs(
             changed = True
         if changed:
             transfer.save()
+            touched.add(transfer.invoice_id)
+    return touched
 
 
 def _apply_native(
@@ -385,6 +409,7 @@ def _apply_native(
     head: int,
     confirmed_hash: str,
     now: datetime,
+    touched: set[int],
 ) -> dict[int, int]:
     """Native coin: the balance at the confirmed block beyond what was already credited is a new credit; the
     balance at the head beyond that is pending (returned per native invoice). Native coin sent to a token invoice
@@ -418,6 +443,7 @@ def _apply_native(
                         first_seen_at=now,
                         confirmed_at=now,
                     )
+                touched.add(invoice.pk)
             except IntegrityError:  # this block's balance was already credited
                 pass
         if invoice.asset_contract:
@@ -428,6 +454,7 @@ def _apply_native(
         if seen_block != invoice.native_seen_block:
             invoice.native_seen_block = seen_block
             Invoice.objects.filter(pk=invoice.pk).update(native_seen_block=seen_block)
+            touched.add(invoice.pk)
     return pending_by_invoice
 
 

@@ -20,6 +20,7 @@ from django.utils.translation import gettext as _
 from booking.models import Order, OrderEvent, OrderStatus, Vendor
 from booking.rules import BookingError
 from booking.services import order_transition
+from booking.status_cache import bump_orders
 from provisioning import steps
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import DriverError, HostSpec
@@ -224,6 +225,7 @@ def run_execute(*, run: ProvisioningRun) -> str:
                 Access.objects.filter(pk=access.pk).update(
                     preflight_report=report, preflight_status=report.get("summary", {}).get("status", "")
                 )
+                bump_orders(order.pk)
                 output = f"pre-flight: {report.get('summary', {})}"
             ProvisioningStep.objects.filter(pk=step.pk).update(
                 status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=output[:20000]
@@ -251,6 +253,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             )
         else:
             Access.objects.filter(order=order).update(status=Access.Status.READY, ready_at=now)
+            bump_orders(order.pk)
             target = OrderStatus.ACTIVE if order.starts_at <= now else OrderStatus.READY
             order_transition(
                 order=order,
@@ -269,6 +272,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             transaction.on_commit(lambda: _send_access_email(order.pk))
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
         Access.objects.filter(order=order).update(status=Access.Status.REVOKED, revoked_at=now)
+        bump_orders(order.pk)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
             order_transition(
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"

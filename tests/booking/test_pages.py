@@ -134,13 +134,17 @@ def test_order_page_is_404_without_its_token_and_the_same_for_a_missing_order(cl
     assert order.public_id not in comparable(wrong_token.content)  # only the requested path is echoed
 
 
-def test_status_poll_returns_the_partial_and_stops_once_the_order_is_settled(client, catalog, booking_data):
+def test_status_poll_returns_the_partial_and_stops_once_the_order_is_settled(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
     order, token = place(client, booking_data())
 
     live = client.get(order_url(order, token), headers={"HX-Request": "true"})
     assert live.status_code == 200 and 'hx-trigger="every 5s"' in live.content.decode()
 
-    client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+    # The cached block is invalidated when the cancellation commits (the test database never commits).
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
     settled = client.get(order_url(order, token), headers={"HX-Request": "true"})
     assert settled.status_code == 286  # htmx: stop polling
     assert "Cancelled" in settled.content.decode()
@@ -263,3 +267,54 @@ def test_the_guide_exists_in_both_languages_with_every_section_the_booking_page_
     for anchor in anchors:
         assert f'id="{anchor}"' in page
     assert title_word in page.lower()
+
+
+def poll(client, order: Order, token: str):
+    return client.get(order_url(order, token), headers={"HX-Request": "true"})
+
+
+def test_status_poll_comes_from_the_cache_and_shows_a_transition_at_once(
+    client, catalog, booking_data, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    from booking.services import order_transition
+
+    order, token = place(client, booking_data())
+    first = poll(client, order, token)
+    with django_assert_num_queries(0):
+        second = poll(client, order, token)
+    assert comparable(second.content) == comparable(first.content)
+    assert "Waiting for your transfer." in second.content.decode()
+    assert second["Referrer-Policy"] == "no-referrer" and "no-store" in second["Cache-Control"]
+    assert "__binome_csrf_token__" not in second.content.decode()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
+
+    assert "being confirmed on chain" in poll(client, order, token).content.decode()
+
+
+def test_a_cached_status_block_is_only_served_for_its_own_order_link_and_language(client, catalog, booking_data):
+    mine, my_token = place(client, booking_data())
+    theirs, their_token = place(client, booking_data(contact_email="other@example.org"))
+    assert poll(client, mine, my_token).status_code == poll(client, theirs, their_token).status_code == 200
+
+    # Another order's token, or no valid token, never reaches a cached block.
+    assert poll(client, mine, their_token).status_code == 404
+    assert poll(client, mine, "x" * len(my_token)).status_code == 404
+    assert my_token in poll(client, mine, my_token).content.decode()
+    assert their_token not in poll(client, mine, my_token).content.decode()
+
+    # A second link to the same order gets a block with its own token in the forms' addresses.
+    second_token = _second_link(mine)
+    block = poll(client, mine, second_token).content.decode()
+    assert second_token in block and my_token not in block
+
+    client.cookies["django_language"] = "fr"
+    assert "En attente de votre transfert." in poll(client, mine, my_token).content.decode()
+
+
+def _second_link(order: Order) -> str:
+    """As "send me my order link again" mints one."""
+    from booking.services import _issue_token
+
+    return _issue_token(order=order)

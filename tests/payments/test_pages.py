@@ -219,3 +219,39 @@ def test_production_refuses_the_demo_xpub_and_any_private_key():
 
     missing = _settings_in_production()
     assert missing.returncode != 0
+
+
+def test_the_polled_status_block_follows_every_scan_of_the_chain(
+    client, chain, booking_data, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    import re
+
+    from payments.chain import ChainUnavailable
+    from tests.payments.conftest import chains_toml, free_port
+
+    order, token = place(client, booking_data(lots="1"))
+
+    def poll() -> str:
+        return client.get(urls(order, token)["order"], headers={"HX-Request": "true"}).content.decode()
+
+    def scan() -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.chain_scan(chain_id=CHAIN_ID)
+
+    assert "Waiting for your transfer." in poll()
+    assert "Waiting for your transfer." in poll()  # from the cache now
+
+    pay_invoice(chain, current_invoice(order))
+    scan()
+    seen = int(re.search(r"(\d)/3 confirmations", poll()).group(1))
+
+    chain.mine(1)  # confirmations come from the chain's head, which only the scan reads
+    scan()
+    assert f"{seen + 1}/3 confirmations" in poll()
+
+    path = tmp_path / "dead.toml"
+    path.write_text(chains_toml(f"http://127.0.0.1:{free_port()}"))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    with pytest.raises(ChainUnavailable):
+        scan()
+    assert "Check delayed: the network is not answering" in poll()
