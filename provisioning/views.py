@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRefresh
 
 from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Lot, Order, OrderEvent, OrderStatus
@@ -71,6 +72,10 @@ def queue(request: HttpRequest) -> HttpResponse:
 @operator_required
 def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     order = get_object_or_404(Order.objects.select_related("hardware_class", "environment"), public_id=public_id)
+    seen = f"{order.status}-{int(order.ends_at.timestamp())}"
+    if request.htmx and request.GET.get("seen", seen) != seen:
+        # The order moved on (status or window) since the page was drawn: the header and actions change too.
+        return HttpResponseClientRefresh()
     runs = list(order.provisioning_runs.prefetch_related("steps__host")[:20])
     free_lots = []
     if order.status in booking_services.REASSIGNABLE:
@@ -80,6 +85,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         free_lots = list(Lot.objects.filter(pk__in=free_ids).select_related("host"))
     context = {
         "order": order,
+        "seen": seen,
         "runs": runs,
         "events": list(order.events.select_related("actor")),
         "accesses": list(order.accesses.select_related("host")),

@@ -114,7 +114,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
 
     # The operator extends the window by 7 days: a new invoice the researcher pays from the same page.
     ends_at = order.ends_at
-    console.reload()  # the actions follow the order's status; the runs panel alone refreshes by itself
+    console.locator("h1 .status", has_text="Ready").wait_for(timeout=30000)  # the page follows the order's status
     console.select_option("select[name=days]", "7")
     console.click("button:has-text('Extend (new invoice)')")
     assert "extend done" in console.inner_text("ul.messages")
@@ -124,8 +124,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     page.locator("#order-status").get_by_text("Extension paid: your window now ends on").wait_for(timeout=60000)
     order.refresh_from_db()
     assert (order.ends_at - ends_at).days == 7
-    console.reload()
-    assert order.ends_at.strftime("%Y-%m-%d %H:%M") in console.inner_text("dl.summary")
+    console.locator("dl.summary", has_text=order.ends_at.strftime("%Y-%m-%d %H:%M")).wait_for(timeout=30000)
 
     # The operator tears it down: the run revokes the login, the researcher's page says the window has ended.
     username = username_for(order)

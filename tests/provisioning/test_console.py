@@ -221,3 +221,20 @@ def test_an_extension_is_its_own_invoice_and_moves_the_end_only_once_paid(
     assert all(
         a.ends_at == order.ends_at + timedelta(hours=6) for a in order.allocations.filter(released_at__isnull=True)
     )
+
+
+def test_the_order_page_reloads_itself_when_the_order_moves_on(client, paid_order, operator, admin_user):
+    """The runs panel polls; once the status (or the window) changes, the whole page is drawn again so that its
+    header and actions follow."""
+    order, _token = paid_order
+    client.force_login(operator)
+    page = client.get(console_urls(order)["order"]).content.decode()
+    seen = f"{order.status}-{int(order.ends_at.timestamp())}"
+    assert f"?seen={seen}" in page
+
+    poll = client.get(console_urls(order)["order"], {"seen": seen}, headers={"HX-Request": "true"})
+    assert "HX-Refresh" not in poll and 'id="runs"' in poll.content.decode()
+
+    services.order_approve(order=order, actor=admin_user)
+    poll = client.get(console_urls(order)["order"], {"seen": seen}, headers={"HX-Request": "true"})
+    assert poll["HX-Refresh"] == "true"
