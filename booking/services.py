@@ -3,6 +3,7 @@
 import logging
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -100,12 +101,14 @@ def _sold_out(*, request: BookingRequest, policy: BookingPolicy, now: datetime, 
     return SoldOut(message or "", next_dates=next_dates)
 
 
-@transaction.atomic
 def order_create(*, request: BookingRequest, now: datetime | None = None) -> tuple[Order, str]:
     """Place an order and hold specific lots for its window, in one transaction.
 
     Bookings of one class are serialised by a row lock on the class; the exclusion constraint on allocations
     (PostgreSQL) is the guarantee behind it. Returns the order and its secret token (shown once).
+
+    When the lots are already taken, the answer comes without waiting for the lock (a rush on the last lot queues
+    only the bookings that may still succeed), and the next dates are looked up outside the transaction.
     """
     now = now or timezone.now()
     policy = BookingPolicy.current()
@@ -115,13 +118,30 @@ def order_create(*, request: BookingRequest, now: datetime | None = None) -> tup
     )
     if price_per_lot is None:
         raise BookingError(_("This window is not on sale for this hardware class."), field="days")
+    window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
+    free = len(selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count))
+    if free < request.lot_count:
+        raise _sold_out(request=request, policy=policy, now=now, free=free)
+    try:
+        return _order_create_locked(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
+    except _SoldOutUnderLock as exc:
+        raise _sold_out(request=request, policy=policy, now=now, free=exc.free) from exc.__cause__
 
+
+class _SoldOutUnderLock(Exception):
+    def __init__(self, free: int):
+        self.free = free
+
+
+@transaction.atomic
+def _order_create_locked(
+    *, request: BookingRequest, policy: BookingPolicy, window: selectors.Window, price_per_lot: Decimal, now: datetime
+) -> tuple[Order, str]:
     # The capacity lock: concurrent bookings of this class wait here, then see each other's allocations.
     list(HardwareClass.objects.select_for_update().filter(pk=request.hardware_class.pk).values_list("pk", flat=True))
-    window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
     lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count)
     if len(lot_ids) < request.lot_count:
-        raise _sold_out(request=request, policy=policy, now=now, free=len(lot_ids))
+        raise _SoldOutUnderLock(free=len(lot_ids))
 
     order = Order.objects.create(
         public_id=new_public_id(),
@@ -155,7 +175,7 @@ def order_create(*, request: BookingRequest, now: datetime | None = None) -> tup
             )
     except IntegrityError as exc:  # the exclusion constraint caught an overlap the lock did not prevent
         logger.warning("allocation overlap refused for %s: %s", order.public_id, exc)
-        raise _sold_out(request=request, policy=policy, now=now, free=0) from exc
+        raise _SoldOutUnderLock(free=0) from exc
     OrderSshKey.objects.bulk_create(
         OrderSshKey(
             order=order, key_type=key.key_type, bits=key.bits, fingerprint=key.fingerprint, public_key=key.openssh()

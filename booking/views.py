@@ -36,7 +36,9 @@ BOOKING_INTERRUPTED = gettext_lazy(
 )
 
 
-def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict) -> Quote | None:
+def _quote_for(
+    quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict, next_dates: list
+) -> Quote | None:
     """The quote for the valid choices of `quote_form`, the defaults standing in for the others."""
     choice = dict(initial)
     if quote_form is not None:
@@ -58,6 +60,7 @@ def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: Bookin
         start_date=choice["start_date"],
         days=choice["days"],
         policy=policy,
+        next_dates=next_dates,
     )
 
 
@@ -137,7 +140,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
         form = BookingForm(initial={**initial, **typed}, **form_kwargs)
         fit_form = FitForm(prefix="fit")
 
-    quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
+    quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial, next_dates=next_dates)
     if quote is not None and next_dates:
         quote.next_dates = next_dates
     context = {
