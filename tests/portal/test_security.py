@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from booking.models import Order, OrderStatus
+from payments.models import Invoice
 from tests.booking.test_pages import place
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,39 +55,107 @@ def _role_clients(django_user_model) -> dict[str, Client]:
     return clients
 
 
+CONSOLE_ACTIONS = ["approve", "reject", "retry", "preflight", "teardown", "provision", "reassign", "extend", "cancel"]
+ADMIN_CHANGELISTS = [
+    "booking_hardwareclass",
+    "booking_lot",
+    "booking_order",
+    "booking_orderevent",
+    "payments_invoice",
+    "payments_transfer",
+    "payments_operatorrate",
+    "payments_chaincursor",
+    "provisioning_host",
+    "provisioning_provisioningrun",
+    "provisioning_access",
+]
+
+
 @pytest.mark.django_db
 def test_the_permission_matrix(client, catalog, booking_data, django_user_model):
+    """Every URL and action × anonymous, the researcher (their link, no account), staff without the operator
+    permission, operator, admin; a wrong link for each of them. Each cell is asserted; nothing moves."""
     order, token = place(client, booking_data())
     clients = _role_clients(django_user_model)
+    clients["researcher"] = client  # the browser that placed the order: a session, no account
     right = {"public_id": order.public_id, "token": token}
     wrong = {"public_id": order.public_id, "token": "w" * 43}
-    console = reverse("console:queue")
-    console_order = reverse("console:order", kwargs={"public_id": order.public_id})
-    approve = reverse("console:action", kwargs={"public_id": order.public_id, "action": "approve"})
-    admin_orders = reverse("admin:booking_order_changelist")
+    at_login = "/admin/login/"
 
-    # Customer pages: the secret link is the only key, whoever holds it.
-    for role, role_client in clients.items():
-        assert role_client.get(reverse("booking:order", kwargs=right)).status_code == 200, role
-        assert role_client.get(reverse("booking:order", kwargs=wrong)).status_code == 404, role
+    def answer(role: str, method: str, url: str, data: dict | None = None) -> tuple[int, str]:
+        response = getattr(clients[role], method)(url, data or {})
+        return response.status_code, response.get("Location", "")
+
+    # Public pages, and the order pages: the secret link is the only key, whoever holds it.
+    public = ["booking:book", "booking:guide", "booking:fit", "booking:split-trial-kit", "booking:resend-link"]
+    for role in clients:
+        for name in public:
+            assert answer(role, "get", reverse(name))[0] == 200, (role, name)
+        assert answer(role, "get", reverse("booking:order", kwargs=right))[0] == 200, role
+        assert answer(role, "get", reverse("booking:order", kwargs=wrong))[0] == 404, role
         for name in ("order-cancel", "order-paid", "order-asset", "order-split-trial"):
-            assert role_client.post(reverse(f"booking:{name}", kwargs=wrong)).status_code == 404, (role, name)
+            assert answer(role, "post", reverse(f"booking:{name}", kwargs=wrong))[0] == 404, (role, name)
 
-    expected = {  # role: (console GET, console order GET, approve POST, admin changelist GET)
-        "anonymous": (302, 302, 302, 302),
-        "staff": (403, 403, 403, 403),
-        "operator": (200, 200, 302, 403),
-        "admin": (200, 200, 302, 200),
-    }
-    for role, (queue_status, order_status, approve_status, admin_status) in expected.items():
-        role_client = clients[role]
-        assert role_client.get(console).status_code == queue_status, role
-        assert role_client.get(console_order).status_code == order_status, role
-        if role in ("anonymous", "staff"):
-            assert role_client.post(approve).status_code == approve_status, role
-        assert role_client.get(admin_orders).status_code == admin_status, role
+    # The console: operators and admins only; the others are sent to log in (no account) or refused (staff).
+    console_pages = [
+        reverse("console:queue"),
+        reverse("console:calendar"),
+        reverse("console:order", kwargs={"public_id": order.public_id}),
+    ]
+    console_order = console_pages[2]
+    for url in console_pages:
+        for role in ("anonymous", "researcher"):
+            status, location = answer(role, "get", url)
+            assert status == 302 and location.startswith(at_login), (role, url)
+        assert answer("staff", "get", url)[0] == 403, url
+        assert answer("operator", "get", url)[0] == 200, url
+        assert answer("admin", "get", url)[0] == 200, url
+    for action in [*CONSOLE_ACTIONS, "no-such-action"]:
+        url = reverse("console:action", kwargs={"public_id": order.public_id, "action": action})
+        data = {"reason": "matrix", "days": "7", "from_lot": "1", "to_lot": "2"}
+        for role in ("anonymous", "researcher"):
+            status, location = answer(role, "post", url, data)
+            assert status == 302 and location.startswith(at_login), (role, action)
+        assert answer("staff", "post", url, data)[0] == 403, action
+        if action in ("cancel", "no-such-action"):
+            continue  # cancel is allowed on an unpaid order: it has its own cell below
+        for role in ("operator", "admin"):  # allowed to try; refused for this order's state, with a message
+            assert answer(role, "post", url, data) == (302, console_order), (role, action)
+        order.refresh_from_db()
+        assert order.status == OrderStatus.AWAITING_PAYMENT, action
+    for role in ("operator", "admin"):
+        url = reverse("console:action", kwargs={"public_id": order.public_id, "action": "no-such-action"})
+        assert answer(role, "post", url)[0] == 403, role
+
+    # Django's admin: its index for any staff; the models for those who hold their permissions (admins here).
+    for role in ("anonymous", "researcher"):
+        status, location = answer(role, "get", reverse("admin:index"))
+        assert status == 302 and location.startswith(at_login), role
+    for role in ("staff", "operator", "admin"):
+        assert answer(role, "get", reverse("admin:index"))[0] == 200, role
+    for model in ADMIN_CHANGELISTS:
+        url = reverse(f"admin:{model}_changelist")
+        assert answer("anonymous", "get", url)[0] == 302, model
+        assert answer("staff", "get", url)[0] == 403, model
+        assert answer("operator", "get", url)[0] == 403, model
+        assert answer("admin", "get", url)[0] == 200, model
+    invoice = order.invoices.get()
+    mark_paid = {"action": "mark_paid", "_selected_action": [invoice.pk]}
+    invoices = reverse("admin:payments_invoice_changelist")
+    assert answer("anonymous", "post", invoices, mark_paid)[0] == 302
+    assert answer("staff", "post", invoices, mark_paid)[0] == 403
+    assert answer("operator", "post", invoices, mark_paid)[0] == 403
+    assert answer("admin", "post", invoices, mark_paid)[0] == 200  # the form asking for the reason
+    invoice.refresh_from_db()
     order.refresh_from_db()
-    assert order.status == OrderStatus.AWAITING_PAYMENT  # nobody above could approve an unpaid order
+    assert invoice.status == Invoice.Status.NEW and order.status == OrderStatus.AWAITING_PAYMENT
+
+    # The cells that do change something, last: an operator cancels the unpaid order.
+    cancel = reverse("console:action", kwargs={"public_id": order.public_id, "action": "cancel"})
+    assert answer("operator", "post", cancel, {"reason": "matrix"}) == (302, console_order)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    assert order.events.filter(actor__username="olga", to_status=OrderStatus.CANCELLED).exists()
 
 
 @pytest.mark.django_db
