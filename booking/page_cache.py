@@ -8,7 +8,9 @@ generation it was rendered at, so a stale page is never served after a change. E
 The CSRF token differs per visitor: pages are rendered with a placeholder that is replaced on the way out.
 """
 
+import secrets
 from collections.abc import Callable
+from typing import TypeVar
 
 from django.core.cache import cache
 from django.db import transaction
@@ -21,8 +23,16 @@ CSRF_PLACEHOLDER = "__binome_csrf_token__"
 CSRF_PLACEHOLDER_BYTES = CSRF_PLACEHOLDER.encode()
 
 
+T = TypeVar("T")
+
+
+def _fresh_generation() -> int:
+    # Random rather than 1: a counter evicted and set again must not match what was cached before it.
+    return secrets.randbits(48)
+
+
 def generation() -> int:
-    return cache.get_or_set(GENERATION_KEY, 1, timeout=None)
+    return cache.get_or_set(GENERATION_KEY, _fresh_generation, timeout=None)
 
 
 def bump_generation() -> None:
@@ -34,7 +44,30 @@ def _bump() -> None:
     try:
         cache.incr(GENERATION_KEY)
     except ValueError:  # the counter was evicted: any new value invalidates the old pages
-        cache.set(GENERATION_KEY, 1, timeout=None)
+        cache.set(GENERATION_KEY, _fresh_generation(), timeout=None)
+
+
+def _lookup(key: str) -> tuple[int, object | None]:
+    """The current generation, and what `key` holds if it was stored at that generation (one round trip)."""
+    found = cache.get_many([GENERATION_KEY, key])
+    current = found.get(GENERATION_KEY)
+    if current is None:
+        current = generation()
+    cached = found.get(key)
+    if cached is not None and cached[0] == current:
+        return current, cached[1]
+    return current, None
+
+
+def remember(key: str, compute: Callable[[], T], *, timeout: int = PAGE_TTL) -> T:
+    """`compute()`, kept in the shared cache while availability and the catalog stay as they were (the same
+    generation) and at most `timeout` seconds. The generation is read before computing: a change committed
+    meanwhile makes the value stale at once, never served as current."""
+    current, value = _lookup(key)
+    if value is None:
+        value = compute()
+        cache.set(key, (current, value), timeout=timeout)
+    return value
 
 
 def cached_page(request: HttpRequest, *, key: str, render: Callable[[dict], HttpResponse]) -> HttpResponse:
@@ -44,14 +77,8 @@ def cached_page(request: HttpRequest, *, key: str, render: Callable[[dict], Http
     fetched together.
     """
     page_key = f"booking:page:{request.LANGUAGE_CODE}:{key}"
-    found = cache.get_many([GENERATION_KEY, page_key])
-    current = found.get(GENERATION_KEY)
-    if current is None:
-        current = generation()
-    cached = found.get(page_key)
-    if cached is not None and cached[0] == current:
-        body = cached[1]
-    else:
+    current, body = _lookup(page_key)
+    if body is None:
         response = render({"csrf_token": CSRF_PLACEHOLDER})
         if response.status_code != 200:
             return response

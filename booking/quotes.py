@@ -52,10 +52,8 @@ def build_quote(
     days: int,
     policy: BookingPolicy,
     now: datetime | None = None,
-    next_dates: list[date] | None = None,
 ) -> Quote:
-    """`classes` come from selectors.offered_classes() (prices and environments prefetched). `next_dates`, when
-    the caller already has them (a booking refused as sold out), replace the look-up of the next free dates."""
+    """`classes` come from selectors.offered_classes() (prices and environments prefetched)."""
     now = now or timezone.now()
     problems = []
     try:
@@ -105,9 +103,7 @@ def build_quote(
     )
     if capacity and not quote.problems:
         quote.problems.append(capacity)
-        if next_dates:
-            quote.next_dates = next_dates
-        elif chosen.availability.total >= lot_count:
+        if chosen.availability.total >= lot_count:
             quote.next_dates = selectors.next_start_dates(
                 hardware_class=hardware_class,
                 lot_count=lot_count,

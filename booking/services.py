@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
-from booking import selectors
+from booking import page_cache, selectors
 from booking.models import (
     ORDER_TRANSITIONS,
     RELEASING_STATUSES,
@@ -83,11 +83,14 @@ def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datet
         raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
 
 
-def _sold_out(*, request: BookingRequest, policy: BookingPolicy, now: datetime, free: int) -> SoldOut:
+def _sold_out(*, request: BookingRequest, policy: BookingPolicy, now: datetime, free: int) -> BookingError:
+    total, next_dates = _elsewhen(request=request, policy=policy, now=now)
+    return _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
+
+
+def _elsewhen(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> tuple[int, list[date]]:
+    """The class's active lots, and the next start dates with enough of them free."""
     total = selectors.active_lot_count(hardware_class=request.hardware_class)
-    message = capacity_problem(
-        hardware_class=request.hardware_class, lot_count=request.lot_count, free=min(free, total), total=total
-    )
     next_dates = []
     if total >= request.lot_count:
         next_dates = selectors.next_start_dates(
@@ -98,30 +101,65 @@ def _sold_out(*, request: BookingRequest, policy: BookingPolicy, now: datetime, 
             policy=policy,
             now=now,
         )
+    return total, next_dates
+
+
+def _sold_out_answer(*, request: BookingRequest, free: int, total: int, next_dates: list[date]) -> BookingError:
+    message = capacity_problem(
+        hardware_class=request.hardware_class, lot_count=request.lot_count, free=min(free, total), total=total
+    )
+    if total < request.lot_count:  # more lots than exist: a wrong number, not a full calendar
+        return BookingError(message, field="lots")
     return SoldOut(message or "", next_dates=next_dates)
 
 
-def order_create(*, request: BookingRequest, now: datetime | None = None) -> tuple[Order, str]:
+def _availability_hint(
+    *, request: BookingRequest, policy: BookingPolicy, window: selectors.Window, now: datetime
+) -> tuple[int, int, list[date]]:
+    """(free lots, active lots, next dates when short) for this request, read without any lock and kept in the
+    shared cache until the next booking, release or catalog edit (the booking page's generation): a rush on the
+    last lot is answered "sold out" without a query. Only a hint: a booking that looks possible is decided under
+    the class lock, and releases bump the generation on commit, so a stale hint never refuses a free lot."""
+
+    def compute() -> tuple[int, int, list[date]]:
+        free = len(
+            selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count)
+        )
+        if free >= request.lot_count:
+            return free, free, []
+        return free, *_elsewhen(request=request, policy=policy, now=now)
+
+    key = f"booking:availability:{request.hardware_class.pk}:{request.start_date}:{request.days}:{request.lot_count}"
+    return page_cache.remember(key, compute)
+
+
+def _price_per_lot(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
+    # From the prices the catalog prefetched when it did; one query otherwise.
+    return next((price.amount_per_lot for price in hardware_class.prices.all() if price.days == days), None)
+
+
+def order_create(
+    *, request: BookingRequest, now: datetime | None = None, policy: BookingPolicy | None = None
+) -> tuple[Order, str]:
     """Place an order and hold specific lots for its window, in one transaction.
 
     Bookings of one class are serialised by a row lock on the class; the exclusion constraint on allocations
     (PostgreSQL) is the guarantee behind it. Returns the order and its secret token (shown once).
 
     When the lots are already taken, the answer comes without waiting for the lock (a rush on the last lot queues
-    only the bookings that may still succeed), and the next dates are looked up outside the transaction.
+    only the bookings that may still succeed), from a cached hint (`_availability_hint`), and the next dates are
+    looked up outside the transaction.
     """
     now = now or timezone.now()
-    policy = BookingPolicy.current()
+    policy = policy or BookingPolicy.current()
     _check_request(request=request, policy=policy, now=now)
-    price_per_lot = (
-        request.hardware_class.prices.filter(days=request.days).values_list("amount_per_lot", flat=True).first()
-    )
+    price_per_lot = _price_per_lot(hardware_class=request.hardware_class, days=request.days)
     if price_per_lot is None:
         raise BookingError(_("This window is not on sale for this hardware class."), field="days")
     window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
-    free = len(selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count))
+    free, total, next_dates = _availability_hint(request=request, policy=policy, window=window, now=now)
     if free < request.lot_count:
-        raise _sold_out(request=request, policy=policy, now=now, free=free)
+        raise _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
     try:
         return _order_create_locked(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
     except _SoldOutUnderLock as exc:

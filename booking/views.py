@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
-from booking import advisor, selectors, services, status_cache
+from booking import advisor, page_cache, selectors, services, status_cache
 from booking.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
 from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import CSRF_PLACEHOLDER_BYTES, cached_page
@@ -36,9 +36,7 @@ BOOKING_INTERRUPTED = gettext_lazy(
 )
 
 
-def _quote_for(
-    quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict, next_dates: list
-) -> Quote | None:
+def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: BookingPolicy, initial: dict) -> Quote | None:
     """The quote for the valid choices of `quote_form`, the defaults standing in for the others."""
     choice = dict(initial)
     if quote_form is not None:
@@ -60,7 +58,6 @@ def _quote_for(
         start_date=choice["start_date"],
         days=choice["days"],
         policy=policy,
-        next_dates=next_dates,
     )
 
 
@@ -88,9 +85,15 @@ def book(request: HttpRequest) -> HttpResponse:
     return _book(request)
 
 
+def _catalog_and_policy() -> tuple[Catalog, BookingPolicy]:
+    """The classes on offer and the booking rules, from the shared cache until the catalog changes."""
+    return page_cache.remember(
+        "booking:catalog", lambda: (Catalog(classes=list(selectors.offered_classes())), BookingPolicy.current())
+    )
+
+
 def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
-    policy = BookingPolicy.current()
-    catalog = Catalog(classes=list(selectors.offered_classes()))
+    catalog, policy = _catalog_and_policy()
     earliest = selectors.earliest_start_date(policy=policy)
     latest = selectors.latest_start_date(policy=policy)
     initial = quote_initial(catalog=catalog, earliest=earliest)
@@ -100,7 +103,6 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
         "min_max": {"min": earliest.isoformat(), "max": latest.isoformat()},
     }
     placing = request.method == "POST" and request.POST.get("action") != "quote"
-    next_dates: list = []
     status = 200
 
     if placing:
@@ -115,10 +117,11 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
             fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"])
             fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
             try:
-                order, token = services.order_create(request=_booking_request(form, language=get_language(), **fit))
+                order, token = services.order_create(
+                    request=_booking_request(form, language=get_language(), **fit), policy=policy
+                )
             except SoldOut as exc:
-                form.add_error(exc.field, exc.message)
-                next_dates = exc.next_dates
+                return _sold_out_page(request, form, exc)
             except BookingError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
             except (OperationalError, InterfaceError) as exc:
@@ -140,9 +143,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
         form = BookingForm(initial={**initial, **typed}, **form_kwargs)
         fit_form = FitForm(prefix="fit")
 
-    quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial, next_dates=next_dates)
-    if quote is not None and next_dates:
-        quote.next_dates = next_dates
+    quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
     context = {
         "form": form,
         "fit_form": fit_form,
@@ -154,6 +155,24 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     if request.htmx and request.method == "GET":
         return render(request, "booking/book.html#quote", context)
     return render(request, "booking/book.html", context, status=status)
+
+
+def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -> HttpResponse:
+    """A short answer: what happened, the next dates as one-click bookings with the same answers, and the way
+    back to the form with everything kept. (A rush on the last lot gets 99 of these at once: no form to draw.)"""
+    fields = [*BookingForm.base_fields, *(f"fit-{name}" for name in FitForm.base_fields)]
+    kept = [(name, value) for name in fields for value in request.POST.getlist(name)]
+    data = form.cleaned_data
+    context = {
+        "message": sold_out.message,
+        "next_dates": sold_out.next_dates,
+        "kept": [(name, value) for name, value in kept if name != "start_date"],
+        "start_date": data["start_date"],
+        "days": data["days"],
+        "lot_count": data["lots"],
+        "hardware_class": data["hardware_class"],
+    }
+    return render(request, "booking/sold_out.html", context)
 
 
 def _booking_request(form: BookingForm, *, language: str, **fit) -> services.BookingRequest:

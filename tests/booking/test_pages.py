@@ -1,5 +1,6 @@
 """The customer pages: booking, the order behind its secret link, cancel, resend my link."""
 
+import html
 import re
 from datetime import timedelta
 
@@ -195,8 +196,48 @@ def test_sold_out_answers_clearly_with_the_next_dates_that_fit(client, catalog, 
     page = response.content.decode()
     assert response.status_code == 200
     assert "Sold out: not enough NVIDIA B200 pair lots are free for these dates." in page
+    assert "Nothing was booked and nothing is owed; your answers are kept." in page
     # Held from start−6 h to start+7 d+6 h: a new 7-day window (itself needing 6 h before) fits from day 8.
-    assert f"start_date={(start_date + timedelta(days=8)).isoformat()}" in page
+    next_date = (start_date + timedelta(days=8)).isoformat()
+    assert f'name="start_date" value="{next_date}"' in page
+    assert Order.objects.count() == 1
+
+    # One click books the same answers from that date: the form on the page carries them all.
+    form = re.search(r'<form[^>]*class="next-dates">(.*?)</form>', page, re.S).group(1)
+    kept = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
+    assert kept["contact_email"] == "ada@example.org" and kept["ssh_keys"].startswith("ssh-ed25519 ")
+    assert "start_date" not in kept
+    booked = client.post(
+        reverse("booking:book"), {**{k: html.unescape(v) for k, v in kept.items()}, "start_date": next_date}
+    )
+    assert booked.status_code == 302
+    order = Order.objects.latest("created_at")
+    assert order.starts_at.date().isoformat() == next_date and order.contact_email == "ada@example.org"
+    assert order.hypothesis_detail == booking_data()["hypothesis_detail"]
+
+
+def test_after_a_sold_out_answer_a_released_lot_can_be_booked_at_once(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    """The sold-out answer is cached until availability changes: a cancellation must lift it immediately."""
+    order, token = place(client, booking_data(lots="6"))
+    assert "Sold out" in client.post(reverse("booking:book"), booking_data(lots="1")).content.decode()
+    assert "Sold out" in client.post(reverse("booking:book"), booking_data(lots="1")).content.decode()  # cached
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+    assert client.post(reverse("booking:book"), booking_data(lots="1")).status_code == 302
+
+
+def test_change_my_choices_goes_back_to_the_form_with_the_answers_kept(client, catalog, booking_data):
+    place(client, booking_data(lots="6"))
+    page = client.post(reverse("booking:book"), booking_data(lots="1")).content.decode()
+    form = re.findall(r"<form[^>]*>(.*?)</form>", page, re.S)[-1]
+    kept = {k: html.unescape(v) for k, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)}
+    assert kept["action"] == "quote"
+
+    back = client.post(reverse("booking:book"), kept).content.decode()
+    assert 'value="ada@example.org"' in back and "Sold out" in back  # the quote says so again, the form is full
     assert Order.objects.count() == 1
 
 
