@@ -153,7 +153,7 @@ def worker(port: int, path: str, headers: dict, seconds: float, queue) -> None:
             response = connection.getresponse()
             response.read()
             connection.close()
-            if response.status != 200:
+            if response.status not in (200, 204):  # 204: a poll whose block is unchanged
                 errors += 1
                 continue
         except OSError:

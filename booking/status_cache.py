@@ -18,6 +18,9 @@ A hit costs one cache round trip (the entry and the versions, fetched together) 
 found by the order number and the hash of the secret token, so only a link the database accepted when the
 entry was rendered can reach it (tokens are never edited; deleting one bumps the order). The CSRF token is
 rendered as a placeholder and replaced per response.
+
+Each entry has an id, written into the block's own poll URL: a page that already shows an entry polls with its id
+and, while the entry is current, gets "204 No Content" (htmx leaves the block as it is): no body, no token.
 """
 
 import secrets
@@ -47,6 +50,12 @@ class Entry:
     versions: dict[str, str]
     body: bytes
     stop_polling: bool
+    # Named in the block's own poll URL (`?v=`): a poll that already shows this entry is answered 204, no body.
+    id: str = ""
+
+
+def new_entry_id() -> str:
+    return secrets.token_hex(8)
 
 
 def _new_version() -> str:

@@ -236,10 +236,12 @@ def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpRespo
     if entry is None:
         order = _order_or_404(public_id, token)
         versions = status_cache.current_versions(order.public_id)
-        context = _order_context(order, token)
+        context = {**_order_context(order, token), "poll_version": status_cache.new_entry_id()}
         response = render(request, "booking/order.html#order-status", {**context, **status_cache.render_context()})
-        entry = status_cache.Entry(versions, response.content, order.is_settled)
+        entry = status_cache.Entry(versions, response.content, order.is_settled, context["poll_version"])
         status_cache.store(key, entry, fresh_for=_status_fresh_for(order, now=context["now"]))
+    elif entry.id and request.GET.get("v") == entry.id:
+        return HttpResponse(status=204)  # the page shows this block already: htmx keeps it
     body = entry.body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
     return HttpResponseStopPolling(body) if entry.stop_polling else HttpResponse(body)
 

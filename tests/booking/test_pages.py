@@ -359,3 +359,28 @@ def _second_link(order: Order) -> str:
     from booking.services import _issue_token
 
     return _issue_token(order=order)
+
+
+def test_a_page_that_already_shows_the_current_block_gets_no_content(
+    client, catalog, booking_data, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    """The block names its own entry in its poll URL; while nothing changed, the poll answers 204 (htmx keeps the
+    block), and a change brings the new block at once."""
+    from booking.services import order_transition
+
+    order, token = place(client, booking_data())
+    block = poll(client, order, token).content.decode()
+    url = html.unescape(re.search(r'hx-get="([^"]+\?v=[0-9a-f]+)"', block).group(1))
+    with django_assert_num_queries(0):
+        unchanged = client.get(url, headers={"HX-Request": "true"})
+    assert unchanged.status_code == 204 and unchanged.content == b""
+    assert unchanged["Referrer-Policy"] == "no-referrer" and "no-store" in unchanged["Cache-Control"]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
+    changed = client.get(url, headers={"HX-Request": "true"})
+    assert changed.status_code == 200 and "being confirmed on chain" in changed.content.decode()
+    assert re.search(r'hx-get="[^"]+\?v=([0-9a-f]+)"', changed.content.decode()).group(1) not in url
+
+    wrong = url.replace(token, "w" * len(token))
+    assert client.get(wrong, headers={"HX-Request": "true"}).status_code == 404  # the id opens nothing by itself
