@@ -60,6 +60,15 @@ def redis_server():
         server.stop()
 
 
+def confirm_and_watch_it_paid(page, chain, order) -> None:
+    """The remaining confirmations; the page turns to "paid" by itself and no longer says the check is delayed."""
+    chain.mine(2)
+    page.locator("#order-status").get_by_text("Paid: ").wait_for(timeout=60000)
+    assert DELAYED not in page.inner_text("#order-status")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
 def _use_broker(url: str | None) -> None:
     celery_app.conf.broker_url = url
     # As Celery does after a fork: the next publish builds a pool for the current broker URL.
@@ -98,11 +107,7 @@ def test_redis_stopped_while_the_researcher_presses_ive_paid(
 
         redis_server.start()  # an empty Redis: whatever was queued before is gone, the click is in the database
         page.locator("#order-status").get_by_text("confirmations").wait_for(timeout=60000)
-        chain.mine(2)
-        page.locator("#order-status").get_by_text("Paid: ").wait_for(timeout=60000)
-        assert DELAYED not in page.inner_text("#order-status")
-        order.refresh_from_db()
-        assert order.status == OrderStatus.PAID
+        confirm_and_watch_it_paid(page, chain, order)
     finally:
         stop_beat()
         _use_broker(original_broker)
@@ -137,11 +142,7 @@ def test_the_rpc_node_stopped_during_confirmations(page, live_server, restartabl
         assert invoice.check_delayed_since is not None
 
         node.start()  # the same chain, read back from its state file
-        chain.mine(2)
-        page.locator("#order-status").get_by_text("Paid: ").wait_for(timeout=60000)
-        assert DELAYED not in page.inner_text("#order-status")
-        order.refresh_from_db()
-        assert order.status == OrderStatus.PAID
+        confirm_and_watch_it_paid(page, chain, order)
     finally:
         stop_beat()
 
