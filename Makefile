@@ -93,6 +93,7 @@ bench: setup
 	$(BIN)/python bench/pages.py
 	$(BIN)/python bench/chain_scan.py
 	$(BIN)/python bench/provisioning.py
+	$(BIN)/python bench/load.py
 
 contracts: node_modules/.installed
 	npm run --silent build:contracts
