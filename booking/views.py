@@ -111,7 +111,6 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
         ):
             return render(request, "429.html", status=429)
         form = BookingForm(request.POST, **form_kwargs)
-        quote_form: QuoteForm | None = QuoteForm(request.POST, **form_kwargs)
         fit_form = FitForm(request.POST if request.POST.get("fit-parameters_billion") else None, prefix="fit")
         if form.is_valid():
             fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"])
@@ -136,6 +135,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
                     request, _("Your lots are held. Keep this page's address: it is the key to your order.")
                 )
                 return redirect("booking:order", public_id=order.public_id, token=token)
+        quote_form: QuoteForm | None = QuoteForm(request.POST, **form_kwargs)  # the form comes back: requote
     else:
         source = request.POST if request.method == "POST" else request.GET
         quote_form = QuoteForm(source, **form_kwargs) if source.get("hardware_class") else None
