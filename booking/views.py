@@ -13,6 +13,7 @@ from django.middleware.csrf import get_token
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html_join
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
@@ -111,9 +112,11 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
         ):
             return render(request, "429.html", status=429)
         form = BookingForm(request.POST, **form_kwargs)
-        fit_form = FitForm(request.POST if request.POST.get("fit-parameters_billion") else None, prefix="fit")
+        fit_form: FitForm | None = (
+            FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
+        )
         if form.is_valid():
-            fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"])
+            fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"]) if fit_form else None
             fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
             try:
                 order, token = services.order_create(
@@ -146,7 +149,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
     context = {
         "form": form,
-        "fit_form": fit_form,
+        "fit_form": fit_form or FitForm(prefix="fit"),
         "quote": quote,
         "catalog": catalog,
         "policy": policy,
@@ -166,7 +169,10 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
     context = {
         "message": sold_out.message,
         "next_dates": sold_out.next_dates,
-        "kept": [(name, value) for name, value in kept if name != "start_date"],
+        # The answers, as hidden fields of both forms of the page (drawn once: this page answers rushes).
+        "kept": format_html_join(
+            "", '<input type="hidden" name="{}" value="{}">', ((n, v) for n, v in kept if n != "start_date")
+        ),
         "start_date": data["start_date"],
         "days": data["days"],
         "lot_count": data["lots"],
