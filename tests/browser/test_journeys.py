@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission
 from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
-from provisioning.services import username_for
+from provisioning.services import order_approve, username_for
 from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
 from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order
 from tests.provisioning.conftest import remove_user
@@ -146,14 +146,16 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
         remove_user(admin, username)
 
 
-def test_une_chercheuse_reserve_et_paie_en_francais(page, live_server, live_chain, catalog, worker_and_beat):
+def test_une_chercheuse_reserve_paie_et_trouve_ses_acces_en_francais(
+    page, live_server, live_chain, catalog, operations, operator, admin
+):
     chain, _path = live_chain
     page.goto(live_server.url + "/")
     with page.expect_navigation():
         page.select_option("#language-select", "fr")
     assert page.get_attribute("html", "lang") == "fr"
     quote = page.inner_text("#quote")
-    assert "Disponibilité et prix" in quote and "6 / 6" in quote
+    assert "Disponibilité et prix" in quote and "2 / 2" in quote
     page.fill("input[name=fit-parameters_billion]", "13")
     page.locator("#fit-advice").get_by_text("Il faut la paire de B200 avec partitionnement").wait_for(timeout=15000)
 
@@ -178,7 +180,19 @@ def test_une_chercheuse_reserve_et_paie_en_francais(page, live_server, live_chai
     paid = re.compile(r"Payé\s*:\s*réception de 6300[.,]00 dEURC confirmée")  # French spacing: a no-break space
     page.locator("#order-status").get_by_text(paid).wait_for(timeout=30000)
     shot(page, "commande-fr")
-    assert Order.objects.get().language == "fr"
+    order = Order.objects.get()
+    assert order.language == "fr"
+
+    # An operator approves (the console is the English test's); the page shows, in French, how to log in.
+    order_approve(order=order, actor=operator)
+    try:
+        page.locator("#order-status").get_by_text("Comment vous connecter").wait_for(timeout=90000)
+        status = page.inner_text("#order-status")
+        assert Access.objects.get(order=order).ssh_command in status
+        assert re.search(r"Rapport de vérification préalable\s*:\s*FAIL", status)
+        shot(page, "commande-fr-acces")
+    finally:
+        remove_user(admin, username_for(order))
 
 
 def test_an_admin_settles_a_partially_paid_invoice_with_a_reason(
