@@ -9,7 +9,6 @@ Targets (issue 3): calls per cycle constant, at most 5; detection latency <= 2 s
 
 import os
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,8 @@ def main() -> None:
         start_new_session=True,
     )
     processes = [anvil]
+    from tests.processes import stop_process_groups
+
     try:
         import django
 
@@ -68,14 +69,7 @@ def main() -> None:
         django.setup()
         run(processes, env)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_process_groups(processes, timeout=15)
 
 
 def run(processes: list, env: dict) -> None:
@@ -91,6 +85,7 @@ def run(processes: list, env: dict) -> None:
     from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
     from payments.selectors import current_invoice
     from tests.factories import make_ssh_key
+    from tests.processes import beat_argv, worker_argv
 
     client = demo_client()
     for _ in range(100):
@@ -153,27 +148,8 @@ def run(processes: list, env: dict) -> None:
         )
 
     # Detection latency with a real worker and beat (Redis broker), beat scanning every second.
-    for command in (
-        [
-            "worker",
-            "--pool",
-            "solo",
-            "--queues",
-            "default,chain,provisioning",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        ["beat", "--schedule", str(Path(tempfile.mkdtemp()) / "beat")],
-    ):
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "portal", *command, "--loglevel", "WARNING"],
-                cwd=ROOT,
-                env=env,
-                start_new_session=True,
-            )
-        )
+    for argv in (worker_argv(), beat_argv(Path(tempfile.mkdtemp()) / "beat")):
+        processes.append(subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True))
     time.sleep(4)
     latencies = []
     for _trial in range(5):

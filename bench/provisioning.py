@@ -9,7 +9,6 @@ the duration of each step. Target (issue 4): <= 10 s, image pull aside (the host
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ def main() -> None:
     with psycopg.connect(DATABASE_URL.rsplit("/", 1)[0] + "/postgres", autocommit=True) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         connection.execute(f'CREATE DATABASE "{name}"')
+    from tests.processes import stop_process_groups, worker_argv
     from tests.provisioning.conftest import running_sshd
 
     with running_sshd() as sshd:
@@ -63,23 +63,7 @@ def main() -> None:
         os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
         django.setup()
         worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "portal",
-                "worker",
-                "--pool",
-                "solo",
-                "--queues",
-                "default,chain,provisioning",
-                "--loglevel",
-                "WARNING",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
+            worker_argv(),
             cwd=ROOT,
             env=env,
             start_new_session=True,
@@ -87,8 +71,7 @@ def main() -> None:
         try:
             run_trials(sshd, options.trials)
         finally:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=20)
+            stop_process_groups([worker])
 
 
 def run_trials(sshd, trials: int) -> None:

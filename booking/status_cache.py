@@ -54,11 +54,8 @@ class Entry:
     id: str = ""
 
 
-def new_entry_id() -> str:
-    return secrets.token_hex(8)
-
-
-def _new_version() -> str:
+def new_token() -> str:
+    """A fresh random value: an order's or the chains' version, an entry's id."""
     return secrets.token_hex(8)
 
 
@@ -79,12 +76,12 @@ def bump_order_numbers(*public_ids: str) -> None:
 
 
 def _bump(public_ids) -> None:
-    cache.set_many({order_key(public_id): _new_version() for public_id in public_ids}, timeout=VERSION_TTL)
+    cache.set_many({order_key(public_id): new_token() for public_id in public_ids}, timeout=VERSION_TTL)
 
 
 def bump_chains() -> None:
     """Invalidate every cached status block that may show a chain's availability, on commit."""
-    transaction.on_commit(lambda: cache.set(CHAINS_KEY, _new_version(), timeout=VERSION_TTL))
+    transaction.on_commit(lambda: cache.set(CHAINS_KEY, new_token(), timeout=VERSION_TTL))
 
 
 def current_versions(public_id: str) -> dict[str, str]:
@@ -94,7 +91,7 @@ def current_versions(public_id: str) -> dict[str, str]:
     versions = cache.get_many(keys)
     for key in keys:
         if key not in versions:
-            version = _new_version()
+            version = new_token()
             versions[key] = version if cache.add(key, version, timeout=VERSION_TTL) else cache.get(key)
     return versions
 

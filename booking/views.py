@@ -116,7 +116,8 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
             FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
         )
         if form.is_valid():
-            fit_advice = _fit_advice(fit_form, hypothesis=form.cleaned_data["hypothesis"]) if fit_form else None
+            hypothesis = form.cleaned_data["hypothesis"]
+            fit_advice = _fit_advice(fit_form, hypothesis=hypothesis, catalog=catalog) if fit_form else None
             fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
             try:
                 order, token = services.order_create(
@@ -242,7 +243,7 @@ def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpRespo
     if entry is None:
         order = _order_or_404(public_id, token)
         versions = status_cache.current_versions(order.public_id)
-        context = {**_order_context(order, token), "poll_version": status_cache.new_entry_id()}
+        context = {**_order_context(order, token), "poll_version": status_cache.new_token()}
         response = render(request, "booking/order.html#order-status", {**context, **status_cache.render_context()})
         entry = status_cache.Entry(versions, response.content, order.is_settled, context["poll_version"])
         status_cache.store(key, entry, fresh_for=_status_fresh_for(order, now=context["now"]))
@@ -344,20 +345,21 @@ def guide(request: HttpRequest) -> HttpResponse:
 def fit_advisor(request: HttpRequest) -> HttpResponse:
     """The memory-fit advisor: its own page, and the live partial of the booking page (htmx)."""
     form = FitForm(request.GET if request.GET.get("fit-parameters_billion") else None, prefix="fit")
-    advice = _fit_advice(form, hypothesis=request.GET.get("hypothesis", "")[:40])
+    catalog, _policy = _catalog_and_policy()
+    advice = _fit_advice(form, hypothesis=request.GET.get("hypothesis", "")[:40], catalog=catalog)
     context = {"fit_form": form, "advice": advice}
     if request.htmx:
         return render(request, "booking/fit.html#advice", context)
     return render(request, "booking/fit.html", context)
 
 
-def _fit_advice(form: FitForm, *, hypothesis: str) -> dict | None:
+def _fit_advice(form: FitForm, *, hypothesis: str, catalog: Catalog) -> dict | None:
     if not form.is_bound or not form.is_valid():
         return None
     inputs = form.fit_input()
     if inputs is None:
         return None
-    return advisor.advise(inputs=inputs, classes=list(selectors.offered_classes()), hypothesis=hypothesis)
+    return advisor.advise(inputs=inputs, classes=catalog.classes, hypothesis=hypothesis)
 
 
 @require_POST

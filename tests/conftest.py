@@ -10,6 +10,7 @@ from booking.demo import seed_demo_catalog
 from booking.models import BookingPolicy, HardwareClass, Hypothesis
 from portal.celery import app as celery_app
 from tests.factories import make_ssh_key
+from tests.processes import process_env_for_tests, stop_process_groups, worker_argv
 
 
 @pytest.fixture(autouse=True)
@@ -85,45 +86,17 @@ def booking_data(catalog, ssh_key, start_date):
 def start_celery_worker(transactional_db):
     """Start real Celery workers (separate processes) on the real broker (Redis) and the test database:
     `start_celery_worker(**extra_env)` returns the process, ready; all are stopped after the test."""
-    import os
-    import signal
     import subprocess
-    import sys
     import time
 
-    from django.db import connection
-
     started: list[subprocess.Popen] = []
-    db = connection.settings_dict
 
     def start(**extra_env) -> subprocess.Popen:
-        env = {
-            **os.environ,
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "REDIS_URL": os.environ["REDIS_URL"],
-            "DEBUG": "1",
-            **extra_env,
-        }
+        env = process_env_for_tests(**extra_env)
         if not started:
             celery_app.control.purge()  # drop tasks a previous run may have left in the test broker
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "portal",
-                "worker",
-                "--pool",
-                "solo",
-                "--queues",
-                "default,chain,provisioning",
-                "--loglevel",
-                "INFO",
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-            ],
+            worker_argv("INFO"),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -144,14 +117,7 @@ def start_celery_worker(transactional_db):
         raise RuntimeError("Celery worker not ready in 60 s:\n" + "".join(lines))
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in started:
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+    stop_process_groups(started)
 
 
 @pytest.fixture

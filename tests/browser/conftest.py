@@ -2,9 +2,7 @@
 PostgreSQL, Redis, anvil and a real Celery worker and beat. Screenshots go to test-artifacts/ (not committed)."""
 
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager, suppress
@@ -17,6 +15,7 @@ from payments.chain import ChainUnavailable, DevChain
 from payments.demo import DEMO_USDT_RATE
 from payments.models import OperatorRate
 from tests.payments.conftest import chains_toml
+from tests.processes import beat_argv, process_env_for_tests, stop_process_groups
 from tests.provisioning.conftest import admin, loopback_host, sshd  # noqa: F401 (fixtures of the operator journey)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,8 +100,6 @@ def live_chain(anvil, transactional_db, settings, tmp_path):
 def start_worker_and_beat(start_celery_worker, chains_path: Path, **extra_env: str) -> Callable[[], None]:
     """A real worker, and beat scanning the chain every second; returns the function that stops beat (the
     worker is stopped by `start_celery_worker`)."""
-    from django.db import connection
-
     env = {
         "PAYMENTS_CHAINS_FILE": str(chains_path),
         "PAYMENTS_SCAN_SECONDS": "1",
@@ -111,32 +108,12 @@ def start_worker_and_beat(start_celery_worker, chains_path: Path, **extra_env: s
         **extra_env,
     }
     start_celery_worker(**env)
-    db = connection.settings_dict
     beat = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "portal",
-            "beat",
-            "--loglevel",
-            "WARNING",
-            "--schedule",
-            str(Path(tempfile.mkdtemp()) / "beat-schedule"),
-        ],
-        env={
-            **os.environ,
-            **env,
-            "DEBUG": "1",
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        },
-        start_new_session=True,
+        beat_argv(Path(tempfile.mkdtemp()) / "beat-schedule"), env=process_env_for_tests(**env), start_new_session=True
     )
 
     def stop() -> None:
-        os.killpg(beat.pid, signal.SIGTERM)
-        beat.wait(timeout=20)
+        stop_process_groups([beat])
 
     return stop
 

@@ -25,10 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from booking.models import Lot
 from provisioning.drivers import HostSpec, get_driver
 from provisioning.drivers.base import Connection
-from provisioning.models import Host
 
 SSHD = "/usr/sbin/sshd"
 MISSING_PACKAGES_HINT = (
@@ -284,6 +282,9 @@ def remove_user(connection: Connection, user: str) -> None:
 @pytest.fixture
 def loopback_host(sshd, catalog, settings):
     """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot the order will get."""
+    from booking.models import Lot  # here, not at import: bench/provisioning.py imports this module before Django
+    from provisioning.models import Host
+
     settings.PROVISIONING_SSH_KEY_FILE = str(sshd.host_spec.client_key_path)
     host = Host.objects.create(
         name="loopback",

@@ -1,0 +1,57 @@
+"""The Celery processes the integration tests and the benchmarks start, and how they are stopped."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+WORKER = [
+    "worker",
+    "--pool",
+    "solo",
+    "--queues",
+    "default,chain,provisioning",
+    "--without-heartbeat",
+    "--without-mingle",
+    "--without-gossip",
+]
+
+
+def process_env_for_tests(**extra_env: str) -> dict[str, str]:
+    """The environment of a process that works on the test database and the test Redis."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": os.environ["REDIS_URL"],
+        "DEBUG": "1",
+        **extra_env,
+    }
+
+
+def celery_argv(*args: str, loglevel: str = "WARNING") -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "portal", *args, "--loglevel", loglevel]
+
+
+def worker_argv(loglevel: str = "WARNING") -> list[str]:
+    """A worker on every queue, one task at a time."""
+    return celery_argv(*WORKER, loglevel=loglevel)
+
+
+def beat_argv(schedule: Path, loglevel: str = "WARNING") -> list[str]:
+    return celery_argv("beat", "--schedule", str(schedule), loglevel=loglevel)
+
+
+def stop_process_groups(processes: list[subprocess.Popen], timeout: float = 20) -> None:
+    """SIGTERM to each process group still running, then SIGKILL to those not gone after `timeout` seconds."""
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
