@@ -7,6 +7,7 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from playwright.sync_api import expect
 
 from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
@@ -31,7 +32,8 @@ def log_in(page, url: str, username: str) -> None:
     page.goto(url)
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", PASSWORD)
-    page.click("input[type=submit]")
+    with page.expect_navigation():
+        page.click("input[type=submit]")
 
 
 @pytest.fixture
@@ -117,7 +119,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     console.locator("h1 .status", has_text="Ready").wait_for(timeout=30000)  # the page follows the order's status
     console.select_option("select[name=days]", "7")
     console.click("button:has-text('Extend (new invoice)')")
-    assert "extend done" in console.inner_text("ul.messages")
+    console.locator("ul.messages").get_by_text("extend done").wait_for(timeout=30000)
     page.locator("#order-status").get_by_text("Extension by 7 days").wait_for(timeout=30000)
     pay_as_a_wallet(page, chain)
     chain.mine(3)
@@ -208,9 +210,11 @@ def test_an_admin_settles_a_partially_paid_invoice_with_a_reason(
 
     admin_page = new_page(viewport={"width": 1400, "height": 1200})
     log_in(admin_page, live_server.url + "/admin/payments/invoice/", "adele")
-    admin_page.click("text=Partially paid")  # the exception filter
+    with admin_page.expect_navigation():
+        admin_page.click("text=Partially paid")  # the exception filter
     rows = admin_page.locator("#result_list tbody tr")
-    assert rows.count() == 1 and order.public_id in rows.first.inner_text()
+    expect(rows).to_have_count(1)
+    assert order.public_id in rows.first.inner_text()
     rows.first.locator("input[name=_selected_action]").check()
     admin_page.select_option("select[name=action]", "mark_paid")
     admin_page.click("button[name=index]")
