@@ -19,10 +19,14 @@ found by the order number and the hash of the secret token, so only a link the d
 entry was rendered can reach it (tokens are never edited; deleting one bumps the order). The CSRF token is
 rendered as a placeholder and replaced per response.
 
-Each entry has an id, written into the block's own poll URL: a page that already shows an entry polls with its id
-and, while the entry is current, gets "204 No Content" (htmx leaves the block as it is): no body, no token.
+Each rendering has an id, written into the block's own poll URL (`?v=`), and a small record under that id: the
+link it was rendered for (order number and token hash) and its versions. A page that already shows a block polls
+with its id and, while that record's versions are the current ones, gets "204 No Content" (htmx leaves the block
+as it is): no body, no token. `booking.middleware.UnchangedStatusMiddleware` answers those polls before sessions,
+locale, CSRF, authentication and messages run, which the answer needs none of.
 """
 
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -35,6 +39,7 @@ from booking.tokens import token_hash
 ENTRY_TTL = 30
 VERSION_TTL = 24 * 3600  # longer than any entry; a version that expired is set again at random
 CHAINS_KEY = "order-status:chains:version"
+RENDERING_ID = re.compile(r"[0-9a-f]{16}")  # what `new_token` makes: anything else names no rendering
 
 
 def order_key(public_id: str) -> str:
@@ -45,13 +50,19 @@ def entry_key(*, public_id: str, token: str, language: str) -> str:
     return f"order-status:entry:{public_id}:{token_hash(token)}:{language}"
 
 
+def shown_key(rendering_id: str) -> str:
+    return f"order-status:shown:{rendering_id}"
+
+
+def _link(public_id: str, token: str) -> str:
+    return f"{public_id}:{token_hash(token)}"
+
+
 @dataclass(frozen=True)
 class Entry:
     versions: dict[str, str]
     body: bytes
     stop_polling: bool
-    # Named in the block's own poll URL (`?v=`): a poll that already shows this entry is answered 204, no body.
-    id: str = ""
 
 
 def new_token() -> str:
@@ -105,11 +116,23 @@ def lookup(key: str, *, public_id: str) -> Entry | None:
     return entry
 
 
-def store(key: str, entry: Entry, *, fresh_for: float) -> None:
-    """Keep a rendered block (with the CSRF placeholder) for at most `fresh_for` seconds and `ENTRY_TTL`."""
+def store(key: str, entry: Entry, *, public_id: str, token: str, rendering_id: str, fresh_for: float) -> None:
+    """Keep a rendered block (with the CSRF placeholder) for at most `fresh_for` seconds and `ENTRY_TTL`, and the
+    record that lets a page showing it (its poll names `rendering_id`) be answered "unchanged"."""
     timeout = int(min(ENTRY_TTL, fresh_for))
     if timeout >= 1 and None not in entry.versions.values():
-        cache.set(key, entry, timeout=timeout)
+        shown = (_link(public_id, token), entry.versions)
+        cache.set_many({key: entry, shown_key(rendering_id): shown}, timeout=timeout)
+
+
+def unchanged(*, public_id: str, token: str, rendering_id: str) -> bool:
+    """Whether the block rendered as `rendering_id`, for this link, still shows what is current: one round trip
+    of three small values, no query. A token deleted since then bumped the order, so it fails here too."""
+    if not RENDERING_ID.fullmatch(rendering_id):
+        return False
+    found = cache.get_many([shown_key(rendering_id), order_key(public_id), CHAINS_KEY])
+    shown = found.pop(shown_key(rendering_id), None)
+    return shown == (_link(public_id, token), found)
 
 
 def render_context() -> dict:

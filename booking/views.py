@@ -220,7 +220,7 @@ def _extension_payment(order: Order) -> PaymentView | None:
     return payment_view(order, invoice=invoice) if invoice is not None else None
 
 
-def _private(response: HttpResponse) -> HttpResponse:
+def mark_private(response: HttpResponse) -> HttpResponse:
     """The order page is a secret: never sent as a referrer, never indexed (never_cache keeps it out of caches)."""
     response["Referrer-Policy"] = "no-referrer"
     response["X-Robots-Tag"] = "noindex, nofollow"
@@ -231,7 +231,7 @@ def _private(response: HttpResponse) -> HttpResponse:
 @never_cache
 def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     if request.htmx:
-        return _private(_order_status(request, public_id, token))
+        return mark_private(_order_status(request, public_id, token))
     return order_page(request, _order_or_404(public_id, token), token)
 
 
@@ -243,12 +243,18 @@ def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpRespo
     if entry is None:
         order = _order_or_404(public_id, token)
         versions = status_cache.current_versions(order.public_id)
-        context = {**_order_context(order, token), "poll_version": status_cache.new_token()}
+        rendering_id = status_cache.new_token()
+        context = {**_order_context(order, token), "poll_version": rendering_id}
         response = render(request, "booking/order.html#order-status", {**context, **status_cache.render_context()})
-        entry = status_cache.Entry(versions, response.content, order.is_settled, context["poll_version"])
-        status_cache.store(key, entry, fresh_for=_status_fresh_for(order, now=context["now"]))
-    elif entry.id and request.GET.get("v") == entry.id:
-        return HttpResponse(status=204)  # the page shows this block already: htmx keeps it
+        entry = status_cache.Entry(versions, response.content, order.is_settled)
+        status_cache.store(
+            key,
+            entry,
+            public_id=public_id,
+            token=token,
+            rendering_id=rendering_id,
+            fresh_for=_status_fresh_for(order, now=context["now"]),
+        )
     body = entry.body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
     return HttpResponseStopPolling(body) if entry.stop_polling else HttpResponse(body)
 
@@ -295,8 +301,8 @@ def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
         response = render(request, "booking/order.html#order-status", context)
         if order.is_settled:
             response = HttpResponseStopPolling(response.content)
-        return _private(response)
-    return _private(render(request, "booking/order.html", context))
+        return mark_private(response)
+    return mark_private(render(request, "booking/order.html", context))
 
 
 @require_POST

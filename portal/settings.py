@@ -51,14 +51,15 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.middleware.SecurityHeadersMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",  # first too: static files and 204 polls get it
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "booking.middleware.UnchangedStatusMiddleware",  # the order page's "unchanged" polls stop here
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django_ratelimit.middleware.RatelimitMiddleware",
     "portal.middleware.DatabaseUnavailableMiddleware",

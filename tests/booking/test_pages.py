@@ -384,3 +384,49 @@ def test_a_page_that_already_shows_the_current_block_gets_no_content(
 
     wrong = url.replace(token, "w" * len(token))
     assert client.get(wrong, headers={"HX-Request": "true"}).status_code == 404  # the id opens nothing by itself
+
+
+def _polled_url(client, order: Order, token: str) -> str:
+    block = poll(client, order, token).content.decode()
+    return html.unescape(re.search(r'hx-get="([^"]+\?v=[0-9a-f]+)"', block).group(1))
+
+
+def test_an_unchanged_poll_is_answered_before_sessions_and_csrf_with_the_security_headers(
+    client, catalog, booking_data
+):
+    """The 204 comes from booking.middleware, ahead of the session, CSRF and messages: it sets no cookie, yet
+    carries the headers every answer has."""
+    order, token = place(client, booking_data())
+    url = _polled_url(client, order, token)
+    client.cookies.clear()  # a poll from a page whose cookies expired is just as unchanged
+
+    unchanged = client.get(url, headers={"HX-Request": "true"})
+    assert unchanged.status_code == 204 and unchanged.cookies == {}
+    assert "script-src 'self'" in unchanged["Content-Security-Policy"]
+    assert unchanged["X-Frame-Options"] == "DENY" and unchanged["X-Content-Type-Options"] == "nosniff"
+    assert unchanged["Referrer-Policy"] == "no-referrer" and unchanged["X-Robots-Tag"] == "noindex, nofollow"
+    assert "no-store" in unchanged["Cache-Control"]
+
+
+def test_a_poll_id_gives_no_content_only_to_the_htmx_poll_of_its_own_link(client, catalog, booking_data):
+    mine, my_token = place(client, booking_data())
+    theirs, their_token = place(client, booking_data(contact_email="other@example.org"))
+    url = _polled_url(client, mine, my_token)
+    rendering_id = url.rsplit("?v=", 1)[1]
+
+    # Opened as a page (no HX-Request), the same address is the whole order page.
+    page = client.get(url)
+    assert page.status_code == 200 and b"<html" in page.content
+    # The id of my block, sent with another order's link, is no answer about that order: its own block comes.
+    other = client.get(order_url(theirs, their_token) + f"?v={rendering_id}", headers={"HX-Request": "true"})
+    assert other.status_code == 200 and their_token in other.content.decode()
+    # Hostile ids name nothing: the block itself comes back, never an error.
+    for hostile in ("", "0" * 16, rendering_id.upper(), rendering_id + "0", "%00", "x" * 5000, "../../"):
+        answer = client.get(order_url(mine, my_token), {"v": hostile}, headers={"HX-Request": "true"})
+        assert answer.status_code == 200 and "Waiting for your transfer." in answer.content.decode(), hostile
+
+
+def test_an_unchanged_poll_for_an_unknown_host_is_refused(client, catalog, booking_data):
+    order, token = place(client, booking_data())
+    url = _polled_url(client, order, token)
+    assert client.get(url, headers={"HX-Request": "true"}, HTTP_HOST="evil.example").status_code == 400
