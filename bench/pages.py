@@ -9,10 +9,12 @@ Needs PostgreSQL on 127.0.0.1 (BENCH_DATABASE_URL) and, if available, Redis (BEN
 """
 
 import argparse
+import html
 import http.client
 import json
 import multiprocessing
 import os
+import re
 import secrets
 import statistics
 import subprocess
@@ -141,9 +143,15 @@ print(json.dumps({"order_url": order_url, "quote_url": quote_url, "lots": Lot.ob
 """
 
 
+POLL_URL = re.compile(rb'hx-get="([^"]+\?v=[0-9a-f]+)"')
+
+
 def worker(port: int, path: str, headers: dict, seconds: float, queue) -> None:
+    """Requests `path` back to back. A path with `?v=` is a status poll and follows it as htmx does: a block that
+    comes back (200) is swapped in, and the poll goes on with the address that block names."""
     latencies = []
-    errors = 0
+    errors = no_content = 0
+    follow = "?v=" in path
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         started = time.perf_counter()
@@ -151,7 +159,7 @@ def worker(port: int, path: str, headers: dict, seconds: float, queue) -> None:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             connection.request("GET", path, headers={"Host": "127.0.0.1", **headers})
             response = connection.getresponse()
-            response.read()
+            body = response.read()
             connection.close()
             if response.status not in (200, 204):  # 204: a poll whose block is unchanged
                 errors += 1
@@ -160,7 +168,10 @@ def worker(port: int, path: str, headers: dict, seconds: float, queue) -> None:
             errors += 1
             continue
         latencies.append(time.perf_counter() - started)
-    queue.put((latencies, errors))
+        no_content += response.status == 204
+        if follow and response.status == 200 and (found := POLL_URL.search(body)):
+            path = html.unescape(found.group(1).decode())
+    queue.put((latencies, errors, no_content))
 
 
 def measure(port: int, path: str, headers: dict, seconds: float, concurrency: int) -> dict:
@@ -175,7 +186,14 @@ def measure(port: int, path: str, headers: dict, seconds: float, concurrency: in
         process.join()
     latencies = sorted(latency for result in results for latency in result[0])
     errors = sum(result[1] for result in results)
-    return {"requests": len(latencies), "errors": errors, "latencies": latencies, "seconds": seconds}
+    no_content = sum(result[2] for result in results)
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "no_content": no_content,
+        "latencies": latencies,
+        "seconds": seconds,
+    }
 
 
 def percentile(values: list[float], fraction: float) -> float:
