@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
@@ -161,25 +162,45 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     return render(request, "booking/book.html", context, status=status)
 
 
+KEPT_PLACEHOLDER = "__binome_kept_answers__"
+
+
 def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -> HttpResponse:
     """A short answer: what happened, the next dates as one-click bookings with the same answers, and the way
-    back to the form with everything kept. (A rush on the last lot gets 99 of these at once: no form to draw.)"""
+    back to the form with everything kept.
+
+    A rush on the last lot gets 99 of these at once, all alike but for the answers kept and the CSRF token: the
+    page is drawn once per language, request and answer (message and next dates) and kept in the shared page
+    cache until availability changes, with placeholders for those two, replaced per response."""
     fields = [*BookingForm.base_fields, *(f"fit-{name}" for name in FitForm.base_fields)]
-    kept = [(name, value) for name in fields for value in request.POST.getlist(name)]
+    kept = format_html_join(
+        "",
+        '<input type="hidden" name="{}" value="{}">',
+        ((name, value) for name in fields if name != "start_date" for value in request.POST.getlist(name)),
+    )
     data = form.cleaned_data
-    context = {
-        "message": sold_out.message,
-        "next_dates": sold_out.next_dates,
-        # The answers, as hidden fields of both forms of the page (drawn once: this page answers rushes).
-        "kept": format_html_join(
-            "", '<input type="hidden" name="{}" value="{}">', ((n, v) for n, v in kept if n != "start_date")
-        ),
-        "start_date": data["start_date"],
-        "days": data["days"],
-        "lot_count": data["lots"],
-        "hardware_class": data["hardware_class"],
-    }
-    return render(request, "booking/sold_out.html", context)
+    drawn_for = (get_language(), data["hardware_class"].pk, data["start_date"], data["days"], data["lots"])
+    answer = (str(sold_out.message), tuple(sold_out.next_dates))
+    key = "booking:sold-out:" + hashlib.sha256(repr((drawn_for, answer)).encode()).hexdigest()
+
+    def draw() -> bytes:
+        context = {
+            "message": sold_out.message,
+            "next_dates": sold_out.next_dates,
+            "kept": mark_safe(KEPT_PLACEHOLDER),  # noqa: S308 (a constant)
+            "start_date": data["start_date"],
+            "days": data["days"],
+            "lot_count": data["lots"],
+            "hardware_class": data["hardware_class"],
+            # Nothing of this visitor in a shared page: their messages wait for their next page.
+            "messages": (),
+            "csrf_token": page_cache.CSRF_PLACEHOLDER,
+        }
+        return render(request, "booking/sold_out.html", context).content
+
+    body = page_cache.remember(key, draw)
+    body = body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
+    return HttpResponse(body.replace(KEPT_PLACEHOLDER.encode(), str(kept).encode()))  # what they typed: last
 
 
 def _booking_request(form: BookingForm, *, language: str, **fit) -> services.BookingRequest:

@@ -229,6 +229,38 @@ def test_after_a_sold_out_answer_a_released_lot_can_be_booked_at_once(
     assert client.post(reverse("booking:book"), booking_data(lots="1")).status_code == 302
 
 
+def test_a_rush_of_sold_out_answers_is_drawn_once_and_each_keeps_only_its_own_answers(client, catalog, booking_data):
+    """The sold-out page is shared by everyone refused the same lots: drawn once, with each visitor's own answers,
+    CSRF token and messages put in per response, never someone else's."""
+    from django.test import Client
+
+    ada = client
+    ada.post(reverse("booking:book"), booking_data(lots="6"))  # held; "Your lots are held" waits for her next page
+    organisation = 'Q&A "Lab" __binome_csrf_token__'  # quoted as typed, even what looks like a placeholder
+    first = ada.post(reverse("booking:book"), booking_data(lots="1", organisation=organisation))
+    grace = Client()
+    second = grace.post(reverse("booking:book"), booking_data(lots="1", contact_email="grace@example.org"))
+
+    assert "booking/sold_out.html" in [template.name for template in first.templates]
+    assert "booking/sold_out.html" not in [template.name for template in second.templates]  # from the cache
+    mine, theirs = first.content.decode(), second.content.decode()
+    assert mine.count('value="ada@example.org"') == theirs.count('value="grace@example.org"') == 2  # both forms
+    assert "grace@" not in mine and "ada@" not in theirs
+    assert mine.count('value="Q&amp;A &quot;Lab&quot; __binome_csrf_token__"') == 2
+    assert mine.count("__binome_") == 2 and theirs.count("__binome_") == 0  # no placeholder left but what she typed
+    for page, visitor in ((mine, ada), (theirs, grace)):
+        tokens = set(re.findall(r'name="csrfmiddlewaretoken" value="([^"]+)"', page))
+        assert tokens and all(_unmask(token) == _unmask(visitor.cookies["csrftoken"].value) for token in tokens)
+    assert "Your lots are held" not in mine + theirs  # a message is not drawn into a shared page...
+    assert "Your lots are held" in ada.get(reverse("booking:guide")).content.decode()  # ...it waits for hers
+
+
+def _unmask(token: str) -> str:
+    from django.middleware.csrf import _unmask_cipher_token
+
+    return _unmask_cipher_token(token) if len(token) == 64 else token
+
+
 def test_change_my_choices_goes_back_to_the_form_with_the_answers_kept(client, catalog, booking_data):
     place(client, booking_data(lots="6"))
     page = client.post(reverse("booking:book"), booking_data(lots="1")).content.decode()
