@@ -24,6 +24,7 @@ from payments import config
 from payments.addresses import deposit_address
 from payments.chain import ChainClient, ChainUnavailable, TransferLog
 from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, Transfer
+from portal.numbers import whole_number
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def default_asset() -> config.Asset | None:
     configured = settings.PAYMENTS_DEFAULT_ASSET
     if configured:
         chain_id, _sep, symbol = configured.partition(":")
-        if chain_id.isdigit() and (found := config.asset(int(chain_id), symbol)):
+        if (number := whole_number(chain_id)) is not None and (found := config.asset(number, symbol)):
             return found
     assets = config.assets()
     pegged = [asset for asset in assets if asset.pegged_to == settings.PRICE_CURRENCY]
@@ -142,7 +143,7 @@ def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None =
     stays watched (a payment still arriving there is recorded and flagged for an operator)."""
     now = now or timezone.now()
     chain_id, _sep, symbol = asset_key.partition(":")
-    asset = config.asset(int(chain_id), symbol) if chain_id.isdigit() else None
+    asset = config.asset(number, symbol) if (number := whole_number(chain_id)) is not None else None
     if asset is None:
         raise PaymentError(_("Choose one of the payment methods listed."), field="asset")
     order = Order.objects.select_for_update().get(pk=order.pk)

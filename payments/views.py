@@ -10,6 +10,7 @@ from django_ratelimit.core import is_ratelimited
 
 from booking.views import _order_or_404, order_page
 from payments import selectors, services
+from portal.numbers import whole_number
 
 
 @require_POST
@@ -19,9 +20,9 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     if is_ratelimited(request, group="i-paid", key="ip", rate="30/h", method="POST", increment=True):
         messages.error(request, _("You pressed “I've paid” many times: we keep checking the chain on our own."))
         return redirect("booking:order", public_id=public_id, token=token)
-    invoice_id = request.POST.get("invoice", "")
+    invoice_id = whole_number(request.POST.get("invoice"))
     invoice = (
-        order.invoices.filter(pk=int(invoice_id)).first() if invoice_id.isdigit() else selectors.current_invoice(order)
+        order.invoices.filter(pk=invoice_id).first() if invoice_id is not None else selectors.current_invoice(order)
     )
     if invoice is None:
         messages.error(request, _("This order has no invoice to pay."))

@@ -125,9 +125,14 @@ def _short(text: str, limit: int = 300) -> str:
 _ARCH_RE = re.compile(r"^(sm_\d{2,3}|gfx[0-9a-f]{3,4})$")
 
 
+def _is_index(text: str) -> bool:
+    """ASCII digits only: `str.isdigit()` also accepts "²", which `int()` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _gpu_list(text: str) -> list[int]:
     parts = [part.strip() for part in text.split(",")]
-    if not parts or any(not part.isdigit() for part in parts):
+    if not parts or any(not _is_index(part) for part in parts):
         raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices like 0,1, got {text!r}")
     gpus = [int(part) for part in parts]
     if len(set(gpus)) != len(gpus):
@@ -338,7 +343,7 @@ def parse_nvidia_smi(text: str) -> list[dict]:
     --format=csv,noheader,nounits`."""
     gpus = []
     for row in csv.reader(io.StringIO(text), skipinitialspace=True):
-        if len(row) < 6 or not row[0].strip().isdigit():
+        if len(row) < 6 or not _is_index(row[0].strip()):
             continue
         cap = _na(row[6]) if len(row) > 6 else None
         arch = None
@@ -460,7 +465,7 @@ def _visible_tokens(value: str) -> list[str]:
     tokens = []
     for raw in value.split(","):
         token = raw.strip()
-        if token.isdigit() or re.match(r"^(GPU|MIG)-[0-9A-Za-z-]+$", token, re.IGNORECASE):
+        if _is_index(token) or re.match(r"^(GPU|MIG)-[0-9A-Za-z-]+$", token, re.IGNORECASE):
             tokens.append(token)
         else:
             break
@@ -483,7 +488,7 @@ def _same_uuid(token: str, uuid: str | None) -> bool:
 
 def _position(tokens: list[str], physical: int, uuid: str | None) -> int | None:
     for position, token in enumerate(tokens):
-        if (token.isdigit() and int(token) == physical) or (not token.isdigit() and _same_uuid(token, uuid)):
+        if (_is_index(token) and int(token) == physical) or (not _is_index(token) and _same_uuid(token, uuid)):
             return position
     return None
 
@@ -509,7 +514,7 @@ def visible_mapping(vendor: str, gpus: list[int], env: dict, uuids: dict[int, st
     if hip is None:
         mapping = after_rocr
     else:
-        tokens = [token for token in _visible_tokens(hip) if token.isdigit()]  # HIP indexes what ROCr exposes
+        tokens = [token for token in _visible_tokens(hip) if _is_index(token)]  # HIP indexes what ROCr exposes
         mapping = {gpu: None if after_rocr[gpu] is None else _position(tokens, after_rocr[gpu], None) for gpu in gpus}
         described.append(f"{hip_name}={hip}")
     return mapping, ", ".join(described) or "ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES unset"

@@ -19,6 +19,7 @@ from booking.rules import BookingError
 from booking.selectors import free_lot_ids, window_for
 from booking.services import order_transition
 from payments.models import Invoice
+from portal.numbers import whole_number
 from provisioning import services
 
 OPERATE = "booking.operate_orders"
@@ -98,10 +99,10 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
 
 
 def _number(post, name: str) -> int:
-    value = post.get(name, "")
-    if not value.isdigit() or len(value) > 12:
+    number = whole_number(post.get(name))
+    if number is None:
         raise BookingError(f"{name}: a number is required.")
-    return int(value)
+    return number
 
 
 ACTIONS = {
