@@ -20,9 +20,13 @@ class UnchangedStatusMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        rendering_id = request.GET.get("v")
-        # META rather than request.headers, which copies every header first: polls are the busiest request.
-        if rendering_id and request.method == "GET" and request.META.get("HTTP_HX_REQUEST") == "true":
+        # The cheap tests first, the query string only for an htmx GET: this runs before every view. META rather
+        # than request.headers, which copies every header first.
+        if (
+            request.method == "GET"
+            and request.META.get("HTTP_HX_REQUEST") == "true"
+            and (rendering_id := request.GET.get("v"))
+        ):
             try:
                 match = resolve(request.path_info)
             except Resolver404:

@@ -19,7 +19,8 @@ from django.middleware.csrf import get_token
 
 GENERATION_KEY = "booking:generation"
 PAGE_TTL = 60
-CSRF_PLACEHOLDER = "__binome_csrf_token__"
+PLACEHOLDER_MARK = "__binome_"  # every placeholder starts so: text from a request that has it is not shared
+CSRF_PLACEHOLDER = f"{PLACEHOLDER_MARK}csrf_token__"
 CSRF_PLACEHOLDER_BYTES = CSRF_PLACEHOLDER.encode()
 
 

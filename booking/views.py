@@ -4,6 +4,7 @@ swaps the live regions (`#quote` on the booking page, `#order-status` on the ord
 import hashlib
 import logging
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -25,7 +26,7 @@ from django_ratelimit.core import is_ratelimited
 from booking import advisor, page_cache, selectors, services, status_cache
 from booking.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
 from booking.models import BookingPolicy, Order, OrderStatus
-from booking.page_cache import CSRF_PLACEHOLDER_BYTES, cached_page
+from booking.page_cache import CSRF_PLACEHOLDER_BYTES, PLACEHOLDER_MARK, cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
 from payments.selectors import PaymentView, open_extension_invoice, payment_view
@@ -66,24 +67,32 @@ def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: Bookin
 _QUOTE_PARAMETERS = frozenset(QuoteForm.base_fields)
 
 
-def _page_cache_key(request: HttpRequest) -> str | None:
-    """The shared-cache key of an anonymous GET of the booking page or its quote, or None when not cacheable
-    (pending flash messages, parameters other than the quote's, oversized values)."""
+def _shared_query(request: HttpRequest) -> list[tuple[str, str]] | None:
+    """The quote parameters an anonymous GET of the booking page is drawn from, in a fixed order (the last value
+    of each, as the form reads them), or None when the page is not to be shared: pending flash messages,
+    parameters other than the quote's, oversized values, or text that could pass for a cache placeholder."""
     if len(messages.get_messages(request)):
         return None
-    if not set(request.GET) <= _QUOTE_PARAMETERS or any(len(v) > 64 for v in request.GET.values()):
+    values = request.GET.values()
+    if not set(request.GET) <= _QUOTE_PARAMETERS or any(len(v) > 64 or PLACEHOLDER_MARK in v for v in values):
         return None
-    query = "&".join(f"{name}={request.GET.get(name, '')}" for name in sorted(_QUOTE_PARAMETERS & set(request.GET)))
-    digest = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{'quote' if request.htmx else 'page'}:{digest}"
+    return [(name, request.GET[name]) for name in sorted(request.GET)]
 
 
 @require_http_methods(["GET", "POST"])
 def book(request: HttpRequest) -> HttpResponse:
     """The booking page. GET (with or without choices) and POST action=quote only refresh the quote; a POST
     without it places the order. Anonymous GETs come from the shared page cache (booking/page_cache.py)."""
-    if request.method == "GET" and (key := _page_cache_key(request)) is not None:
-        return cached_page(request, key=key, render=lambda extra_context: _book(request, extra_context))
+    if request.method == "GET" and (query := _shared_query(request)) is not None:
+        canonical = urlencode(query)
+        digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        # The language switch returns to the page drawn, not to whatever address the first visitor typed.
+        shared = {"language_next": request.path + (f"?{canonical}" if canonical else "")}
+        return cached_page(
+            request,
+            key=f"{'quote' if request.htmx else 'page'}:{digest}",
+            render=lambda extra_context: _book(request, {**extra_context, **shared}),
+        )
     return _book(request)
 
 
@@ -162,7 +171,7 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     return render(request, "booking/book.html", context, status=status)
 
 
-KEPT_PLACEHOLDER = "__binome_kept_answers__"
+KEPT_PLACEHOLDER = f"{PLACEHOLDER_MARK}kept_answers__"
 
 
 def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -> HttpResponse:
@@ -192,8 +201,10 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
             "days": data["days"],
             "lot_count": data["lots"],
             "hardware_class": data["hardware_class"],
-            # Nothing of this visitor in a shared page: their messages wait for their next page.
+            # Nothing of this visitor in a shared page: their messages wait for their next page, and the language
+            # switch goes back to the booking page rather than to the address they posted to.
             "messages": (),
+            "language_next": reverse("booking:book"),
             "csrf_token": page_cache.CSRF_PLACEHOLDER,
         }
         return render(request, "booking/sold_out.html", context).content

@@ -434,6 +434,7 @@ def test_an_unchanged_poll_is_answered_before_sessions_and_csrf_with_the_securit
 
     unchanged = client.get(url, headers={"HX-Request": "true"})
     assert unchanged.status_code == 204 and unchanged.cookies == {}
+    assert "Content-Language" not in unchanged and "Vary" not in unchanged  # LocaleMiddleware never ran
     assert "script-src 'self'" in unchanged["Content-Security-Policy"]
     assert unchanged["X-Frame-Options"] == "DENY" and unchanged["X-Content-Type-Options"] == "nosniff"
     assert unchanged["Referrer-Policy"] == "no-referrer" and unchanged["X-Robots-Tag"] == "noindex, nofollow"
@@ -462,3 +463,36 @@ def test_an_unchanged_poll_for_an_unknown_host_is_refused(client, catalog, booki
     order, token = place(client, booking_data())
     url = _polled_url(client, order, token)
     assert client.get(url, headers={"HX-Request": "true"}, HTTP_HOST="evil.example").status_code == 400
+
+
+def _language_next(page: str) -> str:
+    return html.unescape(re.search(r'<input name="next" type="hidden" value="([^"]*)">', page).group(1))
+
+
+def test_a_shared_booking_page_never_carries_the_address_another_visitor_typed(client, catalog):
+    """The language switch returns to the page as drawn from its quote parameters: a first visitor's repeated or
+    odd parameters never reach the next visitor through the shared page cache."""
+    from django.test import Client
+
+    first = client.get("/?lots=evil-first-value&lots=2")
+    assert first.status_code == 200 and _language_next(first.content.decode()) == "/?lots=2"
+    victim = Client().get("/?lots=2").content.decode()
+    assert "evil" not in victim and _language_next(victim) == "/?lots=2"
+
+    # Text that could pass for a placeholder is drawn for its visitor alone, never shared, never replaced.
+    odd = Client().get("/?lots=__binome_csrf_token__")
+    assert _language_next(odd.content.decode()) == "/?lots=__binome_csrf_token__"
+    assert odd.cookies["csrftoken"].value not in odd.content.decode()
+
+
+def test_a_shared_sold_out_page_never_carries_the_address_another_visitor_posted_to(client, catalog, booking_data):
+    from django.test import Client
+
+    place(client, booking_data(lots="6"))
+    url = "/?ssh_keys=ssh-ed25519+AAAAevil&__binome_kept_answers__&__binome_csrf_token__"
+    attacker = client.post(url, booking_data(lots="1", contact_email="mallory@example.org")).content.decode()
+    assert "Sold out" in attacker and _language_next(attacker) == "/"
+
+    grace = Client().post("/", booking_data(lots="1", contact_email="grace@example.org")).content.decode()
+    assert "Sold out" in grace and _language_next(grace) == "/"
+    assert "AAAAevil" not in grace and "mallory" not in grace and grace.count('value="grace@example.org"') == 2
