@@ -273,8 +273,11 @@ def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpRespo
     key = status_cache.entry_key(public_id=public_id, token=token, language=request.LANGUAGE_CODE)
     entry = status_cache.lookup(key, public_id=public_id)
     if entry is None:
-        order = _order_or_404(public_id, token)
+        order = _order_or_404(public_id, token)  # the link first: versions are only kept for real orders
         versions = status_cache.current_versions(order.public_id)
+        # Then the order again: a write committed since the first read bumped the version read just now, and
+        # the block must not be stored at that version while showing the order as it was before.
+        order.refresh_from_db()
         rendering_id = status_cache.new_token()
         context = {**_order_context(order, token), "poll_version": rendering_id}
         response = render(request, "booking/order.html#order-status", {**context, **status_cache.render_context()})

@@ -366,6 +366,28 @@ def test_status_poll_comes_from_the_cache_and_shows_a_transition_at_once(
     assert "being confirmed on chain" in poll(client, order, token).content.decode()
 
 
+def test_a_write_committed_while_the_status_block_is_drawn_is_never_cached_as_current(
+    client, catalog, booking_data, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The order changes between the link check and the version read: the block stored at the new version must
+    show the new state, or a page would keep the old one until the next change."""
+    from booking import status_cache
+    from booking.services import order_transition
+
+    order, token = place(client, booking_data())
+    read_versions = status_cache.current_versions
+
+    def a_write_lands_first(public_id: str) -> dict:
+        monkeypatch.setattr(status_cache, "current_versions", read_versions)
+        with django_capture_on_commit_callbacks(execute=True):
+            order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
+        return read_versions(public_id)
+
+    monkeypatch.setattr(status_cache, "current_versions", a_write_lands_first)
+    assert "being confirmed on chain" in poll(client, order, token).content.decode()
+    assert "being confirmed on chain" in poll(client, order, token).content.decode()  # the cached block too
+
+
 def test_a_cached_status_block_is_only_served_for_its_own_order_link_and_language(client, catalog, booking_data):
     mine, my_token = place(client, booking_data())
     theirs, their_token = place(client, booking_data(contact_email="other@example.org"))
