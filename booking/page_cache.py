@@ -10,6 +10,7 @@ The CSRF token differs per visitor: pages are rendered with a placeholder that i
 
 import secrets
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import TypeVar
 
 from django.core.cache import cache
@@ -25,6 +26,14 @@ CSRF_PLACEHOLDER_BYTES = CSRF_PLACEHOLDER.encode()
 
 
 T = TypeVar("T")
+
+# Rendered into a shared page instead of the visitor's CSRF token; `for_visitor` puts theirs back.
+SHARED_CONTEXT = MappingProxyType({"csrf_token": CSRF_PLACEHOLDER})
+
+
+def for_visitor(request: HttpRequest, body: bytes) -> bytes:
+    """A shared page (or block) with this visitor's CSRF token in place of the placeholder."""
+    return body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
 
 
 def _fresh_generation() -> int:
@@ -80,11 +89,11 @@ def cached_page(request: HttpRequest, *, key: str, render: Callable[[dict], Http
     page_key = f"booking:page:{request.LANGUAGE_CODE}:{key}"
     current, body = _lookup(page_key)
     if body is None:
-        response = render({"csrf_token": CSRF_PLACEHOLDER})
+        response = render(dict(SHARED_CONTEXT))
         if response.status_code != 200:
             return response
         body = response.content
         cache.set(page_key, (current, body), timeout=PAGE_TTL)
-    response = HttpResponse(body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode()))
+    response = HttpResponse(for_visitor(request, body))
     response["Vary"] = "Cookie, Accept-Language"
     return response

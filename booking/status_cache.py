@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from django.core.cache import cache
 from django.db import transaction
 
-from booking.page_cache import CSRF_PLACEHOLDER
 from booking.tokens import token_hash
 
 ENTRY_TTL = 30
@@ -133,8 +132,3 @@ def unchanged(*, public_id: str, token: str, rendering_id: str) -> bool:
     found = cache.get_many([shown_key(rendering_id), order_key(public_id), CHAINS_KEY])
     shown = found.pop(shown_key(rendering_id), None)
     return shown == (_link(public_id, token), found)
-
-
-def render_context() -> dict:
-    """Rendered into an entry instead of the visitor's CSRF token."""
-    return {"csrf_token": CSRF_PLACEHOLDER}

@@ -10,7 +10,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, HttpRequest, HttpResponse
-from django.middleware.csrf import get_token
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -26,7 +25,7 @@ from django_ratelimit.core import is_ratelimited
 from booking import advisor, page_cache, selectors, services, status_cache
 from booking.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
 from booking.models import BookingPolicy, Order, OrderStatus
-from booking.page_cache import CSRF_PLACEHOLDER_BYTES, PLACEHOLDER_MARK, cached_page
+from booking.page_cache import PLACEHOLDER_MARK, cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
 from payments.selectors import PaymentView, open_extension_invoice, payment_view
@@ -205,12 +204,12 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
             # switch goes back to the booking page rather than to the address they posted to.
             "messages": (),
             "language_next": reverse("booking:book"),
-            "csrf_token": page_cache.CSRF_PLACEHOLDER,
+            **page_cache.SHARED_CONTEXT,
         }
         return render(request, "booking/sold_out.html", context).content
 
     body = page_cache.remember(key, draw)
-    body = body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
+    body = page_cache.for_visitor(request, body)
     return HttpResponse(body.replace(KEPT_PLACEHOLDER.encode(), str(kept).encode()))  # what they typed: last
 
 
@@ -280,7 +279,7 @@ def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpRespo
         order.refresh_from_db()
         rendering_id = status_cache.new_token()
         context = {**_order_context(order, token), "poll_version": rendering_id}
-        response = render(request, "booking/order.html#order-status", {**context, **status_cache.render_context()})
+        response = render(request, "booking/order.html#order-status", {**context, **page_cache.SHARED_CONTEXT})
         entry = status_cache.Entry(versions, response.content, order.is_settled)
         status_cache.store(
             key,
@@ -290,7 +289,7 @@ def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpRespo
             rendering_id=rendering_id,
             fresh_for=_status_fresh_for(order, now=context["now"]),
         )
-    body = entry.body.replace(CSRF_PLACEHOLDER_BYTES, get_token(request).encode())
+    body = page_cache.for_visitor(request, entry.body)
     return HttpResponseStopPolling(body) if entry.stop_polling else HttpResponse(body)
 
 

@@ -279,7 +279,7 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
         else:
             raise_after = None
             result.head, result.confirmed, result.logs = head, confirmed, len(logs)
-            touched = _apply_logs(
+            _apply_logs(
                 chain=chain,
                 logs=logs,
                 by_address=by_address,
@@ -296,7 +296,6 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
                 head=head,
                 confirmed_hash=canonical.get(confirmed, ""),
                 now=now,
-                touched=touched,
             )
             sums = _chain_sums([invoice.pk for invoice in invoices])
             for invoice in invoices:
@@ -312,14 +311,13 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
             Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(
                 last_checked_at=now, last_seen_head=head, check_delayed_since=None
             )
-            # The order pages whose status block shows what this cycle changed: confirmations (from the head)
-            # while a transfer is being confirmed, transfers seen or removed, a check no longer delayed.
+            # What the update above changes on the order pages: confirmations (from the head) while a transfer is
+            # being confirmed, a check no longer delayed. (Transfers and invoices saved bump through signals.)
             bump_orders(
                 *(
                     invoice.order_id
                     for invoice in invoices
-                    if invoice.pk in touched
-                    or invoice.check_delayed_since is not None
+                    if invoice.check_delayed_since is not None
                     or (invoice.status == Invoice.Status.PROCESSING and invoice.last_seen_head != head)
                 )
             )
@@ -355,9 +353,7 @@ def _apply_logs(
     confirmed: int,
     canonical: dict[int, str],
     now: datetime,
-) -> set[int]:
-    """Record the logs as transfers; returns the ids of the invoices whose transfers changed."""
-    touched: set[int] = set()
+) -> None:
     seen_keys = {(log.tx_hash, log.log_index) for log in logs}
     # Transfers seen earlier in the re-read range but absent now were removed by a reorganisation.
     for transfer in Transfer.objects.filter(
@@ -366,7 +362,6 @@ def _apply_logs(
         if (transfer.tx_hash, transfer.log_index) not in seen_keys:
             transfer.status = Transfer.Status.REMOVED
             transfer.save(update_fields=["status"])
-            touched.add(transfer.invoice_id)
     for log in logs:
         invoice = by_address.get(log.recipient)
         is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
@@ -397,8 +392,6 @@ def _apply_logs(
             changed = True
         if changed:
             transfer.save()
-            touched.add(transfer.invoice_id)
-    return touched
 
 
 def _apply_native(
@@ -410,7 +403,6 @@ def _apply_native(
     head: int,
     confirmed_hash: str,
     now: datetime,
-    touched: set[int],
 ) -> dict[int, int]:
     """Native coin: the balance at the confirmed block beyond what was already credited is a new credit; the
     balance at the head beyond that is pending (returned per native invoice). Native coin sent to a token invoice
@@ -444,7 +436,6 @@ def _apply_native(
                         first_seen_at=now,
                         confirmed_at=now,
                     )
-                touched.add(invoice.pk)
             except IntegrityError:  # this block's balance was already credited
                 pass
         if invoice.asset_contract:
@@ -454,8 +445,7 @@ def _apply_native(
         seen_block = (invoice.native_seen_block or head) if pending else None
         if seen_block != invoice.native_seen_block:
             invoice.native_seen_block = seen_block
-            Invoice.objects.filter(pk=invoice.pk).update(native_seen_block=seen_block)
-            touched.add(invoice.pk)
+            invoice.save(update_fields=["native_seen_block"])  # its order's page shows the pending coin
     return pending_by_invoice
 
 
