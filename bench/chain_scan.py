@@ -75,7 +75,7 @@ def main() -> None:
 def run(processes: list, env: dict) -> None:
     from django.core.cache import cache
 
-    from booking.demo import seed_demo_catalog
+    from provisioning.demo import seed_demo_catalog
     from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Order, OrderStatus
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact, order_create

@@ -29,7 +29,7 @@ SEED = """
 import django, json
 django.setup()
 from django.test import Client
-from booking.demo import seed_demo_catalog
+from provisioning.demo import seed_demo_catalog
 from booking.models import BookingPolicy
 from booking.selectors import earliest_start_date
 from tests.factories import make_ssh_key

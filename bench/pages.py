@@ -111,7 +111,7 @@ django.setup()
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from booking.demo import seed_demo_catalog
+from provisioning.demo import seed_demo_catalog
 from booking.models import HardwareClass, Lot
 from booking import selectors
 from booking.models import BookingPolicy

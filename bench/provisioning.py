@@ -78,7 +78,7 @@ def run_trials(sshd, trials: int) -> None:
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
 
-    from booking.demo import seed_demo_catalog
+    from provisioning.demo import seed_demo_catalog
     from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Lot, OrderStatus
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact, order_create

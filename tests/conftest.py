@@ -6,9 +6,9 @@ import pytest
 from django.core.cache import cache
 
 from booking import selectors
-from booking.demo import seed_demo_catalog
 from booking.models import BookingPolicy, HardwareClass, Hypothesis
 from portal.celery import app as celery_app
+from provisioning.demo import seed_demo_catalog
 from tests.factories import make_ssh_key
 from tests.processes import process_env_for_tests, stop_process_groups, worker_argv
 

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from booking.demo import DEMO_OPERATOR_PASSWORD, DEMO_OPERATOR_USERNAME, seed_demo_catalog, seed_demo_operator
+from provisioning.demo import DEMO_OPERATOR_PASSWORD, DEMO_OPERATOR_USERNAME, seed_demo_catalog, seed_demo_operator
 
 
 class Command(BaseCommand):
