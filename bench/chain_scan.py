@@ -75,15 +75,16 @@ def main() -> None:
 def run(processes: list, env: dict) -> None:
     from django.core.cache import cache
 
-    from provisioning.demo import seed_demo_catalog
     from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Order, OrderStatus
     from booking.selectors import earliest_start_date
-    from booking.services import BookingRequest, Contact, order_create
+    from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
     from payments import config, services
     from payments.chain import ChainClient, ChainUnavailable
     from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
     from payments.selectors import current_invoice
+    from portal.checkout import order_place
+    from provisioning.demo import seed_demo_catalog
     from tests.factories import make_ssh_key
     from tests.processes import beat_argv, worker_argv
 
@@ -102,7 +103,7 @@ def run(processes: list, env: dict) -> None:
     policy.save()
 
     def new_order() -> Order:
-        order, _token = order_create(
+        order, _token = order_place(
             request=BookingRequest(
                 hardware_class=HardwareClass.objects.get(slug="mi300x-pair"),
                 environment=EnvironmentImage.objects.get(slug="pytorch-2-6-rocm-6-4"),

@@ -78,15 +78,16 @@ def run_trials(sshd, trials: int) -> None:
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
 
-    from provisioning.demo import seed_demo_catalog
     from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Lot, OrderStatus
     from booking.selectors import earliest_start_date
-    from booking.services import BookingRequest, Contact, order_create
+    from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
     from payments.selectors import current_invoice
     from payments.services import invoice_mark_paid
     from portal.celery import app as celery_app
+    from portal.checkout import order_place
     from provisioning import services
+    from provisioning.demo import seed_demo_catalog
     from provisioning.drivers import get_driver
     from provisioning.models import Host, OperatorSettings
     from tests.provisioning.conftest import generate_keypair, remove_user
@@ -109,7 +110,7 @@ def run_trials(sshd, trials: int) -> None:
     print(f"sshd on 127.0.0.1:{sshd.port}; worker on {REDIS_URL}; database {DATABASE_URL}")
     for trial in range(trials):
         private_key, public_key = generate_keypair(keys_dir / f"customer{trial}")
-        order, _token = order_create(
+        order, _token = order_place(
             request=BookingRequest(
                 hardware_class=b200,
                 environment=EnvironmentImage.objects.get(slug="pytorch-2-7-cuda-12-8"),

@@ -3,13 +3,16 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.utils.translation import gettext_lazy as _
 
 
-def _catalog_changed(**kwargs) -> None:
+def catalog_changed(**kwargs) -> None:
+    """A receiver for saves and deletes of what the booking page shows: drop its cached copies."""
     from booking.page_cache import bump_generation
 
     bump_generation()
 
 
-def _order_changed(sender, instance, **kwargs) -> None:
+def order_changed(sender, instance, **kwargs) -> None:
+    """A receiver for saves and deletes of the order, or of a row with an `order_id` that the order page shows:
+    renderings of the status block drawn before are no longer current (booking/status_cache.py)."""
     from booking.models import Order
     from booking.status_cache import bump_order_numbers, bump_orders
 
@@ -19,12 +22,14 @@ def _order_changed(sender, instance, **kwargs) -> None:
         bump_orders(instance.order_id)
 
 
-def _transfer_changed(sender, instance, **kwargs) -> None:
-    from booking.status_cache import bump_orders
-    from payments.models import Invoice
-
-    if instance.invoice_id is not None:
-        bump_orders(*Invoice.objects.filter(pk=instance.invoice_id).values_list("order_id", flat=True))
+def connect_page_signals(*, catalog=(), order_rows=(), app: str) -> None:
+    """Connect the page caches' receivers for an app's models (each app connects its own, in its `apps.py`)."""
+    for model in catalog:
+        post_save.connect(catalog_changed, sender=model, dispatch_uid=f"page-cache-{app}-{model.__name__}")
+        post_delete.connect(catalog_changed, sender=model, dispatch_uid=f"page-cache-del-{app}-{model.__name__}")
+    for model in order_rows:
+        post_save.connect(order_changed, sender=model, dispatch_uid=f"status-cache-{app}-{model.__name__}")
+        post_delete.connect(order_changed, sender=model, dispatch_uid=f"status-cache-del-{app}-{model.__name__}")
 
 
 class BookingConfig(AppConfig):
@@ -33,7 +38,8 @@ class BookingConfig(AppConfig):
 
     def ready(self) -> None:
         # Admin edits of the catalog or the fleet change what the booking page shows: drop its cached copies.
-        # (Bookings and releases bump the generation in the services themselves.)
+        # (Bookings and releases bump the generation in the services themselves.) Every save or delete of what
+        # the order page's status block shows makes its renderings stale.
         from booking.models import (
             BookingPolicy,
             EnvironmentImage,
@@ -44,20 +50,12 @@ class BookingConfig(AppConfig):
             OrderEvent,
             Price,
         )
-        from payments.models import Invoice, Transfer
-        from provisioning.models import Access, Host
 
-        for model in (HardwareClass, EnvironmentImage, Price, Lot, BookingPolicy, Host):
-            post_save.connect(_catalog_changed, sender=model, dispatch_uid=f"page-cache-{model.__name__}")
-            post_delete.connect(_catalog_changed, sender=model, dispatch_uid=f"page-cache-del-{model.__name__}")
-        m2m_changed.connect(
-            _catalog_changed, sender=EnvironmentImage.hardware_classes.through, dispatch_uid="page-cache-m2m"
+        connect_page_signals(
+            app="booking",
+            catalog=(HardwareClass, EnvironmentImage, Price, Lot, BookingPolicy),
+            order_rows=(Order, OrderEvent, OrderAccessToken),
         )
-
-        # Every save or delete of what the order page's status block shows makes its cached copies stale
-        # (booking/status_cache.py); queryset updates bump in the services that make them.
-        for model in (Order, OrderEvent, Invoice, Access, OrderAccessToken):
-            post_save.connect(_order_changed, sender=model, dispatch_uid=f"status-cache-{model.__name__}")
-            post_delete.connect(_order_changed, sender=model, dispatch_uid=f"status-cache-del-{model.__name__}")
-        post_save.connect(_transfer_changed, sender=Transfer, dispatch_uid="status-cache-Transfer")
-        post_delete.connect(_transfer_changed, sender=Transfer, dispatch_uid="status-cache-del-Transfer")
+        m2m_changed.connect(
+            catalog_changed, sender=EnvironmentImage.hardware_classes.through, dispatch_uid="page-cache-m2m"
+        )

@@ -7,14 +7,15 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.template.loader import render_to_string
 from django.urls import reverse
-from django.utils import timezone, translation
+from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from booking import page_cache, selectors
+from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
+from booking.mail import send_in_language, send_to_order_contact
 from booking.models import (
     ORDER_TRANSITIONS,
     RELEASING_STATUSES,
@@ -39,8 +40,8 @@ from booking.rules import (
     check_environment,
     check_window,
 )
+from booking.signals import send_order_status_changed_on_commit
 from booking.ssh_keys import SshPublicKey
-from booking.status_cache import bump_orders
 from booking.tokens import new_access_token, new_public_id, token_hash
 
 logger = logging.getLogger(__name__)
@@ -81,11 +82,6 @@ def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datet
         raise BookingError(_("Describe your hypothesis in a few words."), field="hypothesis_detail")
     if not request.ssh_keys:
         raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
-
-
-def _sold_out(*, request: BookingRequest, policy: BookingPolicy, now: datetime, free: int) -> BookingError:
-    total, next_dates = _elsewhen(request=request, policy=policy, now=now)
-    return _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
 
 
 def _elsewhen(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> tuple[int, list[date]]:
@@ -138,18 +134,31 @@ def _price_per_lot(*, hardware_class: HardwareClass, days: int) -> Decimal | Non
     return next((price.amount_per_lot for price in hardware_class.prices.all() if price.days == days), None)
 
 
-def order_create(
+@dataclass(frozen=True)
+class OrderPlan:
+    """A booking request that passed every check made without a lock: what `order_hold` needs."""
+
+    request: BookingRequest
+    policy: BookingPolicy
+    window: selectors.Window
+    price_per_lot: Decimal
+    now: datetime
+
+
+class SoldOutUnderLock(Exception):
+    """The lots looked free, but were gone once the class was locked. `sold_out_answer` says what to tell the
+    researcher, outside the transaction (it looks up the next dates)."""
+
+    def __init__(self, free: int):
+        self.free = free
+
+
+def order_plan(
     *, request: BookingRequest, now: datetime | None = None, policy: BookingPolicy | None = None
-) -> tuple[Order, str]:
-    """Place an order and hold specific lots for its window, in one transaction.
-
-    Bookings of one class are serialised by a row lock on the class; the exclusion constraint on allocations
-    (PostgreSQL) is the guarantee behind it. Returns the order and its secret token (shown once).
-
-    When the lots are already taken, the answer comes without waiting for the lock (a rush on the last lot queues
-    only the bookings that may still succeed), from a cached hint (`_availability_hint`), and the next dates are
-    looked up outside the transaction.
-    """
+) -> OrderPlan:
+    """The checks before placing an order, made without any lock: the request's own rules, the price, and the
+    cached availability hint. A rush on the last lot is answered here, sold out, without waiting for the lock
+    (raises BookingError or SoldOut)."""
     now = now or timezone.now()
     policy = policy or BookingPolicy.current()
     _check_request(request=request, policy=policy, now=now)
@@ -160,69 +169,41 @@ def order_create(
     free, total, next_dates = _availability_hint(request=request, policy=policy, window=window, now=now)
     if free < request.lot_count:
         raise _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
-    try:
-        return _order_create_locked(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
-    except _SoldOutUnderLock as exc:
-        raise _sold_out(request=request, policy=policy, now=now, free=exc.free) from exc.__cause__
+    return OrderPlan(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
 
 
-class _SoldOutUnderLock(Exception):
-    def __init__(self, free: int):
-        self.free = free
+def sold_out_answer(*, plan: OrderPlan, refused: SoldOutUnderLock) -> BookingError:
+    """What to tell a researcher whose lots were taken under the lock (call outside the transaction)."""
+    total, next_dates = _elsewhen(request=plan.request, policy=plan.policy, now=plan.now)
+    return _sold_out_answer(request=plan.request, free=refused.free, total=total, next_dates=next_dates)
 
 
-@transaction.atomic
-def _order_create_locked(
-    *, request: BookingRequest, policy: BookingPolicy, window: selectors.Window, price_per_lot: Decimal, now: datetime
-) -> tuple[Order, str]:
-    # The capacity lock: concurrent bookings of this class wait here, then see each other's allocations.
-    list(HardwareClass.objects.select_for_update().filter(pk=request.hardware_class.pk).values_list("pk", flat=True))
-    lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count)
+def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
+    """Hold specific lots for the planned window and write the order, inside the caller's transaction (the
+    orchestrator adds the invoice to it). Bookings of one class are serialised by the class lock; the exclusion
+    constraint on allocations (PostgreSQL) is the guarantee behind it. Raises SoldOutUnderLock when the lots
+    are gone. Returns the order and its secret token (shown once)."""
+    request = plan.request
+    lock_capacity(request.hardware_class.pk)
+    lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=plan.window, limit=request.lot_count)
     if len(lot_ids) < request.lot_count:
-        raise _SoldOutUnderLock(free=len(lot_ids))
-
-    order = Order.objects.create(
-        public_id=new_public_id(),
-        status=OrderStatus.AWAITING_PAYMENT,
-        hardware_class=request.hardware_class,
-        environment=request.environment,
-        lot_count=request.lot_count,
-        days=request.days,
-        starts_at=window.starts_at,
-        ends_at=window.ends_at,
-        contact_name=request.contact.name,
-        contact_email=request.contact.email,
-        organisation=request.contact.organisation,
-        messenger=request.contact.messenger,
-        hypothesis=request.hypothesis,
-        hypothesis_detail=request.hypothesis_detail,
-        notes=request.notes,
-        currency=settings.PRICE_CURRENCY,
-        price_per_lot=price_per_lot,
-        total_price=price_per_lot * request.lot_count,
-        hold_expires_at=now + timedelta(minutes=policy.hold_minutes),
-        language=request.language,
-        fit_inputs=request.fit_inputs,
-        fit_advice=request.fit_advice,
-    )
+        raise SoldOutUnderLock(free=len(lot_ids))
+    order = _order_from(plan)
     try:
         with transaction.atomic():
             Allocation.objects.bulk_create(
-                Allocation(order=order, lot_id=lot_id, starts_at=window.held_from, ends_at=window.held_until)
+                Allocation(order=order, lot_id=lot_id, starts_at=plan.window.held_from, ends_at=plan.window.held_until)
                 for lot_id in lot_ids
             )
     except IntegrityError as exc:  # the exclusion constraint caught an overlap the lock did not prevent
         logger.warning("allocation overlap refused for %s: %s", order.public_id, exc)
-        raise _SoldOutUnderLock(free=0) from exc
+        raise SoldOutUnderLock(free=0) from exc
     OrderSshKey.objects.bulk_create(
         OrderSshKey(
             order=order, key_type=key.key_type, bits=key.bits, fingerprint=key.fingerprint, public_key=key.openssh()
         )
         for key in request.ssh_keys
     )
-    from payments.services import invoice_for_new_order
-
-    invoice_for_new_order(order=order)  # the quote and deposit address; its errors undo the whole booking
     token = _issue_token(order=order)
     OrderEvent.objects.create(
         order=order,
@@ -239,6 +220,34 @@ def _order_create_locked(
     return order, token
 
 
+def _order_from(plan: OrderPlan) -> Order:
+    request = plan.request
+    return Order.objects.create(
+        public_id=new_public_id(),
+        status=OrderStatus.AWAITING_PAYMENT,
+        hardware_class=request.hardware_class,
+        environment=request.environment,
+        lot_count=request.lot_count,
+        days=request.days,
+        starts_at=plan.window.starts_at,
+        ends_at=plan.window.ends_at,
+        contact_name=request.contact.name,
+        contact_email=request.contact.email,
+        organisation=request.contact.organisation,
+        messenger=request.contact.messenger,
+        hypothesis=request.hypothesis,
+        hypothesis_detail=request.hypothesis_detail,
+        notes=request.notes,
+        currency=settings.PRICE_CURRENCY,
+        price_per_lot=plan.price_per_lot,
+        total_price=plan.price_per_lot * request.lot_count,
+        hold_expires_at=plan.now + timedelta(minutes=plan.policy.hold_minutes),
+        language=request.language,
+        fit_inputs=request.fit_inputs,
+        fit_advice=request.fit_advice,
+    )
+
+
 def _issue_token(*, order: Order) -> str:
     token = new_access_token()
     OrderAccessToken.objects.create(order=order, token_hash=token_hash(token))
@@ -247,6 +256,27 @@ def _issue_token(*, order: Order) -> str:
 
 def order_link(*, order: Order, token: str) -> str:
     return settings.SITE_URL + reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
+
+
+def order_note(
+    *,
+    order: Order,
+    reason: str,
+    actor_kind: str,
+    actor: AbstractBaseUser | None = None,
+    evidence: dict | None = None,
+) -> OrderEvent:
+    """Record something notable that is not a transition (a lot moved, an extension asked for, a link revoked)
+    in the order's audit trail, at its current status."""
+    return OrderEvent.objects.create(
+        order=order,
+        from_status=order.status,
+        to_status=order.status,
+        actor_kind=actor_kind,
+        actor=actor,
+        reason=reason,
+        evidence=evidence or {},
+    )
 
 
 @transaction.atomic
@@ -262,9 +292,11 @@ def order_transition(
 ) -> bool:
     """Move the order to `to_status` if the state machine allows it; False when it is already there.
 
-    Locks the order row, records an OrderEvent, releases the lots when the new state ends the order.
+    Locks the order row, records an OrderEvent, releases the lots when the new state ends the order, and sends
+    `order_status_changed` once the transaction commits (booking/signals.py): what other apps do about it runs
+    then, and cannot undo the transition.
     """
-    locked = Order.objects.select_for_update().get(pk=order.pk)
+    locked = lock_order(order.pk)
     if locked.status == to_status:
         order.status = locked.status
         return False
@@ -274,9 +306,10 @@ def order_transition(
             % {"current": locked.get_status_display(), "target": OrderStatus(to_status).label}
         )
     now = now or timezone.now()
+    from_status = locked.status
     OrderEvent.objects.create(
         order=locked,
-        from_status=locked.status,
+        from_status=from_status,
         to_status=to_status,
         actor_kind=actor_kind,
         actor=actor,
@@ -293,6 +326,13 @@ def order_transition(
     locked.save(update_fields=update_fields)
     order.status = locked.status
     order.hold_expires_at = locked.hold_expires_at
+    send_order_status_changed_on_commit(
+        order_id=locked.pk,
+        from_status=from_status,
+        to_status=to_status,
+        actor_kind=actor_kind,
+        actor_id=actor.pk if actor is not None else None,
+    )
     return True
 
 
@@ -304,7 +344,7 @@ def order_reallocate_after_late_payment(
     mark the order paid; otherwise raise SoldOut (the payments app flags the invoice for an operator)."""
     now = now or timezone.now()
     policy = BookingPolicy.current()
-    list(HardwareClass.objects.select_for_update().filter(pk=order.hardware_class_id).values_list("pk", flat=True))
+    order = lock_order_and_capacity(order.pk)
     window = selectors.window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
     lot_ids = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count)
     if len(lot_ids) < order.lot_count or order.starts_at <= now:
@@ -336,10 +376,10 @@ def order_reassign_lot(
     """Move one of the order's lots to another free lot of the same class, for the same period. The new
     allocation is checked by the same exclusion constraint as a booking."""
     now = now or timezone.now()
-    order = Order.objects.select_for_update().get(pk=order.pk)
+    order = lock_order(order.pk)
     if order.status not in REASSIGNABLE:
         raise BookingError(_("Lots can be moved before access is prepared, or after a failed provisioning."))
-    list(HardwareClass.objects.select_for_update().filter(pk=order.hardware_class_id).values_list("pk", flat=True))
+    lock_capacity(order.hardware_class_id)
     current = Allocation.objects.select_for_update().filter(order=order, lot_id=from_lot_id, released_at__isnull=True)
     allocation = current.first()
     if allocation is None:
@@ -357,13 +397,11 @@ def order_reassign_lot(
             )
     except IntegrityError as exc:
         raise BookingError(_("That lot was taken meanwhile."), field="to_lot") from exc
-    OrderEvent.objects.create(
+    order_note(
         order=order,
-        from_status=order.status,
-        to_status=order.status,
+        reason="lot reassigned",
         actor_kind=OrderEvent.Actor.OPERATOR,
         actor=actor,
-        reason="lot reassigned",
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
     )
     bump_generation()
@@ -391,45 +429,28 @@ def extension_check(*, order: Order, days: int) -> selectors.Window:
     )
 
 
-@transaction.atomic
-def order_extension_request(*, order: Order, days: int, actor: AbstractBaseUser | None):
-    """An extension is its own invoice (payments); the end moves only once it is paid (order_extend)."""
-    from payments.services import invoice_create
-
+def extension_price(*, order: Order, days: int) -> Decimal:
+    """What extending the order by `days` costs, if the extension is possible now (else BookingError)."""
     extension_check(order=order, days=days)
     price = order.hardware_class.prices.filter(days=days).values_list("amount_per_lot", flat=True).first()
     if price is None:
         raise BookingError(_("This window is not on sale for this hardware class."), field="days")
-    invoice = invoice_create(order=order, fiat_amount=price * order.lot_count, purpose="extension", extension_days=days)
-    OrderEvent.objects.create(
-        order=order,
-        from_status=order.status,
-        to_status=order.status,
-        actor_kind=OrderEvent.Actor.OPERATOR if actor else OrderEvent.Actor.CUSTOMER,
-        actor=actor,
-        reason="extension requested",
-        evidence={"days": days, "invoice": invoice.pk},
-    )
-    return invoice
+    return price * order.lot_count
 
 
 @transaction.atomic
 def order_extend(*, order: Order, days: int, evidence: dict) -> None:
-    """The extension is paid: move the end and the lots' periods. The exclusion constraint re-checks them."""
-    order = Order.objects.select_for_update().get(pk=order.pk)
+    """The extension is paid: move the end and the lots' periods. The exclusion constraint re-checks them; the
+    end warnings are kept per window end, so they run again before the new one."""
+    order = lock_order(order.pk)
     window = extension_check(order=order, days=days)
     Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
-    Order.objects.filter(pk=order.pk).update(ends_at=window.ends_at, updated_at=timezone.now())
-    bump_orders(order.pk)
-    from provisioning.models import LifecycleNotice
-
-    LifecycleNotice.objects.filter(order=order).delete()  # the warnings run again before the new end
-    OrderEvent.objects.create(
+    order.ends_at = window.ends_at
+    order.save(update_fields=["ends_at", "updated_at"])
+    order_note(
         order=order,
-        from_status=order.status,
-        to_status=order.status,
-        actor_kind=OrderEvent.Actor.SYSTEM,
         reason=f"window extended by {days} days",
+        actor_kind=OrderEvent.Actor.SYSTEM,
         evidence={**evidence, "new_end": window.ends_at.isoformat()},
     )
     bump_generation()
@@ -443,6 +464,18 @@ def order_cancel_by_customer(*, order: Order) -> None:
         to_status=OrderStatus.CANCELLED,
         actor_kind=OrderEvent.Actor.CUSTOMER,
         reason="cancelled by customer",
+    )
+
+
+def order_cancel_by_operator(*, order: Order, actor: AbstractBaseUser, reason: str = "") -> bool:
+    """Cancel the order and release its lots. What follows (a refund flag on a paid invoice, the teardown of
+    access already prepared) happens in the apps that own it, on the order_status_changed event."""
+    return order_transition(
+        order=order,
+        to_status=OrderStatus.CANCELLED,
+        actor_kind=OrderEvent.Actor.OPERATOR,
+        actor=actor,
+        reason=f"cancelled by an operator: {reason}".strip(": "),
     )
 
 
@@ -477,11 +510,12 @@ def orders_expire_stale_holds(*, now: datetime | None = None, batch_size: int = 
 def order_send_link(*, order: Order) -> None:
     """E-mail a fresh secret link to the order's contact (a new token, so no secret travels through the broker)."""
     token = _issue_token(order=order)
-    with translation.override(order.language):
-        context = {"order": order, "link": order_link(order=order, token=token)}
-        subject = _("Your Binôme order %(number)s") % {"number": order.public_id}
-        body = render_to_string("booking/email/order_link.txt", context)
-    send_mail(subject, body, None, [order.contact_email])
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme order %(number)s"),
+        template="booking/email/order_link.txt",
+        context={"link": order_link(order=order, token=token)},
+    )
 
 
 def orders_send_links(*, email: str, language: str, now: datetime | None = None) -> int:
@@ -491,10 +525,14 @@ def orders_send_links(*, email: str, language: str, now: datetime | None = None)
     if not orders:
         return 0
     links = [(order, order_link(order=order, token=_issue_token(order=order))) for order in orders]
-    with translation.override(language):
-        subject = _("Your Binôme orders")
-        body = render_to_string("booking/email/order_links.txt", {"links": links})
-    send_mail(subject, body, None, [orders[0].contact_email])
+    send_in_language(
+        language=language,
+        to=orders[0].contact_email,
+        subject=gettext_lazy("Your Binôme orders"),
+        subject_values={},
+        template="booking/email/order_links.txt",
+        context={"links": links},
+    )
     return len(orders)
 
 

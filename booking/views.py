@@ -3,6 +3,8 @@ swaps the live regions (`#quote` on the booking page, `#order-status` on the ord
 
 import hashlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -14,7 +16,6 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html_join
-from django.utils.safestring import mark_safe
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
@@ -28,7 +29,6 @@ from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import PLACEHOLDER_MARK, cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
-from payments.selectors import PaymentView, open_extension_invoice, payment_view
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +78,14 @@ def _shared_query(request: HttpRequest) -> list[tuple[str, str]] | None:
     return [(name, request.GET[name]) for name in sorted(request.GET)]
 
 
+PlaceOrder = Callable[..., tuple[Order, str]]
+
+
 @require_http_methods(["GET", "POST"])
-def book(request: HttpRequest) -> HttpResponse:
+def book(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
     """The booking page. GET (with or without choices) and POST action=quote only refresh the quote; a POST
-    without it places the order. Anonymous GETs come from the shared page cache (booking/page_cache.py)."""
+    without it places the order through `place_order` (the orchestrator, portal/checkout.py, given by the
+    URLconf). Anonymous GETs come from the shared page cache (booking/page_cache.py)."""
     if request.method == "GET" and (query := _shared_query(request)) is not None:
         canonical = urlencode(query)
         digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -90,9 +94,11 @@ def book(request: HttpRequest) -> HttpResponse:
         return cached_page(
             request,
             key=f"{'quote' if request.htmx else 'page'}:{digest}",
-            render=lambda extra_context: _book(request, {**extra_context, **shared}),
+            render=lambda extra_context: _booking_page(request, {**extra_context, **shared}),
         )
-    return _book(request)
+    if request.method == "POST" and request.POST.get("action") != "quote":
+        return _place(request, place_order)
+    return _booking_page(request)
 
 
 def _catalog_and_policy() -> tuple[Catalog, BookingPolicy]:
@@ -102,67 +108,95 @@ def _catalog_and_policy() -> tuple[Catalog, BookingPolicy]:
     )
 
 
-def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+@dataclass(frozen=True)
+class _Desk:
+    """What every drawing of the booking page starts from."""
+
+    catalog: Catalog
+    policy: BookingPolicy
+    initial: dict
+    form_kwargs: dict
+
+
+def _desk() -> _Desk:
     catalog, policy = _catalog_and_policy()
     earliest = selectors.earliest_start_date(policy=policy)
     latest = selectors.latest_start_date(policy=policy)
-    initial = quote_initial(catalog=catalog, earliest=earliest)
-    form_kwargs = {
-        "catalog": catalog,
-        "max_lots": policy.max_lots_per_order,
-        "min_max": {"min": earliest.isoformat(), "max": latest.isoformat()},
-    }
-    placing = request.method == "POST" and request.POST.get("action") != "quote"
+    return _Desk(
+        catalog=catalog,
+        policy=policy,
+        initial=quote_initial(catalog=catalog, earliest=earliest),
+        form_kwargs={
+            "catalog": catalog,
+            "max_lots": policy.max_lots_per_order,
+            "min_max": {"min": earliest.isoformat(), "max": latest.isoformat()},
+        },
+    )
+
+
+def _booking_page(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+    """The page (or its quote, for htmx) with the choices of the query or the quote POST filled in."""
+    desk = _desk()
+    source = request.POST if request.method == "POST" else request.GET
+    quote_form = QuoteForm(source, **desk.form_kwargs) if source.get("hardware_class") else None
+    typed = {name: source.get(name) for name in BookingForm.base_fields if source.get(name) is not None}
+    form = BookingForm(initial={**desk.initial, **typed}, **desk.form_kwargs)
+    return _draw(request, desk, form=form, fit_form=None, quote_form=quote_form, extra_context=extra_context)
+
+
+def _place(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
+    """Place the order and go to its page; or the sold-out answer; or the form again, everything typed kept."""
+    if is_ratelimited(
+        request, group="booking", key="ip", rate=settings.RATELIMIT_BOOKING, method="POST", increment=True
+    ):
+        return render(request, "429.html", status=429)
+    desk = _desk()
+    form = BookingForm(request.POST, **desk.form_kwargs)
+    fit_form = FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
     status = 200
+    if form.is_valid():
+        hypothesis = form.cleaned_data["hypothesis"]
+        fit_advice = _fit_advice(fit_form, hypothesis=hypothesis, catalog=desk.catalog) if fit_form else None
+        fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
+        try:
+            order, token = place_order(
+                request=_booking_request(form, language=get_language(), **fit), policy=desk.policy
+            )
+        except SoldOut as exc:
+            return _sold_out_page(request, form, exc)
+        except BookingError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        except (OperationalError, InterfaceError) as exc:
+            # The database went away mid-booking: the transaction is gone with it (nothing was booked). The next
+            # query opens a new connection; the page is drawn again with everything the researcher typed.
+            logger.warning("booking interrupted by the database: %s", exc)
+            connection.close()
+            form.add_error(None, BOOKING_INTERRUPTED)
+            status = 503
+        else:
+            messages.success(request, _("Your lots are held. Keep this page's address: it is the key to your order."))
+            return redirect("booking:order", public_id=order.public_id, token=token)
+    quote_form = QuoteForm(request.POST, **desk.form_kwargs)  # the form comes back: requote
+    return _draw(request, desk, form=form, fit_form=fit_form, quote_form=quote_form, status=status)
 
-    if placing:
-        if is_ratelimited(
-            request, group="booking", key="ip", rate=settings.RATELIMIT_BOOKING, method="POST", increment=True
-        ):
-            return render(request, "429.html", status=429)
-        form = BookingForm(request.POST, **form_kwargs)
-        fit_form: FitForm | None = (
-            FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
-        )
-        if form.is_valid():
-            hypothesis = form.cleaned_data["hypothesis"]
-            fit_advice = _fit_advice(fit_form, hypothesis=hypothesis, catalog=catalog) if fit_form else None
-            fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
-            try:
-                order, token = services.order_create(
-                    request=_booking_request(form, language=get_language(), **fit), policy=policy
-                )
-            except SoldOut as exc:
-                return _sold_out_page(request, form, exc)
-            except BookingError as exc:
-                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-            except (OperationalError, InterfaceError) as exc:
-                # The database went away mid-booking: the transaction is gone with it (nothing was booked). The
-                # next query opens a new connection; the page is drawn again with everything the researcher typed.
-                logger.warning("booking interrupted by the database: %s", exc)
-                connection.close()
-                form.add_error(None, BOOKING_INTERRUPTED)
-                status = 503
-            else:
-                messages.success(
-                    request, _("Your lots are held. Keep this page's address: it is the key to your order.")
-                )
-                return redirect("booking:order", public_id=order.public_id, token=token)
-        quote_form: QuoteForm | None = QuoteForm(request.POST, **form_kwargs)  # the form comes back: requote
-    else:
-        source = request.POST if request.method == "POST" else request.GET
-        quote_form = QuoteForm(source, **form_kwargs) if source.get("hardware_class") else None
-        typed = {name: source.get(name) for name in BookingForm.base_fields if source.get(name) is not None}
-        form = BookingForm(initial={**initial, **typed}, **form_kwargs)
-        fit_form = FitForm(prefix="fit")
 
-    quote = _quote_for(quote_form, catalog=catalog, policy=policy, initial=initial)
+def _draw(
+    request: HttpRequest,
+    desk: _Desk,
+    *,
+    form: BookingForm,
+    fit_form: FitForm | None,
+    quote_form: QuoteForm | None,
+    status: int = 200,
+    extra_context: dict | None = None,
+) -> HttpResponse:
+    quote = _quote_for(quote_form, catalog=desk.catalog, policy=desk.policy, initial=desk.initial)
     context = {
         "form": form,
         "fit_form": fit_form or FitForm(prefix="fit"),
         "quote": quote,
-        "catalog": catalog,
-        "policy": policy,
+        "catalog": desk.catalog,
+        "policy": desk.policy,
         **(extra_context or {}),
     }
     if request.htmx and request.method == "GET":
@@ -170,16 +204,9 @@ def _book(request: HttpRequest, extra_context: dict | None = None) -> HttpRespon
     return render(request, "booking/book.html", context, status=status)
 
 
-KEPT_PLACEHOLDER = f"{PLACEHOLDER_MARK}kept_answers__"
-
-
 def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -> HttpResponse:
     """A short answer: what happened, the next dates as one-click bookings with the same answers, and the way
-    back to the form with everything kept.
-
-    A rush on the last lot gets 99 of these at once, all alike but for the answers kept and the CSRF token: the
-    page is drawn once per language, request and answer (message and next dates) and kept in the shared page
-    cache until availability changes, with placeholders for those two, replaced per response."""
+    back to the form with everything kept. Drawn for each visitor: it carries what they typed."""
     fields = [*BookingForm.base_fields, *(f"fit-{name}" for name in FitForm.base_fields)]
     kept = format_html_join(
         "",
@@ -187,30 +214,17 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
         ((name, value) for name in fields if name != "start_date" for value in request.POST.getlist(name)),
     )
     data = form.cleaned_data
-    drawn_for = (get_language(), data["hardware_class"].pk, data["start_date"], data["days"], data["lots"])
-    answer = (str(sold_out.message), tuple(sold_out.next_dates))
-    key = "booking:sold-out:" + hashlib.sha256(repr((drawn_for, answer)).encode()).hexdigest()
-
-    def draw() -> bytes:
-        context = {
-            "message": sold_out.message,
-            "next_dates": sold_out.next_dates,
-            "kept": mark_safe(KEPT_PLACEHOLDER),  # noqa: S308 (a constant)
-            "start_date": data["start_date"],
-            "days": data["days"],
-            "lot_count": data["lots"],
-            "hardware_class": data["hardware_class"],
-            # Nothing of this visitor in a shared page: their messages wait for their next page, and the language
-            # switch goes back to the booking page rather than to the address they posted to.
-            "messages": (),
-            "language_next": reverse("booking:book"),
-            **page_cache.SHARED_CONTEXT,
-        }
-        return render(request, "booking/sold_out.html", context).content
-
-    body = page_cache.remember(key, draw)
-    body = page_cache.for_visitor(request, body)
-    return HttpResponse(body.replace(KEPT_PLACEHOLDER.encode(), str(kept).encode()))  # what they typed: last
+    context = {
+        "message": sold_out.message,
+        "next_dates": sold_out.next_dates,
+        "kept": kept,
+        "start_date": data["start_date"],
+        "days": data["days"],
+        "lot_count": data["lots"],
+        "hardware_class": data["hardware_class"],
+        "language_next": reverse("booking:book"),
+    }
+    return render(request, "booking/sold_out.html", context)
 
 
 def _booking_request(form: BookingForm, *, language: str, **fit) -> services.BookingRequest:
@@ -243,14 +257,6 @@ def _order_or_404(public_id: str, token: str) -> Order:
     return order
 
 
-def _extension_payment(order: Order) -> PaymentView | None:
-    """The payment block of an extension being paid, on a ready or active window."""
-    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
-        return None
-    invoice = open_extension_invoice(order)
-    return payment_view(order, invoice=invoice) if invoice is not None else None
-
-
 def mark_private(response: HttpResponse) -> HttpResponse:
     """The order page is a secret: never sent as a referrer, never indexed (never_cache keeps it out of caches)."""
     response["Referrer-Policy"] = "no-referrer"
@@ -261,36 +267,10 @@ def mark_private(response: HttpResponse) -> HttpResponse:
 @require_http_methods(["GET"])
 @never_cache
 def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    if request.htmx:
-        return mark_private(_order_status(request, public_id, token))
-    return order_page(request, _order_or_404(public_id, token), token)
-
-
-def _order_status(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    """The polled status block, from the shared cache while nothing it shows has changed (booking/status_cache.py).
-    An entry exists only for a link the database accepted; a miss checks the link again."""
-    key = status_cache.entry_key(public_id=public_id, token=token, language=request.LANGUAGE_CODE)
-    entry = status_cache.lookup(key, public_id=public_id)
-    if entry is None:
-        order = _order_or_404(public_id, token)  # the link first: versions are only kept for real orders
-        versions = status_cache.current_versions(order.public_id)
-        # Then the order again: a write committed since the first read bumped the version read just now, and
-        # the block must not be stored at that version while showing the order as it was before.
-        order.refresh_from_db()
-        rendering_id = status_cache.new_token()
-        context = {**_order_context(order, token), "poll_version": rendering_id}
-        response = render(request, "booking/order.html#order-status", {**context, **page_cache.SHARED_CONTEXT})
-        entry = status_cache.Entry(versions, response.content, order.is_settled)
-        status_cache.store(
-            key,
-            entry,
-            public_id=public_id,
-            token=token,
-            rendering_id=rendering_id,
-            fresh_for=_status_fresh_for(order, now=context["now"]),
-        )
-    body = page_cache.for_visitor(request, entry.body)
-    return HttpResponseStopPolling(body) if entry.stop_polling else HttpResponse(body)
+    """The order page, or its polled status block for htmx. A poll whose block is still current never gets
+    here: booking.middleware answers it "unchanged"."""
+    versions = status_cache.current_versions(public_id)  # before the order is read (booking/status_cache.py)
+    return order_page(request, _order_or_404(public_id, token), token, versions=versions)
 
 
 END_WARNING = timedelta(hours=48)  # the order page warns this long before an active window ends
@@ -301,7 +281,7 @@ def _status_fresh_for(order: Order, *, now) -> float:
     time_left = order.ends_at - now
     if order.status == OrderStatus.ACTIVE and time_left >= END_WARNING:
         return (time_left - END_WARNING).total_seconds()
-    return float(status_cache.ENTRY_TTL)
+    return float(status_cache.RECORD_TTL)
 
 
 def _order_context(order: Order, token: str) -> dict:
@@ -316,8 +296,6 @@ def _order_context(order: Order, token: str) -> dict:
         "token": token,
         "events": list(order.events.all()),
         "ssh_keys": list(order.ssh_keys.all()),
-        "payment": payment_view(order),
-        "extension": _extension_payment(order),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
         "accesses": list(order.accesses.select_related("host"))
@@ -328,9 +306,24 @@ def _order_context(order: Order, token: str) -> dict:
     }
 
 
-def order_page(request: HttpRequest, order: Order, token: str) -> HttpResponse:
-    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts)."""
-    context = _order_context(order, token)
+def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict | None = None) -> HttpResponse:
+    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts).
+
+    Either way the block names its rendering in its poll URL, and the rendering is remembered with the versions
+    it was drawn at (booking/status_cache.py): the very first poll of a page that is still current gets 204.
+    `versions` must have been read before `order` was; without them the order is read again after them."""
+    if versions is None:
+        versions = status_cache.current_versions(order.public_id)
+        order = _order_or_404(order.public_id, token)
+    rendering_id = status_cache.new_token()
+    context = {**_order_context(order, token), "poll_version": rendering_id}
+    status_cache.remember_rendering(
+        public_id=order.public_id,
+        token=token,
+        rendering_id=rendering_id,
+        versions=versions,
+        fresh_for=_status_fresh_for(order, now=context["now"]),
+    )
     if request.htmx:
         response = render(request, "booking/order.html#order-status", context)
         if order.is_settled:

@@ -12,14 +12,16 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from booking import services as booking
+from booking.locks import lock_order
 from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from booking.status_cache import bump_chains, bump_orders
 from payments import config
 from payments.addresses import deposit_address
 from payments.chain import ChainClient, ChainUnavailable, TransferLog
@@ -133,7 +135,7 @@ def invoice_create(
 
 
 def invoice_for_new_order(*, order: Order) -> Invoice:
-    """Called by booking.services.order_create, in its transaction."""
+    """The first invoice of an order being placed, in the same transaction (portal/checkout.py)."""
     return invoice_create(order=order, fiat_amount=order.total_price)
 
 
@@ -146,7 +148,7 @@ def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None =
     asset = config.asset(number, symbol) if (number := whole_number(chain_id)) is not None else None
     if asset is None:
         raise PaymentError(_("Choose one of the payment methods listed."), field="asset")
-    order = Order.objects.select_for_update().get(pk=order.pk)
+    order = lock_order(order.pk)
     current = (
         Invoice.objects.select_for_update()
         .filter(order=order, purpose=Invoice.Purpose.ORDER)
@@ -163,12 +165,10 @@ def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None =
     current.status = Invoice.Status.INVALID
     current.save(update_fields=["status"])
     replacement = invoice_create(order=order, fiat_amount=current.fiat_amount, asset=asset, now=now)
-    OrderEvent.objects.create(
+    booking.order_note(
         order=order,
-        from_status=order.status,
-        to_status=order.status,
-        actor_kind=OrderEvent.Actor.CUSTOMER,
         reason="payment method changed",
+        actor_kind=OrderEvent.Actor.CUSTOMER,
         evidence={"from": f"{current.chain_id}:{current.asset_symbol}", "to": asset.key},
     )
     return replacement
@@ -187,16 +187,14 @@ def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime 
             field="tx_hint",
         )
     with transaction.atomic():
-        Invoice.objects.filter(pk=invoice.pk).update(
-            customer_paid_at=now, customer_tx_hint=tx_hint.lower() or invoice.customer_tx_hint
-        )
-        bump_orders(invoice.order_id)
-        OrderEvent.objects.create(
-            order_id=invoice.order_id,
-            from_status=invoice.order.status,
-            to_status=invoice.order.status,
-            actor_kind=OrderEvent.Actor.CUSTOMER,
+        order, invoice = lock_invoice(invoice)
+        invoice.customer_paid_at = now
+        invoice.customer_tx_hint = tx_hint.lower() or invoice.customer_tx_hint
+        invoice.save(update_fields=["customer_paid_at", "customer_tx_hint"])
+        booking.order_note(
+            order=order,
             reason="customer says they paid",
+            actor_kind=OrderEvent.Actor.CUSTOMER,
             evidence={"tx_hint": tx_hint.lower()} if tx_hint else {},
         )
     invoice_request_check(invoice_id=invoice.pk, now=now)
@@ -208,15 +206,26 @@ def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bo
     from payments.tasks import check_invoice
 
     now = now or timezone.now()
+    invoice = Invoice.objects.filter(pk=invoice_id).first()
+    if invoice is None:
+        return False
     try:
         check_invoice.apply_async(args=[invoice_id], retry=False)
     except Exception as exc:  # kombu/redis raise many types; any of them means "not queued"
         logger.warning("could not queue the check of invoice %s: %s", invoice_id, exc)
-        Invoice.objects.filter(pk=invoice_id, check_delayed_since__isnull=True).update(check_delayed_since=now)
-        bump_orders(*Invoice.objects.filter(pk=invoice_id).values_list("order_id", flat=True))
+        if invoice.check_delayed_since is None:
+            invoice.check_delayed_since = now
+            invoice.save(update_fields=["check_delayed_since"])
         return False
-    Invoice.objects.filter(pk=invoice_id).update(check_requested_at=now)
+    invoice.check_requested_at = now
+    invoice.save(update_fields=["check_requested_at"])
     return True
+
+
+def lock_invoice(invoice: Invoice) -> tuple[Order, Invoice]:
+    """Lock the invoice's order, then the invoice (booking/locks.py gives the order), inside a transaction."""
+    order = lock_order(invoice.order_id)
+    return order, Invoice.objects.select_for_update().get(pk=invoice.pk)
 
 
 # --- scanning ------------------------------------------------------------------------------------------------
@@ -234,6 +243,18 @@ class ScanResult:
     settled: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ChainReading:
+    """What one pass read from the chain, before anything is written."""
+
+    head: int
+    confirmed: int
+    from_block: int
+    logs: list[TransferLog]
+    balances: list[int]  # per watched invoice: at the confirmed block, then at the head
+    canonical: dict[int, str]  # block number -> hash, for the blocks that confirm something
+
+
 def _monitored_invoices(chain_id: int, now: datetime):
     return list(
         Invoice.objects.filter(chain_id=chain_id)
@@ -246,13 +267,17 @@ def _monitored_invoices(chain_id: int, now: datetime):
 def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> ScanResult:
     """One pass over every watched invoice of a chain, from the persisted cursor. Safe to run twice at once:
     the second finds the cursor locked and skips. Raises ChainUnavailable (after recording it) when no RPC URL
-    answers; nothing else changes then."""
+    answers; nothing else changes then.
+
+    What the settlements cause (approval, e-mails) runs after this transaction commits, on the order's
+    events: it can neither slow the scan nor undo it."""
     chain = config.chain(chain_id)
     if chain is None:
         raise ValueError(f"chain {chain_id} is not configured")
     client = client or ChainClient(chain)
     now = now or timezone.now()
     ChainCursor.objects.get_or_create(chain_id=chain_id)
+    unavailable = None
     with transaction.atomic():
         cursor = ChainCursor.objects.select_for_update(skip_locked=True).filter(chain_id=chain_id).first()
         if cursor is None:
@@ -260,88 +285,108 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
         invoices = _monitored_invoices(chain_id, now)
         result = ScanResult(chain_id=chain_id, invoices=len(invoices))
         try:
-            head = client.head()
-            confirmed = client.confirmed_block(head)
-            from_block = (
-                cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
-            )
-            by_address = {invoice.deposit_address: invoice for invoice in invoices}
-            logs = client.transfer_logs(from_block=from_block, to_block=head, recipients=list(by_address))
-            balances = client.balances(
-                [(invoice.deposit_address, block) for invoice in invoices for block in (confirmed, head)]
-            )
-            confirming = {log.block_number for log in logs if log.block_number <= confirmed}
-            canonical = client.block_hashes(sorted(confirming | ({confirmed} if invoices else set())))
+            reading = _read_chain(client=client, chain=chain, cursor=cursor, invoices=invoices)
         except ChainUnavailable as exc:
             _record_unavailable(cursor=cursor, invoices=invoices, error=str(exc), now=now)
-            result.rpc_calls = client.calls
-            raise_after = exc
+            unavailable = exc
         else:
-            raise_after = None
-            result.head, result.confirmed, result.logs = head, confirmed, len(logs)
-            _apply_logs(
-                chain=chain,
-                logs=logs,
-                by_address=by_address,
-                from_block=from_block,
-                confirmed=confirmed,
-                canonical=canonical,
-                now=now,
-            )
-            native_pending = _apply_native(
-                chain=chain,
-                invoices=invoices,
-                balances=balances,
-                confirmed=confirmed,
-                head=head,
-                confirmed_hash=canonical.get(confirmed, ""),
-                now=now,
-            )
-            sums = _chain_sums([invoice.pk for invoice in invoices])
-            for invoice in invoices:
-                confirmed_units, pending_units = sums.get(invoice.pk, (0, 0))
-                if not invoice.asset_contract:
-                    pending_units = native_pending.get(invoice.pk, 0)
-                if _unchanged(invoice, confirmed_units, pending_units, now):
-                    continue
-                if invoice_apply_chain_state(
-                    invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=head, now=now
-                ):
-                    result.settled.append(invoice.pk)
-            Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(
-                last_checked_at=now, last_seen_head=head, check_delayed_since=None
-            )
-            # What the update above changes on the order pages: confirmations (from the head) while a transfer is
-            # being confirmed, a check no longer delayed. (Transfers and invoices saved bump through signals.)
-            bump_orders(
-                *(
-                    invoice.order_id
-                    for invoice in invoices
-                    if invoice.check_delayed_since is not None
-                    or (invoice.status == Invoice.Status.PROCESSING and invoice.last_seen_head != head)
-                )
-            )
-            if cursor.unavailable_since is not None:
-                bump_chains()
-            cursor.confirmed_block, cursor.head_block, cursor.last_scan_at = confirmed, head, now
-            cursor.unavailable_since = None
-            cursor.save(update_fields=["confirmed_block", "head_block", "last_scan_at", "unavailable_since"])
-            result.rpc_calls = client.calls
-    if raise_after is not None:
-        raise raise_after
+            result.head, result.confirmed, result.logs = reading.head, reading.confirmed, len(reading.logs)
+            result.settled = _apply_reading(chain=chain, invoices=invoices, reading=reading, now=now)
+            _mark_checked(cursor=cursor, invoices=invoices, reading=reading, now=now)
+        result.rpc_calls = client.calls
+    if unavailable is not None:
+        raise unavailable
     return result
+
+
+def _read_chain(*, client: ChainClient, chain: config.Chain, cursor: ChainCursor, invoices: list[Invoice]):
+    head = client.head()
+    confirmed = client.confirmed_block(head)
+    from_block = cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
+    logs = client.transfer_logs(
+        from_block=from_block, to_block=head, recipients=[invoice.deposit_address for invoice in invoices]
+    )
+    balances = client.balances(
+        [(invoice.deposit_address, block) for invoice in invoices for block in (confirmed, head)]
+    )
+    confirming = {log.block_number for log in logs if log.block_number <= confirmed}
+    canonical = client.block_hashes(sorted(confirming | ({confirmed} if invoices else set())))
+    return ChainReading(
+        head=head, confirmed=confirmed, from_block=from_block, logs=logs, balances=balances, canonical=canonical
+    )
+
+
+def _apply_reading(*, chain: config.Chain, invoices: list[Invoice], reading: ChainReading, now: datetime) -> list[int]:
+    """Record the transfers read, then move each invoice whose amounts changed. Returns the invoices settled."""
+    _apply_logs(
+        chain=chain,
+        logs=reading.logs,
+        by_address={invoice.deposit_address: invoice for invoice in invoices},
+        from_block=reading.from_block,
+        confirmed=reading.confirmed,
+        canonical=reading.canonical,
+        now=now,
+    )
+    native_pending = _apply_native(
+        chain=chain,
+        invoices=invoices,
+        balances=reading.balances,
+        confirmed=reading.confirmed,
+        head=reading.head,
+        confirmed_hash=reading.canonical.get(reading.confirmed, ""),
+        now=now,
+    )
+    settled = []
+    sums = _chain_sums([invoice.pk for invoice in invoices])
+    for invoice in invoices:
+        confirmed_units, pending_units = sums.get(invoice.pk, (0, 0))
+        if not invoice.asset_contract:
+            pending_units = native_pending.get(invoice.pk, 0)
+        if _unchanged(invoice, confirmed_units, pending_units, now):
+            continue
+        if invoice_apply_chain_state(
+            invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=reading.head, now=now
+        ):
+            settled.append(invoice.pk)
+    return settled
+
+
+def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], reading: ChainReading, now: datetime) -> None:
+    """Move the cursor, and note on each invoice that it was checked at this head."""
+    shown, bookkeeping = [], []
+    for invoice in invoices:
+        # What the order page shows: the confirmations counted from the head while a transfer is being
+        # confirmed, and "check delayed". Those invoices are saved (their orders' pages change, through the
+        # signal); for the others the head is bookkeeping, updated in one query.
+        pending = invoice.status == Invoice.Status.PROCESSING or invoice.native_seen_block is not None
+        if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != reading.head):
+            shown.append(invoice)
+        else:
+            bookkeeping.append(invoice.pk)
+    for invoice in shown:
+        invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, reading.head, None
+        invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
+    Invoice.objects.filter(pk__in=bookkeeping).update(last_checked_at=now, last_seen_head=reading.head)
+    cursor.confirmed_block, cursor.head_block, cursor.last_scan_at = reading.confirmed, reading.head, now
+    update_fields = ["confirmed_block", "head_block", "last_scan_at"]
+    if cursor.unavailable_since is not None:  # answering again: the pages saying "check delayed" change
+        cursor.unavailable_since = None
+        update_fields.append("unavailable_since")
+    cursor.save(update_fields=update_fields)
 
 
 def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: str, now: datetime) -> None:
     logger.warning("chain %s unavailable: %s", cursor.chain_id, error)
     cursor.last_error, cursor.last_error_at = error[:2000], now
-    if cursor.unavailable_since is None:
+    update_fields = ["last_error", "last_error_at"]
+    if cursor.unavailable_since is None:  # the pages of every order on this chain say "check delayed"
         cursor.unavailable_since = now
-        bump_chains()
-    cursor.save(update_fields=["last_error", "last_error_at", "unavailable_since"])
-    Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices], check_delayed_since__isnull=True).update(
-        check_delayed_since=now
-    )
+        update_fields.append("unavailable_since")
+    cursor.save(update_fields=update_fields)
+    for invoice in invoices:
+        if invoice.check_delayed_since is None:
+            invoice.check_delayed_since = now
+            invoice.save(update_fields=["check_delayed_since"])
 
 
 def _apply_logs(
@@ -477,12 +522,10 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
     """Move the invoice and its order to what the chain shows (`confirmed` and `pending` base units in its asset).
     Returns True when the invoice settled now."""
     with transaction.atomic():
-        order = Order.objects.select_for_update().get(pk=invoice.order_id)
-        invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        order, invoice = lock_invoice(invoice)
         was = invoice.status
         invoice.amount_confirmed_units, invoice.amount_pending_units = confirmed, pending
         due = int(invoice.amount_due_units)
-        settled_now = False
         evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
         if invoice.status == Invoice.Status.SETTLED:
             pass
@@ -490,23 +533,27 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
             if confirmed or pending:
                 invoice.needs_operator = True  # paid to a replaced quote: refund or apply by hand
         elif confirmed >= due:
-            invoice.status, invoice.settled_at, settled_now = Invoice.Status.SETTLED, now, True
             invoice.paid_over = confirmed > due
             invoice.paid_partial = False
             invoice.paid_late = was == Invoice.Status.EXPIRED or _first_seen(invoice, now) > invoice.expires_at
+            _settle(
+                order=order,
+                invoice=invoice,
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                reason="payment confirmed on chain",
+                evidence=evidence,
+                now=now,
+            )
+            return True
         elif pending:
             invoice.status = Invoice.Status.PROCESSING
             invoice.paid_partial = 0 < confirmed < due
         else:
             invoice.paid_partial = 0 < confirmed < due
             invoice.status = Invoice.Status.EXPIRED if now >= invoice.expires_at else Invoice.Status.NEW
-        _move_order(order=order, invoice=invoice, was=was, evidence=evidence, now=now)
+        _follow_chain(order=order, invoice=invoice, was=was, evidence=evidence, now=now)
         invoice.save()
-    if settled_now:
-        from payments.tasks import send_payment_received
-
-        transaction.on_commit(lambda: send_payment_received.delay(invoice.pk))
-    return settled_now
+    return False
 
 
 def _first_seen(invoice: Invoice, now: datetime) -> datetime:
@@ -518,38 +565,11 @@ def _first_seen(invoice: Invoice, now: datetime) -> datetime:
     return first or now
 
 
-def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
-    """Carry the invoice's new state to its order (the caller saves the invoice, flags included)."""
-    from booking import services as booking
-
-    if invoice.purpose == Invoice.Purpose.EXTENSION:
-        if invoice.status == Invoice.Status.SETTLED and was != Invoice.Status.SETTLED:
-            try:
-                booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
-            except BookingError:
-                invoice.needs_operator = True  # the lots were taken or the window ended meanwhile: refund
+def _follow_chain(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
+    """Before settlement, the order follows what the chain shows: a transfer seen, or gone again (reorg)."""
+    if invoice.purpose != Invoice.Purpose.ORDER:
         return
-    if invoice.status == Invoice.Status.SETTLED and was != Invoice.Status.SETTLED:
-        if order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
-            booking.order_transition(
-                order=order,
-                to_status=OrderStatus.PAID,
-                actor_kind=OrderEvent.Actor.SYSTEM,
-                reason="payment confirmed on chain",
-                evidence=evidence,
-                now=now,
-            )
-            from provisioning.services import order_paid_hook
-
-            order_paid_hook(order=order)
-        elif order.status == OrderStatus.EXPIRED:
-            try:
-                booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now)
-            except BookingError:
-                invoice.needs_operator = True  # the lots were taken meanwhile: refund or reschedule
-        else:
-            invoice.needs_operator = True  # e.g. cancelled meanwhile: refund owed
-    elif invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.AWAITING_PAYMENT:
+    if invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.AWAITING_PAYMENT:
         booking.order_transition(
             order=order,
             to_status=OrderStatus.PAYMENT_PROCESSING,
@@ -573,47 +593,103 @@ def _move_order(*, order: Order, invoice: Invoice, was: str, evidence: dict, now
         )
 
 
+def _settle(
+    *,
+    order: Order,
+    invoice: Invoice,
+    actor_kind: str,
+    reason: str,
+    evidence: dict,
+    now: datetime,
+    actor: AbstractBaseUser | None = None,
+) -> None:
+    """Settle a locked invoice and carry it to its order: the one way an invoice is paid, seen on chain by the
+    scanner or marked by an admin. An extension moves the window's end; a first payment makes the order paid
+    (what follows, such as auto-approval, reacts to that transition), or holds its lots again when it came after
+    the hold expired. When the order cannot take the payment any more (cancelled meanwhile, lots taken), the
+    invoice is flagged for an operator: a refund or a new date is owed."""
+    invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
+    try:
+        if invoice.purpose == Invoice.Purpose.EXTENSION:
+            booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
+        elif order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
+            booking.order_transition(
+                order=order,
+                to_status=OrderStatus.PAID,
+                actor_kind=actor_kind,
+                actor=actor,
+                reason=reason,
+                evidence=evidence,
+                now=now,
+            )
+        elif order.status == OrderStatus.EXPIRED:
+            booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now, actor=actor)
+        else:
+            raise BookingError(_("This order can no longer take a payment."))
+    except BookingError as exc:
+        invoice.needs_operator = True
+        booking.order_note(
+            order=order,
+            reason=f"payment kept for an operator ({reason}): {exc.message}",
+            actor_kind=actor_kind,
+            actor=actor,
+            evidence=evidence,
+        )
+    invoice.save()
+    invoice_id = invoice.pk
+    transaction.on_commit(lambda: _send_payment_received(invoice_id))
+
+
+def _send_payment_received(invoice_id: int) -> None:
+    from payments.tasks import send_payment_received
+
+    send_payment_received.delay(invoice_id)
+
+
 # --- admin review --------------------------------------------------------------------------------------------
 
 
 @transaction.atomic
-def invoice_mark_paid(*, invoice: Invoice, user, reason: str, now: datetime | None = None) -> None:
+def invoice_mark_paid(*, invoice: Invoice, user: AbstractBaseUser, reason: str, now: datetime | None = None) -> None:
     """An admin settles an invoice by hand (e.g. paid by another route). The reason is required and audited."""
-    from booking import services as booking
-
     now = now or timezone.now()
     reason = reason.strip()
     if not reason:
         raise PaymentError(_("Give the reason for marking this invoice paid."), field="reason")
-    order = Order.objects.select_for_update().get(pk=invoice.order_id)
-    invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+    order, invoice = lock_invoice(invoice)
     if invoice.status == Invoice.Status.SETTLED:
         raise PaymentError(_("This invoice is already paid."))
-    invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
     invoice.marked, invoice.marked_reason, invoice.marked_by = True, reason, user
-    invoice.save()
-    evidence = {"invoice": invoice.pk, "marked_by": user.get_username(), "reason": reason}
-    if invoice.purpose == Invoice.Purpose.EXTENSION:
-        booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
-    elif order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
-        booking.order_transition(
-            order=order,
-            to_status=OrderStatus.PAID,
-            actor_kind=OrderEvent.Actor.ADMIN,
-            actor=user,
-            reason=f"marked paid: {reason}",
-            evidence=evidence,
-            now=now,
-        )
-    elif order.status == OrderStatus.EXPIRED:
-        booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now, actor=user)
-    else:
-        OrderEvent.objects.create(
-            order=order,
-            from_status=order.status,
-            to_status=order.status,
-            actor_kind=OrderEvent.Actor.ADMIN,
-            actor=user,
-            reason=f"invoice marked paid: {reason}",
-            evidence=evidence,
-        )
+    _settle(
+        order=order,
+        invoice=invoice,
+        actor_kind=OrderEvent.Actor.ADMIN,
+        actor=user,
+        reason=f"marked paid: {reason}",
+        evidence={"invoice": invoice.pk, "marked_by": user.get_username(), "reason": reason},
+        now=now,
+    )
+
+
+# --- reactions to the order's transitions (connected in payments/apps.py) ------------------------------------
+
+# Paid for and then refused or called off: the money goes back, by an operator's hand.
+REFUND_OWED = frozenset({OrderStatus.CANCELLED, OrderStatus.REJECTED})
+
+
+def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
+    if to_status in REFUND_OWED:
+        invoices_flag_refund(order_id=order_id)
+
+
+def invoices_flag_refund(*, order_id: int) -> int:
+    """Flag the settled invoices of an order that will not be served: a refund is owed."""
+    flagged = 0
+    with transaction.atomic():
+        for invoice in Invoice.objects.select_for_update().filter(
+            order_id=order_id, status=Invoice.Status.SETTLED, needs_operator=False
+        ):
+            invoice.needs_operator = True
+            invoice.save(update_fields=["needs_operator"])
+            flagged += 1
+    return flagged

@@ -2,10 +2,14 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.i18n import JavaScriptCatalog
 
-from portal import views
+from booking import urls as booking_urls
+from payments import urls as payments_urls
+from portal import checkout, views
+
+customer_pages = booking_urls.urlpatterns_with(place_order=checkout.order_place) + payments_urls.urlpatterns
 
 urlpatterns = [
-    path("", include("booking.urls")),
+    path("", include((customer_pages, booking_urls.app_name))),
     path("console/", include("provisioning.urls")),
     path("healthz", views.healthz, name="healthz"),
     path("livez", views.livez, name="livez"),

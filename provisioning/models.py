@@ -177,14 +177,18 @@ class Access(models.Model):
 
 
 class LifecycleNotice(models.Model):
-    """A warning sent before the window ends (48 h, 24 h, 1 h): once each."""
+    """A warning sent before the window ends (48 h, 24 h, 1 h): once each per window end, so that an extended
+    window is warned again before its new end."""
 
     order = models.ForeignKey("booking.Order", on_delete=models.CASCADE, related_name="notices")
     kind = models.CharField(max_length=8)
+    window_end = models.DateTimeField()
     sent_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["order", "kind"], name="one_notice_per_kind")]
+        constraints = [
+            models.UniqueConstraint(fields=["order", "kind", "window_end"], name="one_notice_per_kind_and_end")
+        ]
 
     def __str__(self) -> str:
         return f"{self.order_id} {self.kind}"

@@ -1,7 +1,9 @@
 """Every write of provisioning: approval, runs and their steps, the window's lifecycle, operator actions.
 
 Order transitions go through booking.services.order_transition (with the operator as actor). A run holds a lease
-while a worker executes it; steps already done are never redone, so a run interrupted anywhere resumes cleanly.
+while a worker executes it, and one run at a time works on an order; steps already done are never redone, so a
+run interrupted anywhere resumes cleanly. Provisioning reacts to the order's transitions it does not make itself
+(`on_order_status_changed`, connected in provisioning/apps.py): auto-approval once paid, teardown once released.
 """
 
 import json
@@ -10,17 +12,16 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Q
-from django.template.loader import render_to_string
-from django.utils import timezone, translation
+from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
-from booking.models import Order, OrderEvent, OrderStatus, Vendor
+from booking.mail import send_to_order_contact
+from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus, Vendor
 from booking.rules import BookingError
-from booking.services import order_transition
-from booking.status_cache import bump_orders
+from booking.services import order_note, order_transition
 from provisioning import steps
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import DriverError, HostSpec
@@ -54,22 +55,48 @@ def order_approve(*, order: Order, actor: AbstractBaseUser | None, now: datetime
         provisioning_start(order=order, actor=actor)
 
 
-@transaction.atomic
 def order_reject(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
-    from payments.models import Invoice
-
+    """Refuse a paid order; its lots are released, and payments flags the refund owed (on the event)."""
     reason = reason.strip()
     if not reason:
         raise ProvisioningError(_("Give the reason for rejecting this order."), field="reason")
     order_transition(order=order, to_status=OrderStatus.REJECTED, reason=f"rejected: {reason}", **_operator(actor))
-    # Paid and rejected: a refund is owed.
-    Invoice.objects.filter(order=order, status=Invoice.Status.SETTLED).update(needs_operator=True)
 
 
-def order_paid_hook(*, order: Order) -> None:
-    """After an order becomes paid: approve it at once when the operators chose auto-approval."""
-    if OperatorSettings.current().auto_approve:
+# --- reactions to the order's transitions ---------------------------------------------------------------------
+
+
+def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
+    """Receiver of booking's `order_status_changed`, after the transition's commit (provisioning/apps.py)."""
+    if to_status == OrderStatus.PAID:
+        order_auto_approve(order_id=order_id)
+    elif to_status in RELEASING_STATUSES:
+        access_release(order_id=order_id, reason=f"order {to_status}")
+
+
+def order_auto_approve(*, order_id: int) -> bool:
+    """Approve a paid order at once when the operators chose auto-approval. Beat's lifecycle tick calls it too,
+    for an order whose event was lost (a worker stopped between the commit and the reaction)."""
+    if not OperatorSettings.current().auto_approve:
+        return False
+    with transaction.atomic():
+        order = Order.objects.select_for_update().filter(pk=order_id, status=OrderStatus.PAID).first()
+        if order is None:  # approved, rejected or cancelled meanwhile
+            return False
         order_approve(order=order, actor=None)
+    return True
+
+
+def access_release(*, order_id: int, reason: str) -> ProvisioningRun | None:
+    """An order that ended, or was cancelled, rejected or expired, keeps no access: tear down every access that
+    was prepared, or is being prepared. Nothing to do when none was, or when a teardown is under way."""
+    order = Order.objects.get(pk=order_id)
+    if not order.accesses.exclude(status=Access.Status.REVOKED).exists():
+        return None
+    try:
+        return teardown_start(order=order, reason=reason)
+    except ProvisioningError:  # already under way
+        return None
 
 
 # --- runs ----------------------------------------------------------------------------------------------------
@@ -141,9 +168,7 @@ def teardown_start(
     ):
         raise ProvisioningError(_("The teardown of this order is already under way."))
     run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
-    OrderEvent.objects.create(
-        order=order, from_status=order.status, to_status=order.status, reason=f"teardown: {reason}", **_operator(actor)
-    )
+    order_note(order=order, reason=f"teardown: {reason}", **_operator(actor))
     return run
 
 
@@ -175,23 +200,37 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
     )
 
 
-def _take_lease(run: ProvisioningRun, now: datetime) -> bool:
-    lease = now + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
-    taken = ProvisioningRun.objects.filter(
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now),
-        pk=run.pk,
-        status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
-    ).update(lease_until=lease, status=ProvisioningRun.Status.RUNNING)
-    if taken:
-        ProvisioningRun.objects.filter(pk=run.pk, started_at__isnull=True).update(started_at=now)
-    return bool(taken)
+def _take_lease(run: ProvisioningRun, now: datetime) -> str:
+    """ "taken" when this worker may execute the run now; "waiting" while another run of the same order holds
+    its lease (one run at a time works on an order's hosts); "busy" when the run is finished or held."""
+    with transaction.atomic():
+        Order.objects.select_for_update().filter(pk=run.order_id).exists()  # serialises lease taking per order
+        sibling_running = (
+            ProvisioningRun.objects.filter(
+                order_id=run.order_id, status=ProvisioningRun.Status.RUNNING, lease_until__gte=now
+            )
+            .exclude(pk=run.pk)
+            .exists()
+        )
+        if sibling_running:
+            return "waiting"
+        lease = now + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
+        taken = ProvisioningRun.objects.filter(
+            Q(lease_until__isnull=True) | Q(lease_until__lt=now),
+            pk=run.pk,
+            status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        ).update(lease_until=lease, status=ProvisioningRun.Status.RUNNING)
+        if taken:
+            ProvisioningRun.objects.filter(pk=run.pk, started_at__isnull=True).update(started_at=now)
+    return "taken" if taken else "busy"
 
 
 def run_execute(*, run: ProvisioningRun) -> str:
-    """Execute the run's steps that are not done, host by host. Returns the run's status."""
-    now = timezone.now()
-    if not _take_lease(run, now):
-        return "busy"
+    """Execute the run's steps that are not done, host by host. Returns the run's status, or "waiting" /
+    "busy" when it cannot run now (the task tries a waiting run again)."""
+    lease = _take_lease(run, timezone.now())
+    if lease != "taken":
+        return lease
     run.refresh_from_db()
     order = Order.objects.select_related("hardware_class", "environment").get(pk=run.order_id)
     pending = list(run.steps.exclude(status=ProvisioningStep.Status.DONE).select_related("host"))
@@ -199,41 +238,63 @@ def run_execute(*, run: ProvisioningRun) -> str:
     connections: dict[int, object] = {}
     try:
         for step in pending:
-            access = Access.objects.select_related("host").get(order=order, host=step.host)
-            ProvisioningRun.objects.filter(pk=run.pk).update(
-                lease_until=timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
-            )
-            ProvisioningStep.objects.filter(pk=step.pk).update(
-                status=ProvisioningStep.Status.RUNNING,
-                attempts=step.attempts + 1,
-                started_at=timezone.now(),
-                error="",
-            )
-            try:
-                if step.host_id not in connections:
-                    driver = get_driver(step.host.driver)
-                    connections[step.host_id] = driver.connect(_host_spec(step.host))
-                output = steps.STEPS[step.name](connections[step.host_id], _context(order, access, step.host))
-            except (DriverError, steps.StepFailed) as exc:
-                failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
-                ProvisioningStep.objects.filter(pk=step.pk).update(
-                    status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000]
-                )
+            if run.kind != ProvisioningRun.Kind.TEARDOWN and _released(order):
+                failure = f"stopped before {step.name}: the order was {order.get_status_display().lower()}"
                 break
-            if step.name == "preflight":
-                report = json.loads(output)
-                Access.objects.filter(pk=access.pk).update(
-                    preflight_report=report, preflight_status=report.get("summary", {}).get("status", "")
-                )
-                bump_orders(order.pk)
-                output = f"pre-flight: {report.get('summary', {})}"
-            ProvisioningStep.objects.filter(pk=step.pk).update(
-                status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=output[:20000]
-            )
+            access = Access.objects.select_related("host").get(order=order, host=step.host)
+            failure = _execute_step(run=run, step=step, order=order, access=access, connections=connections)
+            if failure:
+                break
     finally:
         for connection in connections.values():
             connection.close()
     return _finish(run=run, order=order, failure=failure)
+
+
+def _released(order: Order) -> bool:
+    """Whether the order was cancelled, rejected or ended while a run worked on it (read fresh)."""
+    order.status = Order.objects.filter(pk=order.pk).values_list("status", flat=True).get()
+    return order.status in RELEASING_STATUSES
+
+
+def _execute_step(
+    *, run: ProvisioningRun, step: ProvisioningStep, order: Order, access: Access, connections: dict
+) -> str:
+    """Run one step through the host's connection (opened once per host). Returns the failure, or ""."""
+    ProvisioningRun.objects.filter(pk=run.pk).update(
+        lease_until=timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
+    )
+    ProvisioningStep.objects.filter(pk=step.pk).update(
+        status=ProvisioningStep.Status.RUNNING, attempts=step.attempts + 1, started_at=timezone.now(), error=""
+    )
+    try:
+        if step.host_id not in connections:
+            driver = get_driver(step.host.driver)
+            connections[step.host_id] = driver.connect(_host_spec(step.host))
+        output = steps.STEPS[step.name](connections[step.host_id], _context(order, access, step.host))
+    except (DriverError, steps.StepFailed) as exc:
+        failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
+        ProvisioningStep.objects.filter(pk=step.pk).update(
+            status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000]
+        )
+        return failure
+    if step.name == "preflight":
+        report = json.loads(output)
+        access.preflight_report = report
+        access.preflight_status = report.get("summary", {}).get("status", "")
+        access.save(update_fields=["preflight_report", "preflight_status"])
+        output = f"pre-flight: {report.get('summary', {})}"
+    ProvisioningStep.objects.filter(pk=step.pk).update(
+        status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=output[:20000]
+    )
+    return ""
+
+
+def _accesses_set(order: Order, **values) -> None:
+    for access in order.accesses.all():
+        for name, value in values.items():
+            setattr(access, name, value)
+        access.save(update_fields=list(values))
 
 
 @transaction.atomic
@@ -242,7 +303,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     status = ProvisioningRun.Status.FAILED if failure else ProvisioningRun.Status.SUCCEEDED
     ProvisioningRun.objects.filter(pk=run.pk).update(status=status, finished_at=now, error=failure, lease_until=None)
     order = Order.objects.select_for_update().get(pk=order.pk)
-    if run.kind == ProvisioningRun.Kind.PROVISION:
+    if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
         if failure:
             order_transition(
                 order=order,
@@ -252,9 +313,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 evidence={"error": failure[:500], "run": run.pk},
             )
         else:
-            Access.objects.filter(order=order).update(status=Access.Status.READY, ready_at=now)
-            bump_orders(order.pk)
-            target = OrderStatus.ACTIVE if order.starts_at <= now else OrderStatus.READY
+            _accesses_set(order, status=Access.Status.READY, ready_at=now)
             order_transition(
                 order=order,
                 to_status=OrderStatus.READY,
@@ -262,17 +321,18 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 reason="access ready",
                 evidence={"run": run.pk},
             )
-            if target == OrderStatus.ACTIVE:
+            if order.starts_at <= now:
                 order_transition(
                     order=order,
                     to_status=OrderStatus.ACTIVE,
                     actor_kind=OrderEvent.Actor.SYSTEM,
                     reason="window started",
                 )
-            transaction.on_commit(lambda: _send_access_email(order.pk))
+            from provisioning.tasks import send_access_ready
+
+            send_access_ready.delay_on_commit(order.pk)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
-        Access.objects.filter(order=order).update(status=Access.Status.REVOKED, revoked_at=now)
-        bump_orders(order.pk)
+        _accesses_set(order, status=Access.Status.REVOKED, revoked_at=now)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
             order_transition(
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
@@ -280,70 +340,133 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     return status
 
 
-def _send_access_email(order_id: int) -> None:
-    from provisioning.tasks import send_access_ready
-
-    send_access_ready.delay(order_id)
-
-
 def access_email_send(*, order: Order) -> None:
-    with translation.override(order.language):
-        subject = _("Your Binôme machines are ready: order %(number)s") % {"number": order.public_id}
-        body = render_to_string(
-            "provisioning/email/access_ready.txt",
-            {"order": order, "accesses": list(order.accesses.select_related("host"))},
-        )
-    send_mail(subject, body, None, [order.contact_email])
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme machines are ready: order %(number)s"),
+        template="provisioning/email/access_ready.txt",
+        context={"accesses": list(order.accesses.select_related("host"))},
+    )
 
 
 # --- lifecycle -----------------------------------------------------------------------------------------------
 
 
 def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
-    """Beat: start provisioning in time, open and close windows, warn before the end, resume abandoned runs.
-    Each part re-reads state and is safe to run twice at once."""
+    """Beat: start provisioning in time, open and close windows, warn before the end, tear down what was
+    released, resume abandoned runs, approve what auto-approval missed. Each part re-reads state, handles a capped
+    batch and is safe to run twice at once."""
     now = now or timezone.now()
-    counts = {"provisioned": 0, "activated": 0, "warned": 0, "torn_down": 0, "resumed": 0}
+    return {
+        "approved": _approve_missed(),
+        "provisioned": _provision_due(now),
+        "activated": _activate_started(now),
+        "warned": _warn_ending(now),
+        "torn_down": _tear_down_released(now),
+        "resumed": _resume_abandoned(now),
+    }
+
+
+def _approve_missed() -> int:
+    """Paid orders that auto-approval should have approved (its reaction runs after the commit, and a worker
+    can stop in between)."""
+    if not OperatorSettings.current().auto_approve:
+        return 0
+    paid = Order.objects.filter(status=OrderStatus.PAID).values_list("pk", flat=True)[:50]
+    return sum(order_auto_approve(order_id=order_id) for order_id in paid)
+
+
+def _provision_due(now: datetime) -> int:
+    provisioned = 0
     lead = timedelta(hours=OperatorSettings.current().provision_lead_hours)
     for order in Order.objects.filter(status=OrderStatus.APPROVED, starts_at__lte=now + lead)[:50]:
         try:
             provisioning_start(order=order)
-            counts["provisioned"] += 1
+            provisioned += 1
         except BookingError:
             continue
-    for order in Order.objects.filter(status=OrderStatus.READY, starts_at__lte=now)[:200]:
-        counts["activated"] += order_transition(
+    return provisioned
+
+
+def _activate_started(now: datetime) -> int:
+    return sum(
+        order_transition(
             order=order, to_status=OrderStatus.ACTIVE, actor_kind=OrderEvent.Actor.SYSTEM, reason="window started"
         )
+        for order in Order.objects.filter(status=OrderStatus.READY, starts_at__lte=now)[:200]
+    )
+
+
+def _warn_ending(now: datetime) -> int:
+    warned = 0
     for order in Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__gt=now)[:500]:
         left = order.ends_at - now
         due = [kind for kind, before in WARNINGS if left <= before]
         if due:  # only the most urgent one: a window provisioned late skips the warnings already past
-            _notice, created = LifecycleNotice.objects.get_or_create(order=order, kind=due[-1])
+            _notice, created = LifecycleNotice.objects.get_or_create(
+                order=order, kind=due[-1], window_end=order.ends_at
+            )
             if created:
                 from provisioning.tasks import send_end_warning
 
                 send_end_warning.delay_on_commit(order.pk, due[-1])
-                counts["warned"] += 1
+                warned += 1
+    return warned
+
+
+def _tear_down_released(now: datetime) -> int:
+    """Windows that ended, and released orders that still have access (the teardown their event should have
+    started, if it was lost)."""
+    torn_down = 0
     for order in Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__lte=now)[:50]:
         try:
             teardown_start(order=order)
-            counts["torn_down"] += 1
+            torn_down += 1
         except ProvisioningError:
             continue
-    for run in ProvisioningRun.objects.filter(status=ProvisioningRun.Status.RUNNING, lease_until__lt=now)[:20]:
-        from provisioning.tasks import execute_run
+    still_open = (
+        Order.objects.filter(
+            status__in=RELEASING_STATUSES, accesses__status__in=[Access.Status.PENDING, Access.Status.READY]
+        )
+        .exclude(
+            provisioning_runs__kind=ProvisioningRun.Kind.TEARDOWN,
+            provisioning_runs__status__in=[
+                ProvisioningRun.Status.QUEUED,
+                ProvisioningRun.Status.RUNNING,
+                ProvisioningRun.Status.SUCCEEDED,
+            ],
+        )
+        .values_list("pk", flat=True)
+        .distinct()[:50]
+    )
+    for order_id in still_open:
+        torn_down += access_release(order_id=order_id, reason="released with access left") is not None
+    return torn_down
 
-        execute_run.delay(run.pk)
-        counts["resumed"] += 1
-    return counts
+
+def _resume_abandoned(now: datetime) -> int:
+    """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting."""
+    from provisioning.tasks import execute_run
+
+    abandoned = ProvisioningRun.objects.filter(
+        Q(status=ProvisioningRun.Status.RUNNING, lease_until__lt=now)
+        | Q(status=ProvisioningRun.Status.QUEUED, lease_until__isnull=True, created_at__lt=now - QUEUED_PATIENCE)
+    ).values_list("pk", flat=True)[:20]
+    resumed = 0
+    for run_id in abandoned:
+        execute_run.delay(run_id)
+        resumed += 1
+    return resumed
+
+
+QUEUED_PATIENCE = timedelta(minutes=5)
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:
-    with translation.override(order.language):
-        subject = _("Your Binôme window ends in %(left)s: order %(number)s") % {
-            "left": kind.replace("h", " h"),
-            "number": order.public_id,
-        }
-        body = render_to_string("provisioning/email/end_warning.txt", {"order": order, "kind": kind})
-    send_mail(subject, body, None, [order.contact_email])
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme window ends in %(left)s: order %(number)s"),
+        subject_values={"left": kind.replace("h", " h")},
+        template="provisioning/email/end_warning.txt",
+        context={"kind": kind},
+    )

@@ -7,12 +7,15 @@ from provisioning import services
 from provisioning.models import ProvisioningRun
 
 
-@shared_task(name="provisioning.execute_run", acks_late=True, reject_on_worker_lost=True)
-def execute_run(run_id: int) -> str:
+@shared_task(name="provisioning.execute_run", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=60)
+def execute_run(self, run_id: int) -> str:
     run = ProvisioningRun.objects.filter(pk=run_id).first() if isinstance(run_id, int) else None
     if run is None:
         return "unknown"
-    return services.run_execute(run=run)
+    status = services.run_execute(run=run)
+    if status == "waiting" and not self.request.is_eager:  # another run of the order is at work: after it
+        raise self.retry(countdown=10)
+    return status
 
 
 @shared_task(name="provisioning.lifecycle_tick")

@@ -14,11 +14,11 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from booking import services as booking_services
-from booking.models import Allocation, BookingPolicy, Lot, Order, OrderEvent, OrderStatus
+from booking.models import Allocation, BookingPolicy, Lot, Order, OrderStatus
 from booking.rules import BookingError
 from booking.selectors import free_lot_ids, window_for
-from booking.services import order_transition
 from payments.models import Invoice
+from portal import checkout
 from portal.numbers import whole_number
 from provisioning import services
 
@@ -117,15 +117,11 @@ ACTIONS = {
     "reassign": lambda order, user, reason, post: booking_services.order_reassign_lot(
         order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
     ),
-    "extend": lambda order, user, reason, post: booking_services.order_extension_request(
+    "extend": lambda order, user, reason, post: checkout.order_extension_request(
         order=order, days=_number(post, "days"), actor=user
     ),
-    "cancel": lambda order, user, reason, post: order_transition(
-        order=order,
-        to_status=OrderStatus.CANCELLED,
-        actor_kind=OrderEvent.Actor.OPERATOR,
-        actor=user,
-        reason=f"cancelled by an operator: {reason}".strip(": "),
+    "cancel": lambda order, user, reason, post: booking_services.order_cancel_by_operator(
+        order=order, actor=user, reason=reason
     ),
 }
 

@@ -229,9 +229,9 @@ def test_after_a_sold_out_answer_a_released_lot_can_be_booked_at_once(
     assert client.post(reverse("booking:book"), booking_data(lots="1")).status_code == 302
 
 
-def test_a_rush_of_sold_out_answers_is_drawn_once_and_each_keeps_only_its_own_answers(client, catalog, booking_data):
-    """The sold-out page is shared by everyone refused the same lots: drawn once, with each visitor's own answers,
-    CSRF token and messages put in per response, never someone else's."""
+def test_each_sold_out_answer_keeps_only_its_own_visitors_answers(client, catalog, booking_data):
+    """The sold-out page is drawn for each visitor: their own answers, CSRF token and messages, never someone
+    else's."""
     from django.test import Client
 
     ada = client
@@ -241,18 +241,15 @@ def test_a_rush_of_sold_out_answers_is_drawn_once_and_each_keeps_only_its_own_an
     grace = Client()
     second = grace.post(reverse("booking:book"), booking_data(lots="1", contact_email="grace@example.org"))
 
-    assert "booking/sold_out.html" in [template.name for template in first.templates]
-    assert "booking/sold_out.html" not in [template.name for template in second.templates]  # from the cache
     mine, theirs = first.content.decode(), second.content.decode()
     assert mine.count('value="ada@example.org"') == theirs.count('value="grace@example.org"') == 2  # both forms
     assert "grace@" not in mine and "ada@" not in theirs
     assert mine.count('value="Q&amp;A &quot;Lab&quot; __binome_csrf_token__"') == 2
-    assert mine.count("__binome_") == 2 and theirs.count("__binome_") == 0  # no placeholder left but what she typed
+    assert mine.count("__binome_") == 2 and theirs.count("__binome_") == 0
     for page, visitor in ((mine, ada), (theirs, grace)):
         tokens = set(re.findall(r'name="csrfmiddlewaretoken" value="([^"]+)"', page))
         assert tokens and all(_unmask(token) == _unmask(visitor.cookies["csrftoken"].value) for token in tokens)
-    assert "Your lots are held" not in mine + theirs  # a message is not drawn into a shared page...
-    assert "Your lots are held" in ada.get(reverse("booking:guide")).content.decode()  # ...it waits for hers
+    assert "Your lots are held" in mine and "Your lots are held" not in theirs
 
 
 def _unmask(token: str) -> str:
@@ -346,54 +343,60 @@ def poll(client, order: Order, token: str):
     return client.get(order_url(order, token), headers={"HX-Request": "true"})
 
 
-def test_status_poll_comes_from_the_cache_and_shows_a_transition_at_once(
+def test_the_first_poll_of_a_fresh_order_page_is_unchanged_and_a_transition_shows_at_once(
     client, catalog, booking_data, django_assert_num_queries, django_capture_on_commit_callbacks
 ):
+    """The full page names its own rendering in the block's poll URL: its very first poll is answered 204
+    without a query while nothing changed, and with the new block as soon as something did."""
     from booking.services import order_transition
 
     order, token = place(client, booking_data())
-    first = poll(client, order, token)
+    page = client.get(order_url(order, token)).content.decode()
+    url = html.unescape(re.search(r'hx-get="([^"]+\?v=[0-9a-f]+)"', page).group(1))
     with django_assert_num_queries(0):
-        second = poll(client, order, token)
-    assert comparable(second.content) == comparable(first.content)
-    assert "Waiting for your transfer." in second.content.decode()
-    assert second["Referrer-Policy"] == "no-referrer" and "no-store" in second["Cache-Control"]
-    assert "__binome_csrf_token__" not in second.content.decode()
+        unchanged = client.get(url, headers={"HX-Request": "true"})
+    assert unchanged.status_code == 204
 
     with django_capture_on_commit_callbacks(execute=True):
         order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
+    changed = client.get(url, headers={"HX-Request": "true"})
+    assert changed.status_code == 200 and "being confirmed on chain" in changed.content.decode()
+    assert changed["Referrer-Policy"] == "no-referrer" and "no-store" in changed["Cache-Control"]
+    assert "__binome_csrf_token__" not in changed.content.decode()
 
-    assert "being confirmed on chain" in poll(client, order, token).content.decode()
 
-
-def test_a_write_committed_while_the_status_block_is_drawn_is_never_cached_as_current(
+def test_a_write_committed_while_the_page_is_drawn_never_leaves_it_current(
     client, catalog, booking_data, monkeypatch, django_capture_on_commit_callbacks
 ):
-    """The order changes between the link check and the version read: the block stored at the new version must
-    show the new state, or a page would keep the old one until the next change."""
-    from booking import status_cache
+    """The order changes right after the page read it: the page shows the old state, so its poll must not be
+    answered "unchanged"; it brings the new state."""
+    from booking import views
     from booking.services import order_transition
 
     order, token = place(client, booking_data())
-    read_versions = status_cache.current_versions
+    read_order = views._order_or_404
 
-    def a_write_lands_first(public_id: str) -> dict:
-        monkeypatch.setattr(status_cache, "current_versions", read_versions)
+    def a_write_lands_after_the_read(public_id: str, token: str) -> Order:
+        found = read_order(public_id, token)
         with django_capture_on_commit_callbacks(execute=True):
             order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
-        return read_versions(public_id)
+        return found
 
-    monkeypatch.setattr(status_cache, "current_versions", a_write_lands_first)
-    assert "being confirmed on chain" in poll(client, order, token).content.decode()
-    assert "being confirmed on chain" in poll(client, order, token).content.decode()  # the cached block too
+    monkeypatch.setattr(views, "_order_or_404", a_write_lands_after_the_read)
+    page = client.get(order_url(order, token)).content.decode()
+    monkeypatch.setattr(views, "_order_or_404", read_order)
+    assert "Waiting for your transfer." in page
+    url = html.unescape(re.search(r'hx-get="([^"]+\?v=[0-9a-f]+)"', page).group(1))
+    polled = client.get(url, headers={"HX-Request": "true"})
+    assert polled.status_code == 200 and "being confirmed on chain" in polled.content.decode()
 
 
-def test_a_cached_status_block_is_only_served_for_its_own_order_link_and_language(client, catalog, booking_data):
+def test_the_status_block_is_only_served_for_its_own_order_link_and_language(client, catalog, booking_data):
     mine, my_token = place(client, booking_data())
     theirs, their_token = place(client, booking_data(contact_email="other@example.org"))
     assert poll(client, mine, my_token).status_code == poll(client, theirs, their_token).status_code == 200
 
-    # Another order's token, or no valid token, never reaches a cached block.
+    # Another order's token, or no valid token, never reaches the block.
     assert poll(client, mine, their_token).status_code == 404
     assert poll(client, mine, "x" * len(my_token)).status_code == 404
     assert my_token in poll(client, mine, my_token).content.decode()

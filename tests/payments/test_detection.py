@@ -312,7 +312,8 @@ def test_when_no_rpc_url_answers_nothing_changes_and_the_page_says_the_check_is_
 
 
 def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booking_data, admin_user):
-    from booking.services import order_extension_request, order_transition
+    from booking.services import order_transition
+    from portal.checkout import order_extension_request
 
     order, _token = place(client, booking_data(lots="1"))
     services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
@@ -330,3 +331,32 @@ def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booki
     assert extension.status == Invoice.Status.SETTLED
     assert order.ends_at == end + timedelta(days=7) and order.status == OrderStatus.READY
     assert order.events.last().reason == "window extended by 7 days"
+
+
+def test_a_failure_in_what_a_settlement_triggers_never_undoes_it_nor_the_scan(
+    client, chain, booking_data, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Regression: auto-approval (and so provisioning) ran inside the scan's transaction: an exception there
+    rolled back the settlement and the chain's cursor."""
+    from payments.models import ChainCursor
+    from provisioning import services as provisioning
+    from provisioning.models import OperatorSettings
+
+    OperatorSettings.objects.update_or_create(pk=1, defaults={"auto_approve": True})
+
+    def broken_approval(**kwargs):
+        raise RuntimeError("provisioning exploded")
+
+    monkeypatch.setattr(provisioning, "order_approve", broken_approval)
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    chain.mine(3)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = scan()
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert result.settled == [invoice.pk] and invoice.status == Invoice.Status.SETTLED
+    assert order.status == OrderStatus.PAID  # paid, waiting for an operator: the approval failed, not the payment
+    assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block == result.confirmed

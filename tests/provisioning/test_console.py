@@ -98,7 +98,9 @@ def test_provisioning_on_a_dry_run_host_records_every_step_and_says_so(
     assert any("machines are ready" in message.subject for message in mail.outbox)
 
 
-def test_rejecting_needs_a_reason_and_flags_the_refund(client, paid_order, operator):
+def test_rejecting_needs_a_reason_and_flags_the_refund(
+    client, paid_order, operator, django_capture_on_commit_callbacks
+):
     order, _token = paid_order
     client.force_login(operator)
     reject = reverse("console:action", kwargs={"public_id": order.public_id, "action": "reject"})
@@ -107,22 +109,34 @@ def test_rejecting_needs_a_reason_and_flags_the_refund(client, paid_order, opera
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
 
-    client.post(reject, {"reason": "dual-use research not allowed"})
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reject, {"reason": "dual-use research not allowed"})
     order.refresh_from_db()
     assert order.status == OrderStatus.REJECTED
     assert Invoice.objects.get(order=order).needs_operator
     assert not order.allocations.filter(released_at__isnull=True).exists()
 
 
-def test_auto_approval_is_off_by_default_and_approves_when_switched_on(client, catalog, booking_data, admin_user):
+def test_auto_approval_is_off_by_default(client, catalog, booking_data, admin_user, django_capture_on_commit_callbacks):
     assert OperatorSettings.current().auto_approve is False
-    OperatorSettings.objects.filter(pk=1).update(auto_approve=True)
     order, _ = place(client, booking_data(lots="1"))
-    # An on-chain settlement goes through the payments service, which calls the hook; mimic it here.
-    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="wire")
-    services.order_paid_hook(order=order)
+    with django_capture_on_commit_callbacks(execute=True):
+        invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="wire")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+def test_an_order_an_admin_marks_paid_is_approved_when_auto_approval_is_on(
+    client, catalog, booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """Regression: auto-approval ran only when the scanner settled an invoice, not on an admin's "mark paid"."""
+    OperatorSettings.objects.update_or_create(pk=1, defaults={"auto_approve": True})
+    order, _ = place(client, booking_data(lots="1"))
+    with django_capture_on_commit_callbacks(execute=True):
+        invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="wire")
     order.refresh_from_db()
     assert order.status == OrderStatus.APPROVED
+    assert [event.reason for event in order.events.all()][-2:] == ["marked paid: wire", "approved"]
 
 
 def test_the_lifecycle_provisions_opens_warns_and_closes_the_window(
@@ -238,3 +252,103 @@ def test_the_order_page_reloads_itself_when_the_order_moves_on(client, paid_orde
     services.order_approve(order=order, actor=admin_user)
     poll = client.get(console_urls(order)["order"], {"seen": seen}, headers={"HX-Request": "true"})
     assert poll["HX-Refresh"] == "true"
+
+
+def _act(client, order: Order, action: str, capture, **data) -> None:
+    with capture(execute=True):  # what reacts to the transition runs on commit (eager Celery runs the runs)
+        client.post(reverse("console:action", kwargs={"public_id": order.public_id, "action": action}), data)
+
+
+def test_an_operator_cancelling_a_paid_order_flags_its_refund(
+    client, paid_order, operator, django_capture_on_commit_callbacks
+):
+    """Regression: the console's cancel moved the order directly, and a cancelled paid order got no refund flag
+    (reject set one)."""
+    order, _token = paid_order
+    client.force_login(operator)
+    _act(client, order, "cancel", django_capture_on_commit_callbacks, reason="researcher asked")
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    assert Invoice.objects.get(order=order).needs_operator
+    assert not order.allocations.filter(released_at__isnull=True).exists()
+    assert order.events.filter(reason="cancelled by an operator: researcher asked", actor=operator).exists()
+
+
+@pytest.mark.parametrize("stop_at", [OrderStatus.READY, OrderStatus.PROVISIONING_FAILED])
+def test_an_operator_cancelling_an_order_with_access_tears_it_down(
+    client, paid_order, operator, django_capture_on_commit_callbacks, stop_at
+):
+    """Regression: a cancelled READY / PROVISIONING_FAILED order kept its SSH access on lots sold again (the
+    lifecycle sweep tore down only READY and ACTIVE windows)."""
+    order, _token = paid_order
+    client.force_login(operator)
+    _act(client, order, "approve", django_capture_on_commit_callbacks)
+    _act(client, order, "provision", django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY and order.accesses.filter(status=Access.Status.READY).exists()
+    if stop_at == OrderStatus.PROVISIONING_FAILED:  # access half-prepared, then a step failed
+        order.accesses.update(status=Access.Status.PENDING)
+        Order.objects.filter(pk=order.pk).update(status=OrderStatus.PROVISIONING_FAILED)
+
+    _act(client, order, "cancel", django_capture_on_commit_callbacks)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    assert teardown.status == ProvisioningRun.Status.SUCCEEDED
+    assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
+    assert Invoice.objects.get(order=order).needs_operator  # paid, not served: refund owed
+
+
+def test_the_lifecycle_tears_down_a_released_order_whose_teardown_never_started(
+    client, paid_order, operator, django_capture_on_commit_callbacks
+):
+    """The event's reaction runs after the commit; if a worker stopped in between, beat's tick still revokes."""
+    order, _token = paid_order
+    client.force_login(operator)
+    _act(client, order, "approve", django_capture_on_commit_callbacks)
+    _act(client, order, "provision", django_capture_on_commit_callbacks)
+    from booking.services import order_cancel_by_operator
+
+    order_cancel_by_operator(order=order, actor=operator)  # no on-commit callbacks run: the reaction is lost
+
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = services.lifecycle_tick()
+    assert counts["torn_down"] == 1
+    assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
+
+
+def test_an_exception_in_a_reaction_never_undoes_the_transition(
+    client, paid_order, operator, monkeypatch, django_capture_on_commit_callbacks, caplog
+):
+    order, _token = paid_order
+
+    def broken_teardown(**kwargs):
+        raise RuntimeError("host exploded")
+
+    monkeypatch.setattr(services, "access_release", broken_teardown)
+    client.force_login(operator)
+    _act(client, order, "cancel", django_capture_on_commit_callbacks)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    assert Invoice.objects.get(order=order).needs_operator  # the other app's reaction still ran
+    assert "host exploded" in caplog.text
+
+
+def test_a_late_payment_an_admin_marks_is_approved_when_auto_approval_is_on(
+    client, catalog, booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """Regression: auto-approval did not run when a late payment allocated the lots again."""
+    from booking.services import orders_expire_stale_holds
+
+    OperatorSettings.objects.update_or_create(pk=1, defaults={"auto_approve": True})
+    order, _ = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    assert orders_expire_stale_holds(now=invoice.expires_at + timedelta(minutes=1)) == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        invoice_mark_paid(invoice=invoice, user=admin_user, reason="late wire")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.APPROVED
+    assert order.allocations.filter(released_at__isnull=True).count() == 1

@@ -1,0 +1,52 @@
+"""The orchestrator: the few sequences that must write to booking and payments in one transaction.
+
+Dependencies between the apps run one way, booking ← payments ← provisioning, and an app reacts to another's
+transitions through `booking.signals.order_status_changed`. What cannot wait for an event lives here instead,
+above the apps (Saleor's `checkout/complete_checkout.py`): an order is never placed without its invoice, nor an
+extension asked for without its own. Views and tasks call these functions; the apps never import this module
+(the booking page gets `order_place` through the URLconf, portal/urls.py).
+"""
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from booking import services as booking
+from booking.locks import lock_order
+from booking.models import BookingPolicy, Order, OrderEvent
+from payments import services as payments
+from payments.models import Invoice
+
+
+def order_place(*, request: booking.BookingRequest, policy: BookingPolicy | None = None) -> tuple[Order, str]:
+    """Place an order: its lots held, its quote and deposit address, in one transaction (an invoice that cannot
+    be made undoes the booking). Returns the order and its secret token.
+
+    The checks that need no lock come first (a rush on the last lot is answered there); when the lots are gone
+    under the class lock, the answer (with the next free dates) is drawn after the transaction, lock released.
+    """
+    plan = booking.order_plan(request=request, policy=policy)
+    try:
+        with transaction.atomic():
+            order, token = booking.order_hold(plan=plan)
+            payments.invoice_for_new_order(order=order)
+    except booking.SoldOutUnderLock as refused:
+        raise booking.sold_out_answer(plan=plan, refused=refused) from refused
+    return order, token
+
+
+@transaction.atomic
+def order_extension_request(*, order: Order, days: int, actor: AbstractBaseUser | None) -> Invoice:
+    """An extension is its own invoice; the order's end moves only once it is paid (booking.order_extend)."""
+    order = lock_order(order.pk)
+    amount = booking.extension_price(order=order, days=days)
+    invoice = payments.invoice_create(
+        order=order, fiat_amount=amount, purpose=Invoice.Purpose.EXTENSION, extension_days=days
+    )
+    booking.order_note(
+        order=order,
+        reason="extension requested",
+        actor_kind=OrderEvent.Actor.OPERATOR if actor else OrderEvent.Actor.CUSTOMER,
+        actor=actor,
+        evidence={"days": days, "invoice": invoice.pk},
+    )
+    return invoice
