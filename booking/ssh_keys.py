@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import SSHPublicKeyTypes, load_ssh_public_key
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    SSHPublicKeyTypes,
+    load_ssh_public_key,
+)
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext_lazy
 
@@ -223,8 +228,14 @@ def _key_bits(key: SSHPublicKeyTypes) -> int:
 def _check_key_data(key_type: str, key_data: str, blob: bytes) -> int:
     """Check the key data against ``key_type``; return the key size in bits."""
     _check_declared_names(key_type, blob)
-    bits = _key_bits(_load(key_type, key_data))
+    key = _load(key_type, key_data)
+    bits = _key_bits(key)
     if key_type == RSA:
+        # cryptography, like sshd, reads numbers padded with leading zero bytes; OpenSSH fingerprints
+        # the key written back without them, so such a blob would get another fingerprint here than
+        # ssh-keygen shows, and the same key given twice would pass as two.
+        if key.public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).split()[1] != base64.b64encode(blob):
+            raise _damaged()
         if bits < MIN_RSA_BITS:
             raise InvalidSshKey(
                 _("RSA key of %(bits)d bits is too short: at least %(min_bits)d bits are required."),

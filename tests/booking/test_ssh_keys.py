@@ -559,6 +559,16 @@ def test_rsa_keys_at_the_limits_are_accepted():
     assert parse_public_key(f"ssh-rsa {b64(rsa_blob(65537, (1 << 16383) | 1))}").bits == 16384
 
 
+def test_rsa_key_with_zero_padded_numbers_is_refused():
+    # ssh-keygen fingerprints the key written without the padding: the fingerprint would differ.
+    modulus = rsa.generate_private_key(public_exponent=65537, key_size=3072).public_key().public_numbers().n
+    padded_exponent = ssh_string(b"ssh-rsa") + ssh_string(b"\0\x01\0\x01") + ssh_mpint(modulus)
+    padded_modulus = ssh_string(b"ssh-rsa") + ssh_mpint(65537) + ssh_string(b"\0" + ssh_mpint(modulus)[4:])
+    for blob in (padded_exponent, padded_modulus):
+        refused(f"ssh-rsa {b64(blob)}", "damaged")
+    assert parse_public_key(f"ssh-rsa {b64(rsa_blob(65537, modulus))}").bits == 3072
+
+
 def test_rsa_key_with_an_even_modulus_is_refused():
     refused(f"ssh-rsa {b64(rsa_blob(65537, 1 << 3071))}", "damaged")
 
