@@ -6,15 +6,18 @@ configured so that the lazy messages can be turned into text.
 """
 
 import base64
+import contextlib
 import dataclasses
 import functools
 import hashlib
+import random
 import shutil
 import struct
 import subprocess
 import warnings
 
 import pytest
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from django.conf import settings
@@ -22,6 +25,7 @@ from django.conf import settings
 if not settings.configured:
     settings.configure(USE_I18N=False)
 
+from booking import ssh_keys
 from booking.ssh_keys import (
     MAX_COMMENT_LENGTH,
     MAX_LINE_LENGTH,
@@ -105,6 +109,31 @@ def dsa_line() -> str:
         p = (1 << 1023) | 0x1F  # Values only need the right framing, not to be a real group.
         blob = b"".join([ssh_string(b"ssh-dss"), ssh_mpint(p), ssh_mpint((1 << 159) | 1), ssh_mpint(2), ssh_mpint(3)])
         return f"ssh-dss {b64(blob)}"
+
+
+def ed25519_raw() -> bytes:
+    public = ed25519.Ed25519PrivateKey.generate().public_key()
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def sk_ed25519_blob(application: bytes = b"ssh:") -> bytes:
+    """A FIDO security-key ed25519 blob (OpenSSH PROTOCOL.u2f), which cryptography cannot generate."""
+    return ssh_string(b"sk-ssh-ed25519@openssh.com") + ssh_string(ed25519_raw()) + ssh_string(application)
+
+
+def sk_ecdsa_blob(application: bytes = b"ssh:") -> bytes:
+    return b"".join(
+        [
+            ssh_string(b"sk-ecdsa-sha2-nistp256@openssh.com"),
+            ssh_string(b"nistp256"),
+            ssh_string(ec_point(256)),
+            ssh_string(application),
+        ]
+    )
+
+
+def rsa_blob(exponent: int, modulus: int) -> bytes:
+    return ssh_string(b"ssh-rsa") + ssh_mpint(exponent) + ssh_mpint(modulus)
 
 
 def ed25519_private_pem() -> str:
@@ -458,6 +487,147 @@ def test_error_is_a_value_error_with_code_and_message():
 def test_non_string_is_a_type_error():
     with pytest.raises(TypeError):
         parse_public_key(ed25519_line().encode())  # type: ignore[arg-type]
+
+
+# --- Key data, parsed by cryptography ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("application", [b"ssh:", b"ssh:lab-gpu"])
+def test_security_keys_with_an_application_are_accepted(application):
+    for kind, blob in [
+        ("sk-ssh-ed25519@openssh.com", sk_ed25519_blob(application)),
+        ("sk-ecdsa-sha2-nistp256@openssh.com", sk_ecdsa_blob(application)),
+    ]:
+        key = parse_public_key(f"{kind} {b64(blob)} yubikey")
+        assert (key.key_type, key.bits, key.blob) == (kind, 256, blob)
+        assert key.fingerprint == expected_fingerprint(blob)
+        assert key.openssh() == f"{kind} {b64(blob)} yubikey"
+
+
+def test_security_key_application_must_start_with_ssh():
+    refused(f"sk-ssh-ed25519@openssh.com {b64(sk_ed25519_blob(b'web:x'))}", "damaged")
+    refused(f"sk-ecdsa-sha2-nistp256@openssh.com {b64(sk_ecdsa_blob(b''))}", "damaged")
+
+
+@pytest.mark.parametrize(
+    ("kind", "blob"),
+    [
+        ("sk-ssh-ed25519@openssh.com", lambda: blob_of(ed25519_line())),
+        ("ssh-ed25519", sk_ed25519_blob),
+        ("sk-ecdsa-sha2-nistp256@openssh.com", lambda: blob_of(openssh_line(ec_private_key(256)))),
+        ("ecdsa-sha2-nistp256", sk_ecdsa_blob),
+        ("ecdsa-sha2-nistp256", lambda: blob_of(openssh_line(ec_private_key(384)))),
+        ("ssh-rsa", sk_ecdsa_blob),
+    ],
+)
+def test_inner_type_must_match_the_outer_type(kind, blob):
+    error = refused(f"{kind} {b64(blob())}", "type_mismatch")
+    assert f"declared type “{kind}”" in str(error)
+
+
+@pytest.mark.parametrize("cut", [1, 4, 5, 40, 70])
+@pytest.mark.parametrize(
+    ("kind", "blob"),
+    [
+        ("sk-ssh-ed25519@openssh.com", sk_ed25519_blob),
+        ("sk-ecdsa-sha2-nistp256@openssh.com", sk_ecdsa_blob),
+        ("ecdsa-sha2-nistp521", lambda: blob_of(openssh_line(ec_private_key(521)))),
+    ],
+)
+def test_truncated_key_data_is_refused(kind, blob, cut):
+    refused(f"{kind} {b64(blob()[:-cut])}", "damaged")
+
+
+def test_key_data_cut_inside_its_type_name_is_damaged_not_mismatched():
+    for length in (2, 4, 9):
+        refused(f"ssh-ed25519 {b64(blob_of(ed25519_line())[:length])}", "damaged")
+
+
+def test_trailing_bytes_after_a_security_key_are_refused():
+    refused(f"sk-ssh-ed25519@openssh.com {b64(sk_ed25519_blob() + b'x')}", "trailing_bytes")
+
+
+@pytest.mark.parametrize("bits", [1024, 2048, 3071])
+def test_rsa_keys_below_the_minimum_are_refused(bits):
+    modulus = (1 << (bits - 1)) | 1  # Only the size matters to the check.
+    error = refused(f"ssh-rsa {b64(rsa_blob(65537, modulus))}", "rsa_too_short")
+    assert error.params == {"bits": bits, "min_bits": 3072}
+
+
+def test_rsa_keys_at_the_limits_are_accepted():
+    assert parse_public_key(f"ssh-rsa {b64(rsa_blob(65537, (1 << 3071) | 1))}").bits == 3072
+    assert parse_public_key(f"ssh-rsa {b64(rsa_blob(65537, (1 << 16383) | 1))}").bits == 16384
+
+
+def test_rsa_key_with_zero_padded_numbers_is_refused():
+    # ssh-keygen fingerprints the key written without the padding: the fingerprint would differ.
+    modulus = rsa.generate_private_key(public_exponent=65537, key_size=3072).public_key().public_numbers().n
+    padded_exponent = ssh_string(b"ssh-rsa") + ssh_string(b"\0\x01\0\x01") + ssh_mpint(modulus)
+    padded_modulus = ssh_string(b"ssh-rsa") + ssh_mpint(65537) + ssh_string(b"\0" + ssh_mpint(modulus)[4:])
+    for blob in (padded_exponent, padded_modulus):
+        refused(f"ssh-rsa {b64(blob)}", "damaged")
+    assert parse_public_key(f"ssh-rsa {b64(rsa_blob(65537, modulus))}").bits == 3072
+
+
+def test_rsa_key_with_an_even_modulus_is_refused():
+    refused(f"ssh-rsa {b64(rsa_blob(65537, 1 << 3071))}", "damaged")
+
+
+def test_rsa_key_with_a_tiny_exponent_is_refused():
+    refused(f"ssh-rsa {b64(rsa_blob(1, (1 << 3071) | 1))}", "damaged")
+
+
+def test_compressed_ecdsa_point_is_refused():
+    point = (
+        ec_private_key(256)
+        .public_key()
+        .public_bytes(serialization.Encoding.X962, serialization.PublicFormat.CompressedPoint)
+    )
+    blob = ssh_string(b"ecdsa-sha2-nistp256") + ssh_string(b"nistp256") + ssh_string(point)
+    refused(f"ecdsa-sha2-nistp256 {b64(blob)}", "damaged")
+
+
+def test_whatever_cryptography_raises_is_a_damaged_key(monkeypatch):
+    for exception in (UnsupportedAlgorithm("no"), NotImplementedError("no"), TypeError("no"), OverflowError("no")):
+
+        def load(data, exception=exception):
+            raise exception
+
+        monkeypatch.setattr(ssh_keys, "load_ssh_public_key", load)
+        refused(ed25519_line(), "damaged")
+
+
+def test_lines_too_long_never_reach_cryptography(monkeypatch):
+    def load(data):
+        raise AssertionError("cryptography was given an unbounded line")
+
+    monkeypatch.setattr(ssh_keys, "load_ssh_public_key", load)
+    refused("ssh-rsa AAAA" + "A" * (10 * 1024 * 1024), "too_long")
+    refused_list(("ssh-rsa AAAA" + "A" * MAX_LINE_LENGTH + "\n") * 10, "too_long")
+
+
+def test_mangled_key_data_is_refused_with_a_message_never_an_exception():
+    rng = random.Random(10)
+    sources = [
+        ed25519_line().split()[1],
+        rsa_line(3072).split()[1],
+        openssh_line(ec_private_key(384)).split()[1],
+        b64(sk_ed25519_blob()),
+        b64(sk_ecdsa_blob()),
+    ]
+    kinds = sorted(ssh_keys.ACCEPTED_TYPES)
+    for _ in range(1500):
+        blob = bytearray(base64.b64decode(rng.choice(sources)))
+        for _ in range(rng.randint(1, 4)):
+            position = rng.randrange(len(blob))
+            if rng.random() < 0.5:
+                blob[position] = rng.randrange(256)
+            else:
+                del blob[position : position + rng.randint(1, 40)]
+            if not blob:
+                break
+        with contextlib.suppress(InvalidSshKey):
+            parse_public_key(f"{rng.choice(kinds)} {b64(bytes(blob))}")
 
 
 # --- Lists of keys -----------------------------------------------------------------------------
