@@ -5,13 +5,15 @@ from datetime import date
 
 from django import forms
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator
+from django.core.validators import MaxLengthValidator, MaxValueValidator
 from django.utils.translation import gettext_lazy as _
 
 from booking.models import EnvironmentImage, HardwareClass, Hypothesis, WindowDays
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
 
-_MARKUP = re.compile(r"<\s*[/!?]?\s*[a-zA-Z]")
+# Possessive quantifiers (`*+`): the two runs of spaces cannot trade characters, so a `<` followed by a long run of
+# spaces and no letter is rejected in one pass (`<\s*[/!?]?\s*` split the run every possible way: quadratic).
+_MARKUP = re.compile(r"<\s*+[/!?]?\s*+[a-zA-Z]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -27,6 +29,25 @@ def single_line(value: str) -> None:
     no_markup(value)
     if _CONTROL_OR_NEWLINE.search(value):
         raise ValidationError(_("Write this on one line."), code="control")
+
+
+class LengthFirst:
+    """Refuses an over-long value in `to_python`, before any validator runs: Django runs every validator of a field
+    even after `max_length` failed, so a pattern would otherwise scan the whole body."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if self.max_length is not None and len(value) > self.max_length:
+            MaxLengthValidator(self.max_length)(value)
+        return value
+
+
+class BoundedCharField(LengthFirst, forms.CharField):
+    pass
+
+
+class BoundedEmailField(LengthFirst, forms.EmailField):
+    pass
 
 
 class Catalog:
@@ -121,19 +142,19 @@ class QuoteForm(forms.Form):
 
 
 class BookingForm(QuoteForm):
-    contact_name = forms.CharField(label=_("Your name"), max_length=120, validators=[single_line])
-    contact_email = forms.EmailField(label=_("E-mail"), max_length=254)
-    organisation = forms.CharField(
+    contact_name = BoundedCharField(label=_("Your name"), max_length=120, validators=[single_line])
+    contact_email = BoundedEmailField(label=_("E-mail"), max_length=254)
+    organisation = BoundedCharField(
         label=_("Organisation"), max_length=200, validators=[single_line], help_text=_("Lab, company or university.")
     )
-    messenger = forms.CharField(
+    messenger = BoundedCharField(
         label=_("Messenger handle (optional)"),
         max_length=100,
         required=False,
         validators=[single_line],
         help_text=_("Signal, Matrix, Telegram… if you prefer it to e-mail for urgent matters."),
     )
-    ssh_keys = forms.CharField(
+    ssh_keys = BoundedCharField(
         label=_("SSH public keys"),
         max_length=20000,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off"}),
@@ -147,14 +168,14 @@ class BookingForm(QuoteForm):
         widget=forms.RadioSelect,
         error_messages={"invalid_choice": _("Choose one of the hypotheses listed.")},
     )
-    hypothesis_detail = forms.CharField(
+    hypothesis_detail = BoundedCharField(
         label=_("Your hypothesis, in your words"),
         max_length=2000,
         required=False,
         validators=[no_markup],
         widget=forms.Textarea(attrs={"rows": 2}),
     )
-    notes = forms.CharField(
+    notes = BoundedCharField(
         label=_("Notes for the operators (optional)"),
         max_length=4000,
         required=False,
@@ -176,7 +197,7 @@ class BookingForm(QuoteForm):
 
 
 class ResendLinkForm(forms.Form):
-    email = forms.EmailField(label=_("E-mail used for the booking"), max_length=254)
+    email = BoundedEmailField(label=_("E-mail used for the booking"), max_length=254)
 
 
 def quote_initial(*, catalog: Catalog, earliest: date) -> dict:

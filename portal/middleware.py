@@ -4,8 +4,10 @@ does not answer."""
 
 import logging
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse
+from django.shortcuts import render
 from django.template.loader import render_to_string
 
 logger = logging.getLogger(__name__)
@@ -49,3 +51,24 @@ class DatabaseUnavailableMiddleware:
         logger.warning("database unavailable during %s %s: %s", request.method, request.path, exception)
         connection.close()
         return HttpResponse(render_to_string("503.html"), status=503, headers={"Retry-After": "30"})
+
+
+class RequestSizeLimitMiddleware:
+    """Answers 413, before anything reads the body, a request whose declared length is over what any form of the
+    portal can send: DATA_UPLOAD_MAX_MEMORY_SIZE, or FILE_UPLOAD_MAX_MEMORY_SIZE for a multipart body (the one
+    upload form: a report and the CSRF token). Django reads no more than the declared length, and the only upload
+    handler keeps files in memory up to that size, so an upload is refused or kept in memory: never on disk."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0  # Django reads such a body as empty
+        multipart = request.META.get("CONTENT_TYPE", "").startswith("multipart/")
+        limit = settings.FILE_UPLOAD_MAX_MEMORY_SIZE if multipart else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if declared > limit:
+            return render(request, "413.html", status=413)
+        return self.get_response(request)

@@ -56,6 +56,7 @@ MIDDLEWARE = [
     "booking.middleware.UnchangedStatusMiddleware",  # the order page's "unchanged" polls stop here
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
+    "portal.middleware.RequestSizeLimitMiddleware",  # before anything reads the body (CSRF reads POST)
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -178,6 +179,15 @@ STORAGES = {
     },
 }
 WHITENOISE_USE_FINDERS = DEBUG
+
+# --- Request bodies ------------------------------------------------------------------------------------------
+# Sized to the forms, not Django's 2.5 MB: the largest valid booking is its fields' max_length in 4-byte characters,
+# percent-encoded (12 bytes each), about 320 KB (tests/portal/test_request_limits.py checks it fits).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=352 * 1024)
+# The one upload, the split-trial report, is at most 256,000 bytes (provisioning/split_trial_report.MAX_BYTES);
+# files stay in memory and never reach the disk: a larger body is refused by RequestSizeLimitMiddleware first.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 256_000 + 8192  # the report, the CSRF token and the multipart framing
+FILE_UPLOAD_HANDLERS = ["django.core.files.uploadhandler.MemoryFileUploadHandler"]
 
 # --- E-mail -------------------------------------------------------------------------------------------------
 vars().update(env.email_url("EMAIL_URL", default="consolemail://"))

@@ -217,7 +217,8 @@ _STRIP = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]"
 )
 _SPACES = re.compile(r"[\t\n\r]+")
-_MARKUP = re.compile(r"<\s*/?\s*[A-Za-z!?]|&#?\w+;|javascript:", re.IGNORECASE)
+# Possessive `\s*+`: a `<` and a long run of spaces with no letter after it is one pass, not quadratic.
+_MARKUP = re.compile(r"<\s*+/?\s*+[A-Za-z!?]|&#?\w+;|javascript:", re.IGNORECASE)
 _SPECIAL = re.compile(r'[\[\]{}"\\]')
 
 

@@ -214,10 +214,10 @@ def test_repeated_fields_and_a_json_body_are_refused_calmly(client, catalog, boo
     assert response.status_code == 200 and "This field is required." in response.content.decode()
 
 
-def test_an_oversized_body_is_a_400_not_a_500(client, catalog, booking_data):
+def test_an_oversized_body_is_a_413_not_a_500(client, catalog, booking_data):
     response = client.post(reverse("booking:book"), booking_data(notes="n" * 3_000_000))
 
-    assert response.status_code == 400
+    assert response.status_code == 413
     _assert_nothing_saved()
 
 
