@@ -145,16 +145,18 @@ def _booking_page(request: HttpRequest, extra_context: dict | None = None) -> Ht
 
 
 def _place(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
-    """Place the order and go to its page; or the sold-out answer; or the form again, everything typed kept."""
-    if is_ratelimited(
-        request, group="booking", key="ip", rate=settings.RATELIMIT_BOOKING, method="POST", increment=True
-    ):
-        return render(request, "429.html", status=429)
+    """Place the order and go to its page; or the sold-out answer; or the form again, everything typed kept.
+    Only a booking that passed the form counts against the client's rate limit: junk costs us nothing to refuse,
+    and counting it would let anyone use up the limit of everyone behind the same address."""
     desk = _desk()
     form = BookingForm(request.POST, **desk.form_kwargs)
     fit_form = FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
     status = 200
     if form.is_valid():
+        if is_ratelimited(
+            request, group="booking", key="ip", rate=settings.RATELIMIT_BOOKING, method="POST", increment=True
+        ):
+            return render(request, "429.html", status=429)
         hypothesis = form.cleaned_data["hypothesis"]
         fit_advice = _fit_advice(fit_form, hypothesis=hypothesis, catalog=desk.catalog) if fit_form else None
         fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
@@ -349,7 +351,7 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 def resend_link(request: HttpRequest) -> HttpResponse:
     form = ResendLinkForm(request.POST or None)
     sent = False
-    if request.method == "POST" and form.is_valid():
+    if request.method == "POST" and form.is_valid():  # only a well-formed address counts against the limits
         email = form.cleaned_data["email"].strip().lower()
         limited = is_ratelimited(
             request, group="resend-link-ip", key="ip", rate=settings.RATELIMIT_RESEND_LINK, increment=True

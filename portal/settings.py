@@ -202,6 +202,11 @@ RATELIMIT_BOOKING = env.str("RATELIMIT_BOOKING", default="30/h")
 RATELIMIT_RESEND_LINK = env.str("RATELIMIT_RESEND_LINK", default="5/h")
 RATELIMIT_ENABLE = env.bool("RATELIMIT_ENABLE", default=True)
 RATELIMIT_VIEW = "portal.views.ratelimited"
+# How many proxies (TLS terminator, load balancer) stand in front of gunicorn, each appending to X-Forwarded-For:
+# the client address the rate limits count is the entry the outermost one wrote (portal/client.py). 0: no proxy,
+# X-Forwarded-For is ignored. docker-compose.yml runs one.
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+RATELIMIT_IP_META_KEY = "portal.client.client_address"
 SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.E003", "django_ratelimit.W001"]
 
 # --- Payments ---------------------------------------------------------------------------------------------

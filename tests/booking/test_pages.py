@@ -521,3 +521,19 @@ def test_a_shared_sold_out_page_never_carries_the_address_another_visitor_posted
     grace = Client().post("/", booking_data(lots="1", contact_email="grace@example.org")).content.decode()
     assert "Sold out" in grace and _language_next(grace) == "/"
     assert "AAAAevil" not in grace and "mallory" not in grace and grace.count('value="grace@example.org"') == 2
+
+
+def test_junk_bookings_do_not_count_against_the_limit(client, catalog, booking_data, settings):
+    settings.RATELIMIT_BOOKING = "2/h"
+    junk = [client.post(reverse("booking:book"), booking_data(contact_email="nope")).status_code for _ in range(30)]
+
+    assert junk == [200] * 30  # the form again, with its error: costs nothing, counts nothing
+    assert place(client, booking_data(lots="1"))[0].status == OrderStatus.AWAITING_PAYMENT
+
+
+def test_malformed_addresses_do_not_count_against_the_resend_limit(client, catalog):
+    url = reverse("booking:resend-link")
+    junk = [client.post(url, {"email": "not an address"}).status_code for _ in range(10)]
+
+    assert junk == [200] * 10
+    assert client.post(url, {"email": "ada@example.org"}).status_code == 200
