@@ -80,7 +80,14 @@ class LotAdmin(admin.ModelAdmin):
 
 @admin.register(BookingPolicy)
 class BookingPolicyAdmin(SingletonAdmin):
-    list_display = ["__str__", "turnaround_hours", "hold_minutes", "min_notice_hours", "horizon_days"]
+    list_display = [
+        "__str__",
+        "turnaround_hours",
+        "hold_minutes",
+        "min_notice_hours",
+        "horizon_days",
+        "max_unpaid_lots_per_client",
+    ]
 
 
 class ReadOnlyInline(admin.TabularInline):

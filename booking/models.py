@@ -195,6 +195,15 @@ class BookingPolicy(SingletonRow, models.Model):
     max_lots_per_order = models.PositiveSmallIntegerField(
         _("most lots in one order"), default=8, validators=[MinValueValidator(1)]
     )
+    max_unpaid_lots_per_client = models.PositiveSmallIntegerField(
+        _("most unpaid lots per client"),
+        default=8,
+        validators=[MinValueValidator(1)],
+        help_text=_(
+            "How many lots one e-mail address, or one client address, may hold unpaid at a time (holding lots "
+            "costs nothing until paid)."
+        ),
+    )
 
     class Meta:
         verbose_name = _("booking policy")
@@ -347,6 +356,9 @@ class Order(models.Model):
     fit_inputs = models.JSONField(_("fit advisor inputs"), null=True, blank=True)
     fit_advice = models.JSONField(_("fit advisor verdict"), null=True, blank=True)
     language = models.CharField(_("language"), max_length=8, default="en")
+    # A keyed digest of the client address the order was placed from (portal.client.client_key), for the limit
+    # on unpaid lots; the address itself is not kept.
+    client_key = models.CharField(_("client key"), max_length=64, blank=True, editable=False)
 
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from booking.models import (
@@ -16,6 +16,7 @@ from booking.models import (
     Lot,
     Order,
     OrderAccessToken,
+    OrderStatus,
     Price,
 )
 from booking.tokens import token_hash
@@ -167,6 +168,23 @@ def order_for_link(*, public_id: str, token: str) -> Order | None:
         )
         .first()
     )
+
+
+@dataclass(frozen=True)
+class UnpaidLots:
+    lots: int
+    first_release: datetime | None  # when the earliest of their holds ends
+
+
+def unpaid_lots_of(*, email: str, client_key: str) -> UnpaidLots:
+    """The lots held, unpaid, by orders of this e-mail address or placed from this client address (one query)."""
+    same_client = Q(contact_email__iexact=email.strip())
+    if client_key:
+        same_client |= Q(client_key=client_key)
+    held = Order.objects.filter(same_client, status=OrderStatus.AWAITING_PAYMENT).aggregate(
+        lots=Sum("lot_count"), first_release=Min("hold_expires_at")
+    )
+    return UnpaidLots(lots=held["lots"] or 0, first_release=held["first_release"])
 
 
 def orders_for_email(*, email: str, since: datetime) -> QuerySet[Order]:

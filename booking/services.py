@@ -2,7 +2,7 @@
 
 import logging
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from booking import page_cache, selectors
 from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
@@ -70,6 +70,7 @@ class BookingRequest:
     language: str = "en"
     fit_inputs: dict | None = None
     fit_advice: dict | None = None
+    client_key: str = ""  # portal.client.client_key of the request: counts unpaid lots per client address
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -185,6 +186,7 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
     are gone. Returns the order and its secret token (shown once)."""
     request = plan.request
     lock_capacity(request.hardware_class.pk)
+    _check_unpaid_lots(request=request, policy=plan.policy, now=plan.now)
     lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=plan.window, limit=request.lot_count)
     if len(lot_ids) < request.lot_count:
         raise SoldOutUnderLock(free=len(lot_ids))
@@ -220,6 +222,30 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
     return order, token
 
 
+def _check_unpaid_lots(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
+    """Holding lots costs nothing until paid: one e-mail address or one client address holds at most the policy's
+    number of unpaid lots at a time. Checked under the class lock (two bookings of different classes at the same
+    instant may both pass; the hold then ends with the quote anyway)."""
+    held = selectors.unpaid_lots_of(email=request.contact.email, client_key=request.client_key)
+    limit = policy.max_unpaid_lots_per_client
+    if held.lots + request.lot_count <= limit:
+        return
+    frees_at = (held.first_release or now).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    message = ngettext(
+        "Your e-mail address or your connection already holds %(held)s unpaid lot, and one client may hold at most "
+        "%(limit)s at a time: held lots are kept from other researchers until they are paid. Pay or cancel an "
+        "unpaid order, or wait until its hold ends (%(frees_at)s UTC), then book again.",
+        "Your e-mail address or your connection already holds %(held)s unpaid lots, and one client may hold at "
+        "most %(limit)s at a time: held lots are kept from other researchers until they are paid. Pay or cancel "
+        "an unpaid order, or wait until its hold ends (%(frees_at)s UTC), then book again.",
+        held.lots,
+    )
+    raise BookingError(
+        message % {"held": held.lots, "limit": limit, "frees_at": frees_at},
+        field="lots",
+    )
+
+
 def _order_from(plan: OrderPlan) -> Order:
     request = plan.request
     return Order.objects.create(
@@ -243,6 +269,7 @@ def _order_from(plan: OrderPlan) -> Order:
         total_price=plan.price_per_lot * request.lot_count,
         hold_expires_at=plan.now + timedelta(minutes=plan.policy.hold_minutes),
         language=request.language,
+        client_key=request.client_key,
         fit_inputs=request.fit_inputs,
         fit_advice=request.fit_advice,
     )

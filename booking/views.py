@@ -29,6 +29,7 @@ from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import PLACEHOLDER_MARK, cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
+from portal import client
 
 logger = logging.getLogger(__name__)
 
@@ -161,9 +162,10 @@ def _place(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
         fit_advice = _fit_advice(fit_form, hypothesis=hypothesis, catalog=desk.catalog) if fit_form else None
         fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
         try:
-            order, token = place_order(
-                request=_booking_request(form, language=get_language(), **fit), policy=desk.policy
+            booking_request = _booking_request(
+                form, language=get_language(), client_key=client.client_key(request), **fit
             )
+            order, token = place_order(request=booking_request, policy=desk.policy)
         except SoldOut as exc:
             return _sold_out_page(request, form, exc)
         except BookingError as exc:
@@ -229,10 +231,11 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
     return render(request, "booking/sold_out.html", context)
 
 
-def _booking_request(form: BookingForm, *, language: str, **fit) -> services.BookingRequest:
+def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit) -> services.BookingRequest:
     data = form.cleaned_data
     return services.BookingRequest(
         **fit,
+        client_key=client_key,
         hardware_class=data["hardware_class"],
         environment=data["environment"],
         lot_count=data["lots"],

@@ -7,6 +7,8 @@ count or an entry that is not an address means a proxy is missing or misconfigur
 attacker cannot choose the address that is counted.
 """
 
+import hashlib
+import hmac
 import ipaddress
 
 from django.conf import settings
@@ -26,3 +28,12 @@ def client_address(request: HttpRequest) -> str:
         return str(ipaddress.ip_address(candidate))
     except ValueError:
         return remote
+
+
+def client_key(request: HttpRequest) -> str:
+    """What an order remembers of the address it was placed from: a keyed digest (the address itself is not
+    kept), of the /64 for IPv6 as the rate limits count it. Only compared for equality."""
+    address = ipaddress.ip_address(client_address(request))
+    if address.version == 6:
+        address = ipaddress.ip_network(f"{address}/64", strict=False).network_address
+    return hmac.new(settings.SECRET_KEY.encode(), f"client:{address}".encode(), hashlib.sha256).hexdigest()

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.test import Client
 from django.urls import reverse
 
 from booking.models import Allocation, Order, OrderAccessToken, OrderEvent, OrderStatus
@@ -537,3 +538,50 @@ def test_malformed_addresses_do_not_count_against_the_resend_limit(client, catal
 
     assert junk == [200] * 10
     assert client.post(url, {"email": "ada@example.org"}).status_code == 200
+
+
+def _limit_unpaid_lots(limit: int) -> None:
+    from booking.models import BookingPolicy
+
+    policy = BookingPolicy.current()
+    policy.max_unpaid_lots_per_client = limit
+    policy.save()
+
+
+def test_one_email_cannot_hold_more_unpaid_lots_than_the_operator_allows(client, catalog, booking_data):
+    _limit_unpaid_lots(3)
+    first, _token = place(client, booking_data(lots="2"))
+    elsewhere = Client(REMOTE_ADDR="198.51.100.7")  # another connection, the same e-mail (any case)
+
+    refused = elsewhere.post(reverse("booking:book"), booking_data(lots="2", contact_email="ADA@example.org"))
+
+    page = html.unescape(refused.content.decode())
+    assert refused.status_code == 200 and Order.objects.count() == 1
+    assert "already holds 2 unpaid lots, and one client may hold at most 3 at a time" in page
+    assert f"({first.hold_expires_at:%Y-%m-%d %H:%M} UTC)" in page
+    assert place(elsewhere, booking_data(lots="1", contact_email="ada@example.org"))[0].lot_count == 1
+
+
+def test_one_client_address_cannot_hold_more_under_other_emails_and_it_frees_once_paid(
+    client, catalog, booking_data, admin_user
+):
+    from payments.selectors import current_invoice
+    from payments.services import invoice_mark_paid
+
+    _limit_unpaid_lots(2)
+    first, _token = place(client, booking_data(lots="2"))
+
+    refused = client.post(reverse("booking:book"), booking_data(lots="1", contact_email="bob@example.org"))
+    assert refused.status_code == 200 and "one client may hold at most 2" in html.unescape(refused.content.decode())
+
+    invoice_mark_paid(invoice=current_invoice(first), user=admin_user, reason="test")  # paid lots are not held free
+    assert place(client, booking_data(lots="2", contact_email="bob@example.org"))[0].lot_count == 2
+
+
+def test_the_unpaid_lots_message_is_in_french_for_a_french_client(client, catalog, booking_data):
+    _limit_unpaid_lots(1)
+    place_in_french(client, booking_data(lots="1"))
+
+    refused = client.post(reverse("booking:book"), booking_data(lots="1"))
+
+    assert "tient déjà 1 lot impayé, et un client peut en tenir au plus 1" in html.unescape(refused.content.decode())
