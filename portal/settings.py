@@ -4,6 +4,7 @@ Development gets embedded defaults (SQLite, a server-free Celery broker, Django'
 `make run` needs no server. Production (DEBUG off) refuses to start on an unsafe default; see docs/operations.md.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -42,6 +43,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    "axes",
     "portal",
     "booking",
     "payments",
@@ -64,6 +66,7 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "django_ratelimit.middleware.RatelimitMiddleware",
     "portal.middleware.DatabaseUnavailableMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes requires: answers a locked-out login
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -157,6 +160,17 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "admin:login"
+# Staff sign-in (admin and console) is throttled by django-axes: AXES_FAILURE_LIMIT failed attempts lock that
+# client address, and that username from that address, for AXES_COOLOFF_MINUTES (each failure during the lock
+# does not extend it). Attempts are rows (admin → Axes); `manage.py axes_reset` lifts every lock.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("AXES_COOLOFF_MINUTES", default=30))
+AXES_LOCKOUT_PARAMETERS = ["ip_address", ["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "portal.client.client_address"  # the same address as the rate limits
+AXES_LOCKOUT_CALLABLE = "portal.views.login_locked"
+AXES_VERBOSE = False
 
 # --- Languages and time -----------------------------------------------------------------------------------
 LANGUAGE_CODE = "en"

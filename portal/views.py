@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
@@ -26,3 +27,12 @@ def livez(request: HttpRequest) -> HttpResponse:
 
 def ratelimited(request: HttpRequest, exception: Exception) -> HttpResponse:
     return render(request, "429.html", status=429)
+
+
+def login_locked(request: HttpRequest, response: HttpResponse | None = None, credentials: dict | None = None):
+    """django-axes' answer to a sign-in while its address is locked out: why, and for how long (429)."""
+    context = {
+        "failure_limit": settings.AXES_FAILURE_LIMIT,
+        "minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60),
+    }
+    return render(request, "login_locked.html", context, status=429)

@@ -210,3 +210,37 @@ def test_check_deploy_is_clean_with_production_settings():
 def test_production_refuses_to_start_with_the_default_secret_key():
     result = _production("check", PAYMENTS_XPUB=NOT_DEMO_XPUB)
     assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
+
+
+def _sign_in(client: Client, password: str):
+    return client.post(reverse("admin:login"), {"username": "olga", "password": password, "next": "/console/"})
+
+
+@pytest.mark.django_db
+def test_staff_sign_in_is_paused_after_repeated_failures_from_one_address(django_user_model, settings):
+    settings.AXES_FAILURE_LIMIT = 3
+    operator = django_user_model.objects.create_user("olga", password="the-right-long-password", is_staff=True)
+    operator.user_permissions.add(Permission.objects.get(codename="operate_orders"))
+    attacker = Client(REMOTE_ADDR="203.0.113.66")
+
+    failures = [_sign_in(attacker, f"guess-{index}").status_code for index in range(3)]
+    locked = _sign_in(attacker, "the-right-long-password")
+    elsewhere = _sign_in(Client(REMOTE_ADDR="198.51.100.20"), "the-right-long-password")
+
+    assert failures == [200, 200, 429]  # the login form again, then paused at the limit
+    assert locked.status_code == 429 and "Sign-in paused" in locked.content.decode()
+    assert "After 3 failed sign-ins" in locked.content.decode() and "30 minutes" in locked.content.decode()
+    assert elsewhere.status_code == 302 and elsewhere["Location"] == "/console/"
+
+
+@pytest.mark.django_db
+def test_the_sign_in_pause_is_explained_in_french(django_user_model, settings):
+    settings.AXES_FAILURE_LIMIT = 1
+    django_user_model.objects.create_user("olga", password="the-right-long-password", is_staff=True)
+    client = Client(REMOTE_ADDR="203.0.113.66", HTTP_ACCEPT_LANGUAGE="fr")
+
+    locked = _sign_in(client, "wrong")
+
+    page = locked.content.decode()
+    assert locked.status_code == 429 and "Connexion suspendue" in page
+    assert "Après 1 échec de connexion" in page and "Réessayez dans 30 minutes" in page
