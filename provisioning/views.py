@@ -10,6 +10,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
@@ -38,11 +40,11 @@ def operator_required(view):
 
 
 QUEUE = [
-    ("paid", "Paid, awaiting approval", [OrderStatus.PAID]),
-    ("provisioning", "Provisioning", [OrderStatus.APPROVED, OrderStatus.PROVISIONING]),
-    ("failed", "Provisioning failed", [OrderStatus.PROVISIONING_FAILED]),
-    ("ready", "Ready", [OrderStatus.READY]),
-    ("active", "Active", [OrderStatus.ACTIVE]),
+    ("paid", gettext_lazy("Paid, awaiting approval"), [OrderStatus.PAID]),
+    ("provisioning", gettext_lazy("Provisioning"), [OrderStatus.APPROVED, OrderStatus.PROVISIONING]),
+    ("failed", gettext_lazy("Provisioning failed"), [OrderStatus.PROVISIONING_FAILED]),
+    ("ready", gettext_lazy("Ready"), [OrderStatus.READY]),
+    ("active", gettext_lazy("Active"), [OrderStatus.ACTIVE]),
 ]
 
 
@@ -60,7 +62,7 @@ def queue(request: HttpRequest) -> HttpResponse:
         for key, label, statuses in QUEUE
     ]
     ending = [o for o in orders if o.status == OrderStatus.ACTIVE and o.ends_at - now <= timedelta(hours=48)]
-    sections.insert(5, {"key": "ending", "label": "Ending within 48 h", "orders": ending})
+    sections.insert(5, {"key": "ending", "label": _("Ending within 48 h"), "orders": ending})
     flagged = list(
         Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100]
     ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
@@ -101,7 +103,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
 def _number(post, name: str) -> int:
     number = whole_number(post.get(name))
     if number is None:
-        raise BookingError(f"{name}: a number is required.")
+        raise BookingError(_("%(field)s: a number is required.") % {"field": name})
     return number
 
 
@@ -126,6 +128,19 @@ ACTIONS = {
 }
 
 
+ACTION_NAMES = {
+    "approve": gettext_lazy("approval"),
+    "reject": gettext_lazy("rejection"),
+    "retry": gettext_lazy("retry"),
+    "preflight": gettext_lazy("pre-flight re-run"),
+    "teardown": gettext_lazy("teardown"),
+    "provision": gettext_lazy("provisioning"),
+    "reassign": gettext_lazy("reassignment"),
+    "extend": gettext_lazy("extension request"),
+    "cancel": gettext_lazy("cancellation"),
+}
+
+
 @require_POST
 @operator_required
 def order_action(request: HttpRequest, public_id: str, action: str) -> HttpResponse:
@@ -138,7 +153,9 @@ def order_action(request: HttpRequest, public_id: str, action: str) -> HttpRespo
     except BookingError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, f"{order.public_id}: {action} done.")
+        messages.success(
+            request, _("%(order)s: %(action)s done.") % {"order": order.public_id, "action": ACTION_NAMES[action]}
+        )
     return redirect("console:order", public_id=order.public_id)
 
 

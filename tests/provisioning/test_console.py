@@ -352,3 +352,26 @@ def test_a_late_payment_an_admin_marks_is_approved_when_auto_approval_is_on(
     order.refresh_from_db()
     assert order.status == OrderStatus.APPROVED
     assert order.allocations.filter(released_at__isnull=True).count() == 1
+
+
+def test_the_console_speaks_french_to_a_french_operator(client, paid_order, operator):
+    order, _token = paid_order
+    client.force_login(operator)
+    client.cookies["django_language"] = "fr"
+    urls = console_urls(order)
+
+    queue = client.get(urls["queue"]).content.decode()
+    page = client.get(urls["order"]).content.decode()
+    calendar = client.get(urls["calendar"]).content.decode()
+    approved = client.post(
+        reverse("console:action", kwargs={"public_id": order.public_id, "action": "approve"}), follow=True
+    ).content.decode()
+
+    assert "Payée, en attente d’approbation" in queue and "Se termine dans les 48 h" in queue
+    assert "Paiements signalés" in queue and "Fenêtre (UTC)" in queue and "Rien ici." in queue
+    assert "Approuver" in page and "Refuser (remboursement dû)" in page and "Historique" in page
+    assert "7 jours" in page and "Motif (obligatoire)" in page
+    assert "Lots × jours (UTC)" in calendar and "tenu, impayé" in calendar
+    assert f"{order.public_id} : approbation effectuée." in approved
+    for english in ("Flagged payments", "Nothing here.", "Approve<", "History", "Lots × days"):
+        assert english not in queue + page + calendar, english
