@@ -27,6 +27,27 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+BENCH_CHAINS = """
+[[chains]]
+chain_id = 8453
+name = "Base"
+rpc_urls = ["http://127.0.0.1:9/unused"]
+confirmations = 12
+
+  [[chains.assets]]
+  symbol = "EURC"
+  contract = "0x60a3E35Cc302bFA44Cb288Bc5a4F316Fdb1adb42"
+  decimals = 6
+  pegged_to = "EUR"
+"""
+
+
+def bench_chains_file(directory: str) -> str:
+    path = Path(directory) / "chains.toml"
+    path.write_text(BENCH_CHAINS)
+    return str(path)
+
+
 def bench_environment(database_url: str, redis_url: str, static_root: str) -> dict:
     return {
         **os.environ,
@@ -43,7 +64,9 @@ def bench_environment(database_url: str, redis_url: str, static_root: str) -> di
             "xpub6D4BDPcP2GT577Vvch3R8wDkScZWzQzMMUm3PWbmWvVJrZwQY4VUNgqFJPMM3No2dFDFGTsxxpG5uJh7n7epu4trkrX7x7"
             "DogT5Uv6fcLW5"
         ),
-        "PAYMENTS_CHAINS_FILE": str(ROOT / "payments" / "chains.demo.toml"),
+        # Production settings refuse the demo chain and its tokens: a chain of their own, paid in a pegged
+        # stablecoin (no RPC call is needed to quote it).
+        "PAYMENTS_CHAINS_FILE": bench_chains_file(static_root),
         "LOG_LEVEL": "WARNING",
     }
 

@@ -92,6 +92,31 @@ class Chain:
         return self.explorer_address_url.format(address=address) if self.explorer_address_url else ""
 
 
+# The demo pieces a production chains file must not carry: anvil's chain id, and the contracts deployed from anvil's
+# account 0 (a public key: anyone can deploy at these addresses on any chain), whose demo tokens anyone can mint.
+DEMO_CHAIN_ID = 31337
+DEMO_CONTRACTS = frozenset(
+    {
+        "0x5fbdb2315678afecb367f032d93f642f64180aa3",  # dEURC
+        "0xe7f1725e7734ce288f8367e1bb143e90bb3f0512",  # dUSDT
+        "0x9fe46736679d2d9a65f0992f2272de9f3c7fa6e0",  # ETH/EUR rate feed
+    }
+)
+DEMO_CHAINS_FILE = Path(__file__).resolve().parent / "chains.demo.toml"
+
+
+def refuse_demo_pieces(chains_by_id: dict[int, "Chain"], *, path: Path) -> None:
+    """Production (DEBUG off) refuses the demo chain and its faucet tokens."""
+    if path.resolve() == DEMO_CHAINS_FILE:
+        raise _fail(path, "this is the demo chains file (a local anvil and its faucet tokens): list your own chains")
+    if DEMO_CHAIN_ID in chains_by_id:
+        raise _fail(path, f"chain {DEMO_CHAIN_ID} is anvil's local demo chain, refused in production")
+    for configured in chains_by_id.values():
+        for listed in configured.assets:
+            if listed.contract in DEMO_CONTRACTS or listed.rate_feed in DEMO_CONTRACTS:
+                raise _fail(path, f"chain {configured.chain_id}, {listed.symbol}: a demo contract (anyone can mint it)")
+
+
 def _fail(path: Path, message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{path}: {message}")
 
@@ -161,19 +186,25 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
 
 
 @cache
-def _load(path: str, mtime: float) -> dict[int, Chain]:
-    file = Path(path)
+def _load(path: str, mtime: float, production: bool) -> dict[int, Chain]:
+    return load_chains_file(Path(path), production=production)
+
+
+def load_chains_file(file: Path, *, production: bool) -> dict[int, Chain]:
     try:
         text = file.read_text()
     except OSError as exc:
         raise _fail(file, f"cannot be read ({exc})") from exc
-    return parse_chains(text, path=file)
+    loaded = parse_chains(text, path=file)
+    if production:
+        refuse_demo_pieces(loaded, path=file)
+    return loaded
 
 
 def chains() -> dict[int, Chain]:
     """The configured chains by chain id (reloaded when the file changes)."""
     path = Path(settings.PAYMENTS_CHAINS_FILE)
-    return _load(str(path), path.stat().st_mtime if path.exists() else 0.0)
+    return _load(str(path), path.stat().st_mtime if path.exists() else 0.0, settings.REFUSE_DEMO_PIECES)
 
 
 def chain(chain_id: int) -> Chain | None:

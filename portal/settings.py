@@ -241,6 +241,14 @@ try:
     validate_account_xpub(PAYMENTS_XPUB)
 except InvalidXpub as exc:
     raise ImproperlyConfigured(f"PAYMENTS_XPUB: {exc}") from exc
+# Production refuses the demo pieces: the demo chains file, chain 31337 and the demo (faucet) tokens (the file is
+# read now, so that they or a mistake stop the process at start, and again whenever it changes: payments/config.py),
+# and the demo operator with its public password (provisioning/checks.py, run by bin/web before serving).
+REFUSE_DEMO_PIECES = not DEBUG
+if REFUSE_DEMO_PIECES:
+    from payments.config import load_chains_file
+
+    load_chains_file(Path(PAYMENTS_CHAINS_FILE), production=True)
 # "chain_id:SYMBOL" of the asset offered first; by default the first stablecoin pegged to PRICE_CURRENCY.
 PAYMENTS_DEFAULT_ASSET = env.str("PAYMENTS_DEFAULT_ASSET", default="")
 # Late payments are still watched, recorded and flagged this long after the quote expired.

@@ -8,7 +8,10 @@ class ProvisioningConfig(AppConfig):
     def ready(self) -> None:
         from booking.apps import connect_page_signals
         from booking.signals import order_status_changed
-        from provisioning import services
+        from provisioning import (
+            checks,  # noqa: F401 (registers the production checks)
+            services,
+        )
         from provisioning.models import Access, Host
 
         # Hosts carry lots (the booking page); accesses are what the order page shows once ready.

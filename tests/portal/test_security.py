@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
@@ -182,34 +183,114 @@ def test_every_state_changing_request_needs_its_csrf_token(catalog, booking_data
     assert order.status == OrderStatus.AWAITING_PAYMENT and Order.objects.count() == 1
 
 
-def _production(*args: str, **env: str) -> subprocess.CompletedProcess:
+PRODUCTION_CHAINS = """
+[[chains]]
+chain_id = 8453
+name = "Base"
+rpc_urls = ["https://base.example.org/rpc"]
+confirmations = 12
+
+  [[chains.assets]]
+  symbol = "USDC"
+  contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+  decimals = 6
+  pegged_to = "EUR"
+"""
+PRODUCTION_SECRET_KEY = "p" * 20 + "roduction-" + "k" * 40
+
+
+@pytest.fixture
+def production_chains(tmp_path) -> Path:
+    path = tmp_path / "chains.toml"
+    path.write_text(PRODUCTION_CHAINS)
+    return path
+
+
+def _production(*args: str, command: tuple[str, ...] = (sys.executable, "manage.py"), **env: str):
     # A production environment: none of the development or test switches (the browser tests set
     # DJANGO_ALLOW_ASYNC_UNSAFE for Playwright in this process).
-    dropped = ("DEBUG", "SECRET_KEY", "PAYMENTS_XPUB", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    dropped = ("DEBUG", "SECRET_KEY", "PAYMENTS_XPUB", "PAYMENTS_CHAINS_FILE", "DJANGO_ALLOW_ASYNC_UNSAFE")
     environment = {key: value for key, value in os.environ.items() if key not in dropped}
-    environment.update({"DEBUG": "0", "PAYMENTS_CHAINS_FILE": str(ROOT / "payments" / "chains.demo.toml"), **env})
+    environment.update({"DEBUG": "0", **env})
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=environment, capture_output=True, text=True, check=False
+        [*command, *args], cwd=ROOT, env=environment, capture_output=True, text=True, check=False, timeout=120
     )
 
 
-def test_check_deploy_is_clean_with_production_settings():
+def test_check_deploy_is_clean_with_production_settings(production_chains):
     result = _production(
         "check",
         "--deploy",
         "--fail-level",
         "WARNING",
-        SECRET_KEY="p" * 20 + "roduction-" + "k" * 40,
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
         PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
         ALLOWED_HOSTS="book.example.org",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
 
 
-def test_production_refuses_to_start_with_the_default_secret_key():
-    result = _production("check", PAYMENTS_XPUB=NOT_DEMO_XPUB)
+def test_production_refuses_to_start_with_the_default_secret_key(production_chains):
+    result = _production("check", PAYMENTS_XPUB=NOT_DEMO_XPUB, PAYMENTS_CHAINS_FILE=str(production_chains))
     assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("chains", "refusal"),
+    [
+        (None, "this is the demo chains file"),
+        (PRODUCTION_CHAINS.replace("8453", "31337"), "chain 31337 is anvil's local demo chain"),
+        (
+            PRODUCTION_CHAINS.replace(
+                "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+            ),
+            "a demo contract (anyone can mint it)",
+        ),
+    ],
+    ids=["demo-file", "chain-31337", "faucet-token"],
+)
+def test_production_refuses_the_demo_chain_and_its_tokens(tmp_path, chains, refusal):
+    path = ROOT / "payments" / "chains.demo.toml"
+    if chains is not None:
+        path = tmp_path / "chains.toml"
+        path.write_text(chains)
+    result = _production(
+        "check", SECRET_KEY=PRODUCTION_SECRET_KEY, PAYMENTS_XPUB=NOT_DEMO_XPUB, PAYMENTS_CHAINS_FILE=str(path)
+    )
+    assert result.returncode != 0 and refusal in result.stderr
+
+
+@pytest.mark.django_db
+def test_production_refuses_the_demo_operator_with_its_public_password(settings):
+    from django.core.checks import run_checks
+
+    from provisioning.demo import DEMO_OPERATOR_PASSWORD, seed_demo_operator
+
+    seed_demo_operator()
+    settings.REFUSE_DEMO_PIECES = True  # what DEBUG off sets
+    refused = [error.id for error in run_checks(databases=["default"])]
+    user = get_user_model().objects.get(username="operator")
+    user.set_password("a-password-of-its-own-now")
+    user.save()
+    cleared = [error.id for error in run_checks(databases=["default"])]
+
+    assert "provisioning.E001" in refused and "provisioning.E001" not in cleared
+    assert DEMO_OPERATOR_PASSWORD not in user.password
+
+
+def test_the_web_process_refuses_to_start_when_it_can_read_the_provisioning_key(tmp_path, production_chains):
+    key = tmp_path / "provisioning_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    result = _production(
+        command=("bash", "bin/web"),
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        PROVISIONING_SSH_KEY_FILE=str(key),
+    )
+    assert result.returncode == 1 and "can read the provisioning SSH key" in result.stderr
 
 
 def _sign_in(client: Client, password: str):
