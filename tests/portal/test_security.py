@@ -293,6 +293,19 @@ def test_the_web_process_refuses_to_start_when_it_can_read_the_provisioning_key(
     assert result.returncode == 1 and "can read the provisioning SSH key" in result.stderr
 
 
+def test_docker_compose_has_no_default_password_and_serves_gunicorn_through_the_proxy():
+    compose = (ROOT / "docker-compose.yml").read_text()
+    nginx = (ROOT / "deploy" / "nginx.conf").read_text()
+    services = dict(re.findall(r"(?m)^  ([a-z-]+):\n((?:    .*\n|\n)+)", compose.split("\nservices:\n", 1)[1]))
+
+    assert "POSTGRES_PASSWORD:-" not in compose and "${POSTGRES_PASSWORD:?" in compose
+    assert "ports:" in services["proxy"] and "ports:" not in services["web"]
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in nginx
+    assert "proxy_set_header X-Forwarded-Proto" in nginx and "TRUSTED_PROXY_COUNT: ${TRUSTED_PROXY_COUNT:-1}" in compose
+    assert [name for name, body in services.items() if "provisioning_ssh_key" in body] == ["worker"]
+    assert 'profiles: ["demo"]' in services["chain"] and 'profiles: ["demo"]' in services["chain-setup"]
+
+
 def _sign_in(client: Client, password: str):
     return client.post(reverse("admin:login"), {"username": "olga", "password": password, "next": "/console/"})
 
