@@ -545,6 +545,20 @@ def order_send_link(*, order: Order) -> None:
     )
 
 
+@transaction.atomic
+def order_links_revoke(*, order: Order) -> int:
+    """Every secret link of the order stops working at once (the one used included); a new one is mailed to the
+    order's contact, minted by the task so that no secret travels through the broker. Returns how many links
+    were revoked."""
+    order = lock_order(order.pk)
+    revoked, _by_model = order.access_tokens.all().delete()  # post_delete: the status polls of old links stop
+    order_note(order=order, reason="links revoked", actor_kind=OrderEvent.Actor.CUSTOMER, evidence={"links": revoked})
+    from booking.tasks import send_order_link
+
+    send_order_link.delay_on_commit(order.pk)
+    return revoked
+
+
 def orders_send_links(*, email: str, language: str, now: datetime | None = None) -> int:
     """E-mail fresh links to every recent order of an address. Sends nothing when there is none."""
     now = now or timezone.now()

@@ -17,5 +17,6 @@ def urlpatterns_with(*, place_order: views.PlaceOrder) -> list:
         path("orders/resend-link/", views.resend_link, name="resend-link"),
         path("orders/<str:public_id>/<str:token>/", views.order_detail, name="order"),
         path("orders/<str:public_id>/<str:token>/cancel/", views.order_cancel, name="order-cancel"),
+        path("orders/<str:public_id>/<str:token>/revoke-links/", views.order_links_revoke, name="order-revoke-links"),
         path("orders/<str:public_id>/<str:token>/split-trial/", views.split_trial_upload, name="order-split-trial"),
     ]

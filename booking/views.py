@@ -350,6 +350,26 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     return redirect("booking:order", public_id=order.public_id, token=token)
 
 
+@require_POST
+@never_cache
+def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Revoke every link to the order (this one included) and mail a new one to the order's contact."""
+    order = _order_or_404(public_id, token)
+    services.order_links_revoke(order=order)
+    context = {
+        "order": order,
+        "masked_email": _masked_email(order.contact_email),
+        "language_next": reverse("booking:book"),
+    }
+    return mark_private(render(request, "booking/links_revoked.html", context))
+
+
+def _masked_email(email: str) -> str:
+    """Enough of the address for its owner to recognise it, not enough to learn it: a•••@example.org."""
+    local, _at, domain = email.partition("@")
+    return f"{local[:1]}•••@{domain}"
+
+
 @require_http_methods(["GET", "POST"])
 def resend_link(request: HttpRequest) -> HttpResponse:
     form = ResendLinkForm(request.POST or None)

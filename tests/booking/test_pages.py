@@ -585,3 +585,47 @@ def test_the_unpaid_lots_message_is_in_french_for_a_french_client(client, catalo
     refused = client.post(reverse("booking:book"), booking_data(lots="1"))
 
     assert "tient déjà 1 lot impayé, et un client peut en tenir au plus 1" in html.unescape(refused.content.decode())
+
+
+def test_a_customer_revokes_every_link_of_an_order_and_gets_a_new_one_by_email(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        order, token = place(client, booking_data())
+        client.post(reverse("booking:resend-link"), {"email": "ada@example.org"})
+    mailed = re.findall(r"http://\S+/orders/\S+/", mail.outbox[-1].body)[0].replace("http://127.0.0.1:8000", "")
+    page = client.get(order_url(order, token)).content.decode()
+    poll = html.unescape(re.search(r'hx-get="([^"]*\?v=[0-9a-f]{16})"', page).group(1))
+    mail.outbox.clear()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        revoked = client.post(
+            reverse("booking:order-revoke-links", kwargs={"public_id": order.public_id, "token": token})
+        )
+
+    answer = html.unescape(revoked.content.decode())
+    assert revoked.status_code == 200 and revoked["Referrer-Policy"] == "no-referrer"
+    assert f"Every link to order {order.public_id} has stopped working" in answer and "a•••@example.org" in answer
+    assert client.get(order_url(order, token)).status_code == 404
+    assert client.get(mailed).status_code == 404
+    assert client.get(poll, headers={"HX-Request": "true"}).status_code == 404  # no "unchanged" 204 either
+    assert [message.to for message in mail.outbox] == [["ada@example.org"]]
+    fresh = re.search(r"http://\S+/orders/\S+/", mail.outbox[0].body).group().replace("http://127.0.0.1:8000", "")
+    assert client.get(fresh).status_code == 200
+    assert order.events.filter(reason="links revoked", evidence__links=3).exists()
+
+
+def test_revoking_links_needs_the_right_link_and_is_explained_in_french(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, token = place_in_french(client, booking_data())
+
+    wrong = client.post(reverse("booking:order-revoke-links", kwargs={"public_id": order.public_id, "token": "x" * 43}))
+    with django_capture_on_commit_callbacks(execute=True):
+        revoked = client.post(
+            reverse("booking:order-revoke-links", kwargs={"public_id": order.public_id, "token": token})
+        )
+
+    assert wrong.status_code == 404
+    assert "Tous les liens vers la commande" in html.unescape(revoked.content.decode())
+    assert OrderAccessToken.objects.filter(order=order).count() == 1  # the one just mailed
