@@ -286,10 +286,29 @@ if not DEBUG:
     # turn it off with SECURE_HSTS_PRELOAD=0 before the domain is ready for that.
     SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
 
+# No log line and no error report carries an order's secret token (portal/redaction.py); gunicorn's access log is
+# redacted by its logger class (bin/web).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {
+        "redact_tokens": {"()": "portal.redaction.RedactTokensFilter"},
+        "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
+    },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_tokens"]},
+        "mail_admins": {
+            "class": "django.utils.log.AdminEmailHandler",
+            "level": "ERROR",
+            "filters": ["require_debug_false", "redact_tokens"],
+        },
+    },
+    "loggers": {
+        # Django's own default sends these to its unfiltered handlers: here they go through the redacting ones.
+        "django": {"handlers": ["mail_admins"], "level": "INFO"},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+DEFAULT_EXCEPTION_REPORTER = "portal.redaction.RedactingExceptionReporter"

@@ -1,0 +1,60 @@
+"""Order tokens stay out of logs and error reports.
+
+An order's secret link is /orders/<number>/<token>/…, and its status poll is the same path with `?v=`. Whatever
+writes a request's path somewhere (gunicorn's access log, Django's "Not Found: /…" and "Internal Server Error:
+/…", the error report mailed to ADMINS) goes through `redact`, which keeps the number and replaces the token.
+"""
+
+import logging
+import re
+
+from django.views.debug import ExceptionReporter
+from gunicorn.glogging import Logger
+
+# /orders/<number>/<token>, also percent-encoded (a `next=` parameter); the classes exclude the separators, so the
+# pattern runs in one pass.
+_ORDER_LINK = re.compile(r"((?:/|%2[fF])orders(?:/|%2[fF])[^/%\s?#&]+(?:/|%2[fF]))[^/%\s?#&\"'<>]+")
+REDACTED = "[token]"
+
+
+def redact(text: str) -> str:
+    return _ORDER_LINK.sub(r"\1" + REDACTED, text)
+
+
+class RedactTokensFilter(logging.Filter):
+    """On every handler: the formatted message with order tokens replaced."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+class RedactingExceptionReporter(ExceptionReporter):
+    """Django's error report (the e-mail to ADMINS, the DEBUG page), with the request's order token removed
+    wherever it appears: URL, META, frame variables."""
+
+    def _redact(self, text: str) -> str:
+        text = redact(text)
+        match = getattr(self.request, "resolver_match", None)
+        token = match.kwargs.get("token") if match else None
+        return text.replace(token, REDACTED) if token and len(token) >= 8 else text
+
+    def get_traceback_html(self):
+        return self._redact(str(super().get_traceback_html()))
+
+    def get_traceback_text(self):
+        return self._redact(str(super().get_traceback_text()))
+
+
+class RedactingGunicornLogger(Logger):
+    """gunicorn's access log (`--logger-class`), with order tokens replaced in the request line, path, query,
+    referrer and headers."""
+
+    def atoms(self, resp, req, environ, request_time):
+        return {
+            key: redact(value) if isinstance(value, str) else value
+            for key, value in super().atoms(resp, req, environ, request_time).items()
+        }
