@@ -390,6 +390,31 @@ class Order(models.Model):
     def can_be_cancelled_by_customer(self) -> bool:
         return self.status == OrderStatus.AWAITING_PAYMENT
 
+    @property
+    def greeting_name(self) -> str:
+        """The contact's name for an e-mail greeting, or "" for a plain "Hello,": see `plain_name`."""
+        return plain_name(self.contact_name)
+
+
+_NAME_PUNCTUATION = frozenset(" '’-.")
+
+
+def plain_name(name: str) -> str:
+    """The name if it reads as a person's name and nothing else, else "".
+
+    The contact's address is not verified: anyone can book with a stranger's e-mail address, and what they typed
+    would reach that stranger from our domain. So e-mails carry nothing typed but a greeting, and the name only when
+    it is at most five words of letters, apostrophes, hyphens and initials (no digit, no "/", ":" or "@", no dot
+    inside a word: nothing that could be a link or a domain)."""
+    words = name.split()
+    if not words or len(words) > 5 or len(" ".join(words)) > 60:
+        return ""
+    if any(not (char.isalpha() or char in _NAME_PUNCTUATION) for word in words for char in word):
+        return ""
+    if any("." in word[:-1] or not word[0].isalpha() for word in words):
+        return ""
+    return " ".join(words)
+
 
 class OrderAccessToken(models.Model):
     """A secret link to an order. Only the SHA-256 of the token is stored; a resend mints a new one."""
