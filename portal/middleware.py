@@ -1,9 +1,12 @@
-"""Security headers Django 5.2 does not set by itself: a Content-Security-Policy (no inline script anywhere: htmx
-and portal.js are served from static/) and a Permissions-Policy. And a 503 page, not a 500, while the database
-does not answer."""
+"""Security headers and failure pages. The Content-Security-Policy is django-csp's (settings.CONTENT_SECURITY_POLICY:
+no inline script anywhere, htmx and portal.js are served from static/), with inline styles allowed on Django's
+admin only; the Permissions-Policy, which django-csp does not set, is set here. And a 503 page, not a 500, while
+the database does not answer."""
 
 import logging
 
+from csp.constants import UNSAFE_INLINE
+from csp.middleware import CSPMiddleware
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse
@@ -12,24 +15,26 @@ from django.template.loader import render_to_string
 
 logger = logging.getLogger(__name__)
 
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
-)
-# Django's admin sets a few inline style attributes; its scripts are files too.
-ADMIN_CSP = CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
+ADMIN_PREFIX = "/admin/"
 
 
-class SecurityHeadersMiddleware:
+class ContentSecurityPolicyMiddleware(CSPMiddleware):
+    """django-csp's middleware. Django's admin sets a few inline style attributes (its scripts are files too), so
+    its pages add 'unsafe-inline' to style-src and nothing else."""
+
+    def get_policy_parts(self, request, response, report_only: bool = False):
+        if not report_only and request.path.startswith(ADMIN_PREFIX) and getattr(response, "_csp_update", None) is None:
+            response._csp_update = {"style-src": [UNSAFE_INLINE]}
+        return super().get_policy_parts(request, response, report_only)
+
+
+class PermissionsPolicyMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
-        self.admin_prefix = "/admin/"
 
     def __call__(self, request):
         response = self.get_response(request)
-        policy = ADMIN_CSP if request.path.startswith(self.admin_prefix) else CSP
-        response.headers.setdefault("Content-Security-Policy", policy)
         response.headers.setdefault("Permissions-Policy", PERMISSIONS_POLICY)
         return response
 

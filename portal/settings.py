@@ -8,6 +8,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from csp.constants import NONE as CSP_NONE
+from csp.constants import SELF as CSP_SELF
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
@@ -44,6 +46,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "axes",
+    "csp",
     "portal",
     "booking",
     "payments",
@@ -52,7 +55,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "portal.middleware.SecurityHeadersMiddleware",
+    "portal.middleware.ContentSecurityPolicyMiddleware",  # django-csp; first too: static files and 204 polls
+    "portal.middleware.PermissionsPolicyMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",  # first too: static files and 204 polls get it
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "booking.middleware.UnchangedStatusMiddleware",  # the order page's "unchanged" polls stop here
@@ -271,6 +275,22 @@ CELERY_BEAT_SCHEDULE["provisioning.lifecycle_tick"] = {
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 # --- Security -------------------------------------------------------------------------------------------------
+# Content-Security-Policy (django-csp, portal.middleware.ContentSecurityPolicyMiddleware): no inline script or
+# style, nothing from elsewhere; Django's admin pages add 'unsafe-inline' to style-src.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [CSP_SELF],
+        "script-src": [CSP_SELF],
+        "style-src": [CSP_SELF],
+        "img-src": [CSP_SELF, "data:"],
+        "connect-src": [CSP_SELF],
+        "font-src": [CSP_SELF],
+        "form-action": [CSP_SELF],
+        "frame-ancestors": [CSP_NONE],
+        "base-uri": [CSP_NONE],
+        "object-src": [CSP_NONE],
+    }
+}
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
