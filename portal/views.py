@@ -36,3 +36,12 @@ def login_locked(request: HttpRequest, response: HttpResponse | None = None, cre
         "minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60),
     }
     return render(request, "login_locked.html", context, status=429)
+
+
+def axes_username(request: HttpRequest, credentials: dict | None = None) -> str | None:
+    """The username django-axes records for a sign-in attempt, cut to what a username can be (150 characters):
+    Django's login form does not enforce that length, and axes keeps it in a 255-character column."""
+    username = (credentials or {}).get("username")
+    if username is None and request is not None:
+        username = request.POST.get("username")
+    return None if username is None else str(username)[:150]

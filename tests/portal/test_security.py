@@ -362,6 +362,12 @@ def test_staff_sign_in_is_paused_after_repeated_failures_from_one_address(django
 
 
 @pytest.mark.django_db
+def test_a_very_long_username_is_an_ordinary_failed_sign_in(client):
+    response = client.post(reverse("admin:login"), {"username": "<" * 5000, "password": "x"})  # once a 500
+    assert response.status_code == 200 and "Please enter the correct username and password" in response.content.decode()
+
+
+@pytest.mark.django_db
 def test_the_sign_in_pause_is_explained_in_french(django_user_model, settings):
     settings.AXES_FAILURE_LIMIT = 1
     django_user_model.objects.create_user("olga", password="the-right-long-password", is_staff=True)
