@@ -53,6 +53,13 @@ class Tally:
         self.statuses.update({int(status): count for status, count in measured["statuses"].items()})
         self.latency_us.update({value: count for value, count in measured["latency_us"]})
 
+    def merge(self, other: "Tally") -> None:
+        self.requests += other.requests
+        self.duration_us += other.duration_us
+        self.errors.update(other.errors)
+        self.statuses.update(other.statuses)
+        self.latency_us.update(other.latency_us)
+
     @property
     def requests_per_second(self) -> float:
         return self.requests / (self.duration_us / 1e6) if self.duration_us else 0.0
@@ -100,6 +107,19 @@ def wrk_round(port: int, endpoint: Endpoint, *, seconds: int, connections: int, 
     if result.returncode != 0 or not lines:
         sys.exit(f"wrk failed on {endpoint.path} ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return json.loads(lines[-1])
+
+
+def alternating_rounds(
+    port: int, endpoints: list[Endpoint], *, rounds: int, seconds: int, connections: int, threads: int = 1
+) -> dict[str, Tally]:
+    """`rounds` wrk rounds of each endpoint, taken in turn, so that a slow patch of a shared machine falls on each
+    of them rather than on whichever endpoint happened to run then."""
+    tallies = {endpoint.name: Tally() for endpoint in endpoints}
+    for _round in range(rounds):
+        for endpoint in endpoints:
+            measured = wrk_round(port, endpoint, seconds=seconds, connections=connections, threads=threads)
+            tallies[endpoint.name].add(measured)
+    return tallies
 
 
 def warm_up(port: int, endpoints: list[Endpoint]) -> None:

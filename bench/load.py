@@ -36,12 +36,12 @@ from httpload import (
     TRIVIAL,
     Endpoint,
     Tally,
+    alternating_rounds,
     check_targets,
     htmx_status_poll,
     poll_answers,
     require_wrk,
     warm_up,
-    wrk_round,
 )
 from pages import bench_environment, prepare, start_gunicorn
 
@@ -168,16 +168,15 @@ def main() -> None:
         verdicts = []
         polls = Tally()
         for level in (int(value) for value in options.levels.split(",")):
-            tallies = {endpoint.name: Tally() for endpoint in endpoints}
-            for _round in range(options.rounds):
-                # Rounds alternate between the endpoints, so a slow patch of this shared machine falls on each.
-                for endpoint in endpoints:
-                    measured = wrk_round(
-                        options.port, endpoint, seconds=options.seconds, connections=level, threads=options.threads
-                    )
-                    tallies[endpoint.name].add(measured)
-                    if endpoint.name == STATUS_POLL:
-                        polls.add(measured)
+            tallies = alternating_rounds(
+                options.port,
+                endpoints,
+                rounds=options.rounds,
+                seconds=options.seconds,
+                connections=level,
+                threads=options.threads,
+            )
+            polls.merge(tallies[STATUS_POLL])
             trivial = tallies[TRIVIAL].requests_per_second
             for name, tally in tallies.items():
                 rps = tally.requests_per_second

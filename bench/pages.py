@@ -28,13 +28,12 @@ from httpload import (
     STATUS_POLL,
     TRIVIAL,
     Endpoint,
-    Tally,
+    alternating_rounds,
     check_targets,
     htmx_status_poll,
     poll_answers,
     require_wrk,
     warm_up,
-    wrk_round,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,19 +185,14 @@ def main() -> None:
             htmx_status_poll(options.port, seeded["order_url"]),
         ]
         warm_up(options.port, endpoints)
-        tallies = {endpoint.name: Tally() for endpoint in endpoints}
-        for _round in range(options.rounds):
-            # Rounds alternate between the endpoints, so a slow patch of this shared machine falls on each of them.
-            for endpoint in endpoints:
-                tallies[endpoint.name].add(
-                    wrk_round(
-                        options.port,
-                        endpoint,
-                        seconds=options.seconds,
-                        connections=options.concurrency,
-                        threads=options.threads,
-                    )
-                )
+        tallies = alternating_rounds(
+            options.port,
+            endpoints,
+            rounds=options.rounds,
+            seconds=options.seconds,
+            connections=options.concurrency,
+            threads=options.threads,
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)
