@@ -1,7 +1,8 @@
 """Binôme settings: one module, read from the environment (django-environ).
 
-Development gets embedded defaults (SQLite, a server-free Celery broker, Django's local-memory cache) so that
-`make run` needs no server. Production (DEBUG off) refuses to start on an unsafe default; see docs/operations.md.
+Development gets embedded defaults (SQLite, a server-free Celery broker, a cache in one SQLite file that every
+process shares) so that `make run` needs no server. Production (DEBUG off) refuses to start on an unsafe default;
+see docs/operations.md.
 """
 
 from pathlib import Path
@@ -118,7 +119,17 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_RESULT_BACKEND = REDIS_URL
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "binome"}}
+    CACHES = {
+        "default": {
+            # One SQLite file shared by every process of `make run` (web workers, Celery worker, beat), with an
+            # atomic incr and add (portal/embedded_cache.py): a cache private to each process would keep what
+            # another invalidated.
+            "BACKEND": "portal.embedded_cache.SQLiteCache",
+            "LOCATION": env.str("CACHE_FILE", default=str(VAR_DIR / "cache.sqlite3")),
+            "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
+            "OPTIONS": {"MAX_ENTRIES": 10_000},
+        }
+    }
     # kombu's SQLAlchemy transport on a SQLite file: a real broker shared by web, worker and beat, no server.
     CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=f"sqla+sqlite:///{VAR_DIR / 'celery-broker.sqlite3'}")
     CELERY_RESULT_BACKEND = env.str(
@@ -192,7 +203,7 @@ RATELIMIT_BOOKING = env.str("RATELIMIT_BOOKING", default="30/h")
 RATELIMIT_RESEND_LINK = env.str("RATELIMIT_RESEND_LINK", default="5/h")
 RATELIMIT_ENABLE = env.bool("RATELIMIT_ENABLE", default=True)
 RATELIMIT_VIEW = "portal.views.ratelimited"
-SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.E003", "django_ratelimit.W001"]
+SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.W001"]  # an atomic cache, not on its list
 
 # --- Payments ---------------------------------------------------------------------------------------------
 # The chains and assets accepted (TOML, see payments/config.py and docs/operations.md).
