@@ -9,10 +9,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+import nodekit
 from provisioning.drivers.base import CommandFailed, Connection
 
-PREFLIGHT_SCRIPT = Path(__file__).resolve().parent / "preflight.py"
-SPLIT_TRIAL_SCRIPT = Path(__file__).resolve().parent / "split_trial.py"
+PREFLIGHT_SCRIPT = Path(nodekit.__file__).resolve().parent / "preflight.py"
+SPLIT_TRIAL_SCRIPT = Path(nodekit.__file__).resolve().parent / "split_trial.py"
 ENV_FILE = ".binome-env"
 MARKER = "# binome: research window environment"
 

@@ -27,7 +27,7 @@ def kit_report(tmp_path_factory) -> bytes:
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "provisioning" / "split_trial.py"),
+            str(ROOT / "nodekit" / "split_trial.py"),
             "--device",
             "cpu",
             "--examples",

@@ -1,4 +1,4 @@
-"""provisioning/preflight.py, run as the node runs it: a subprocess, one JSON report on stdout, an exit status.
+"""nodekit/preflight.py, run as the node runs it: a subprocess, one JSON report on stdout, an exit status.
 
 The CI machine has no GPU and no nvidia-smi but has a CPU torch: the run must fail cleanly (no GPU), with the gloo
 all-reduce between two CPU processes measured anyway. Fake nvidia-smi / rocm-smi scripts prove the parsers, a
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "provisioning" / "preflight.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "nodekit" / "preflight.py"
 NODE_ARGS = ["--gpus", "0,1", "--expect-arch", "sm_100", "--expect-vendor", "nvidia"]
 SMALL = ["--matmul-size", "256", "--allreduce-mb", "4"]
 CHECK_NAMES = [

@@ -1,4 +1,4 @@
-"""provisioning/split_trial.py run as CI runs it (CPU, two gloo ranks), and the portal's report validator.
+"""nodekit/split_trial.py run as CI runs it (CPU, two gloo ranks), and the portal's report validator.
 
 The kit is run as a subprocess, exactly as a researcher would run it on the node, but on the CPU: one process for
 the single phase, two gloo ranks for the pair. One default run (module-scoped) feeds the consistency tests; a tiny
@@ -25,7 +25,7 @@ import pytest
 from provisioning.split_trial_report import CODES, SCHEMA, InvalidReport, parse_report
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "provisioning" / "split_trial.py"
+SCRIPT = REPO / "nodekit" / "split_trial.py"
 CI_ARGS = ["--device", "cpu", "--examples", "256", "--batch", "32", "--steps", "12", "--warmup", "3"]
 TORCH_MISSING = (
     "torch is not importable by {python}: `make test` installs it (torch==2.13.0, the CPU build, from the extra "
