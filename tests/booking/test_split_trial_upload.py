@@ -4,7 +4,6 @@ import html
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -15,8 +14,8 @@ from booking.services import order_transition
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from tests.booking.test_pages import place
+from tests.nodekit.shipped import shipped_script
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
 
 
@@ -27,7 +26,8 @@ def kit_report(tmp_path_factory) -> bytes:
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "nodekit" / "split_trial.py"),
+            "-I",
+            str(shipped_script("split_trial")),
             "--device",
             "cpu",
             "--examples",

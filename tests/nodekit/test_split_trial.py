@@ -1,6 +1,7 @@
 """nodekit/split_trial.py run as CI runs it (CPU, two gloo ranks), and the portal's report validator.
 
-The kit is run as a subprocess, exactly as a researcher would run it on the node, but on the CPU: one process for
+The kit is the shipped single file (nodekit.bundle), alone in a directory, run as a subprocess under `python3 -I`,
+exactly as a researcher would run it on the node, but on the CPU: one process for
 the single phase, two gloo ranks for the pair. One default run (module-scoped) feeds the consistency tests; a tiny
 model written to tmp_path proves the --model hook; a shadowing `torch` proves the "no torch" exit 2; --timeout 2
 proves the ranks are killed and the report still written. provisioning/split_trial_report.py is pure and is tested
@@ -23,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from provisioning.split_trial_report import CODES, SCHEMA, InvalidReport, parse_report
+from tests.nodekit.shipped import load_shipped, shipped_script
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "nodekit" / "split_trial.py"
+SCRIPT = shipped_script("split_trial")
 CI_ARGS = ["--device", "cpu", "--examples", "256", "--batch", "32", "--steps", "12", "--warmup", "3"]
 TORCH_MISSING = (
     "torch is not importable by {python}: `make test` installs it (torch==2.13.0, the CPU build, from the extra "
@@ -39,10 +40,10 @@ def _env(**extra: str) -> dict:
     return env
 
 
-def run_kit(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: float = 150):
+def run_kit(*args: str, cwd: Path = SCRIPT.parent, env: dict | None = None, flags=("-I",), timeout: float = 150):
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, *flags, str(SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -276,7 +277,7 @@ def test_without_torch_exit_2_with_a_clear_message(tmp_path):
     shadow = tmp_path / "shadow" / "torch"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('No module named torch (shadowed by the test)')\n")
-    result, _ = run_kit(*CI_ARGS, env=_env(PYTHONPATH=str(shadow.parent)))
+    result, _ = run_kit(*CI_ARGS, env=_env(PYTHONPATH=str(shadow.parent)), flags=())  # -I would ignore PYTHONPATH
     assert result.returncode == 2
     assert "needs PyTorch" in result.stderr and "Nothing was run" in result.stderr
     assert result.stdout == ""
@@ -287,14 +288,7 @@ def test_without_torch_exit_2_with_a_clear_message(tmp_path):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _load_kit():
-    spec = importlib.util.spec_from_file_location("binome_split_trial_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kit = _load_kit()
+kit = load_shipped("split_trial")
 
 
 def _fake_rank(rank: int, step_ms: float, comm_ms: float, peak_mib: float) -> dict:
