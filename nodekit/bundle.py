@@ -35,12 +35,11 @@ def script_bytes(name: str) -> bytes:
     if name not in SCRIPTS:
         raise ValueError(f"no node script {name!r}: one of {', '.join(SCRIPTS)}")
     script = (PACKAGE_DIR / f"{name}.py").read_text(encoding="utf-8")
-    common_path = PACKAGE_DIR / "common.py"
-    common = common_path.read_text(encoding="utf-8") if common_path.exists() else None
+    common = (PACKAGE_DIR / "common.py").read_text(encoding="utf-8")
     return inline(script, common, name=name).encode("utf-8")
 
 
-def inline(script: str, common: str | None, *, name: str) -> str:
+def inline(script: str, common: str, *, name: str) -> str:
     """`script` with its `from nodekit.common import …` replaced by the body of `common` (see the module doc)."""
     tree = ast.parse(script)
     imports = [node for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == COMMON_MODULE]
@@ -54,8 +53,6 @@ def inline(script: str, common: str | None, *, name: str) -> str:
     head = 1 if lines and lines[0].startswith("#!") else 0
     if not imports:
         return "".join([*lines[:head], header, *lines[head:]])
-    if common is None:
-        raise BundleError(f"{name}.py imports {COMMON_MODULE}, which does not exist")
     (statement,) = imports
     body, defined = _common_body(common)
     for alias in statement.names:

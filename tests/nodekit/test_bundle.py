@@ -138,9 +138,8 @@ def test_the_common_module_is_inlined_in_place_of_its_import():
         (SCRIPT, COMMON.replace("import os", "import torch"), "standard library only, not torch"),
         (SCRIPT, COMMON.replace("import os", "from . import os"), "no relative import"),
         (SCRIPT, COMMON.replace("from __future__ import annotations", ""), "from __future__"),
-        (SCRIPT, None, "does not exist"),
     ],
-    ids=["alias", "unknown", "clash", "clash-def", "stray", "twice", "torch", "relative", "no-future", "no-common"],
+    ids=["alias", "unknown", "clash", "clash-def", "stray", "twice", "torch", "relative", "no-future"],
 )
 def test_the_inliner_refuses_what_would_change_the_meaning(script, common, needle):
     with pytest.raises(BundleError, match=needle):
