@@ -548,7 +548,7 @@ def orders_request_links(*, email: str, language: str) -> None:
 def split_trial_upload(*, order: Order, raw: bytes):
     """Keep a split-trial kit report with the order, once it has been validated field by field."""
     from booking.models import SplitTrialReport
-    from provisioning.split_trial_report import InvalidReport, parse_report
+    from booking.split_trial_report import InvalidReport, parse_report
 
     try:
         report = parse_report(raw)
