@@ -26,9 +26,17 @@ def comparable(content: bytes) -> str:
     )
 
 
+def _why_not_placed(response) -> str:
+    """The messages of a booking page that came back instead of the order (the page's head says nothing)."""
+    page = response.content.decode()
+    pattern = r'<(?:ul class="errorlist[^"]*"|p class="(?:notice|error)[^"]*"|li class="[^"]*")[^>]*>(.*?)</'
+    messages = " | ".join(text.strip() for text in re.findall(pattern, page, re.S))
+    return f"{response.status_code}: {messages[:2000] or page[-2000:]}"
+
+
 def place(client, data: dict) -> tuple[Order, str]:
     response = client.post(reverse("booking:book"), data)
-    assert response.status_code == 302, response.content.decode()[:2000]
+    assert response.status_code == 302, _why_not_placed(response)
     match = re.fullmatch(r"/orders/(?P<public_id>[^/]+)/(?P<token>[^/]+)/", response["Location"])
     assert match, response["Location"]
     assert client.get(response["Location"]).status_code == 200  # as a browser follows the redirect
