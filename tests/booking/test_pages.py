@@ -529,3 +529,10 @@ def test_a_shared_sold_out_page_never_carries_the_address_another_visitor_posted
     grace = Client().post("/", booking_data(lots="1", contact_email="grace@example.org")).content.decode()
     assert "Sold out" in grace and _language_next(grace) == "/"
     assert "AAAAevil" not in grace and "mallory" not in grace and grace.count('value="grace@example.org"') == 2
+
+
+def test_an_order_address_of_any_length_is_a_404_never_an_error(client, catalog):
+    for public_id in ("BN-" + "A" * 300, "x" * 5000):
+        page = client.get(f"/orders/{public_id}/{'t' * 43}/")
+        poll = client.get(f"/orders/{public_id}/{'t' * 43}/?v={'0' * 16}", headers={"HX-Request": "true"})
+        assert page.status_code == poll.status_code == 404
