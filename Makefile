@@ -30,7 +30,7 @@ node_modules/.installed: package.json package-lock.json
 # Debian packages the build and the tests need: gettext (compilemessages), openssh-server, the ssh client and sudo
 # (the provisioning tests run a real sshd on 127.0.0.1 and log in as root and as a sudoer), chromium (the browser
 # journeys: Playwright drives Debian's Chromium, never a downloaded browser), redis-server (the fault tests stop
-# and start a Redis of their own).
+# and start a Redis of their own), wrk (the C load generator of `make bench`: a Python client saturates first).
 system-deps:
 	@missing=""; \
 	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
@@ -39,6 +39,7 @@ system-deps:
 	command -v sudo >/dev/null || missing="$$missing sudo"; \
 	test -x /usr/bin/chromium || missing="$$missing chromium"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed

@@ -1,16 +1,23 @@
 """Load on gunicorn over loopback, bounded in time: the booking page and the order-status poll at rising
-concurrency beside a trivial view of the same server (same run, alternating), then 100 researchers booking the
-last free lot at once through HTTP.
+concurrency beside a trivial view of the same server (same run, alternating rounds), driven by wrk; then 100
+researchers booking the last free lot at once through HTTP.
 
     .venv/bin/python bench/load.py [--seconds 2] [--rounds 3] [--levels 2,8,32]
 
-Targets (issue 6): booking page >= 0.5x and status poll >= 0.8x the trivial view; exactly one order for the last
-lot, every other answer "sold out", p99 under 1 s. Needs PostgreSQL and Redis on 127.0.0.1 (BENCH_DATABASE_URL,
-default database binome_load, and BENCH_REDIS_URL, default db 5: the database is dropped and created again).
+Targets (issue 10, under wrk): booking page >= 0.5x and status poll >= 0.8x the trivial view at every level, each
+printed PASS or FAIL; exactly one order for the last lot, every other answer "sold out", 0 errors, p99 under 1 s.
+Needs PostgreSQL and Redis on 127.0.0.1 (BENCH_DATABASE_URL, default database binome_load, and BENCH_REDIS_URL,
+default db 5: the database is dropped and created again), and wrk.
+
+The steady load is wrk's (bench/httpload.py says why not Python threads). The race stays in Python on purpose: it
+is one burst of 100 POSTs, each with its own CSRF cookie and token taken from its own visit of the page, released
+together by a barrier and timed one by one. wrk runs for a duration and sends the next request on a connection as
+soon as the last one is answered, so it would need a Lua script that hands out bodies by connection and stops each
+connection after one request, and its latency figures would mix the burst with what follows. At 100 requests the
+client is nowhere near saturation: what the race measures is the server's locking, not the client.
 """
 
 import argparse
-import html
 import http.client
 import os
 import re
@@ -23,7 +30,20 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pages import bench_environment, measure, percentile, prepare, start_gunicorn
+from httpload import (
+    BOOKING_PAGE,
+    STATUS_POLL,
+    TRIVIAL,
+    Endpoint,
+    Tally,
+    alternating_rounds,
+    check_targets,
+    htmx_status_poll,
+    poll_answers,
+    require_wrk,
+    warm_up,
+)
+from pages import bench_environment, prepare, start_gunicorn
 
 SEED = """
 import django, json
@@ -46,24 +66,10 @@ print(json.dumps({"order_url": response["Location"], "start": start, "key": make
 """
 
 
-def browser_cookie(port: int, path: str) -> str:
-    """The cookies a browser holds after opening `path` (the order page sets the CSRF cookie)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("GET", path, headers={"Host": "127.0.0.1"})
-    response = connection.getresponse()
-    response.read()
-    cookies = [header.split(";")[0] for name, header in response.getheaders() if name.lower() == "set-cookie"]
-    connection.close()
-    return "; ".join(cookies)
-
-
-def polled_url(port: int, path: str, headers: dict) -> str:
-    """The URL in the status block's hx-get: what htmx polls once the block is on the page."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("GET", path, headers={"Host": "127.0.0.1", **headers})
-    block = connection.getresponse().read().decode()
-    connection.close()
-    return html.unescape(re.search(r'hx-get="([^"]+)"', block).group(1))
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(fraction * len(values)))]
 
 
 def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
@@ -133,12 +139,14 @@ def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of one measuring round")
+    parser.add_argument("--seconds", type=int, default=2, help="length of one measuring round (whole seconds)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per endpoint and level, alternating")
-    parser.add_argument("--levels", default="2,8,32", help="client processes per measurement")
+    parser.add_argument("--levels", default="2,8,32", help="connections wrk keeps busy, one level after another")
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads (one keeps up with gunicorn here)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--port", type=int, default=8766)
     options = parser.parse_args()
+    require_wrk()
     database_url = os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/binome_load")
     redis_url = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
     env = bench_environment(database_url, redis_url, tempfile.mkdtemp(prefix="binome-load-"))
@@ -146,53 +154,50 @@ def main() -> None:
     seeded = prepare(database_url, env, SEED)
     server = start_gunicorn(options.port, options.workers, env)
     try:
-        # The poll as an open order page sends it: with the cookies the page set, to the URL the block names.
-        poll_headers = {"HX-Request": "true", "Cookie": browser_cookie(options.port, seeded["order_url"])}
-        poll_url = polled_url(options.port, seeded["order_url"], poll_headers)
-        endpoints = {
-            "trivial view /livez": ("/livez", {}),
-            "booking page": ("/", {}),
-            "order status poll (htmx)": (poll_url, poll_headers),
-        }
-        print(f"{'clients':>8} {'endpoint':28} {'req/s':>8} {'x trivial':>10} {'p50 ms':>8} {'p99 ms':>8}")
-        errors = 0
-        no_content = dict.fromkeys(endpoints, 0)
-        total = dict.fromkeys(endpoints, 0)
-        for level in (int(value) for value in options.levels.split(",")):
-            # Rounds alternate between the endpoints, so a slow patch of this shared machine falls on each of them.
-            counts = dict.fromkeys(endpoints, 0)
-            latencies_by = {name: [] for name in endpoints}
-            for _round in range(options.rounds):
-                for name, (path, headers) in endpoints.items():
-                    result = measure(options.port, path, headers, options.seconds, level)
-                    counts[name] += result["requests"]
-                    latencies_by[name] += result["latencies"]
-                    errors += result["errors"]
-                    no_content[name] += result["no_content"]
-            figures = {
-                name: (counts[name] / (options.seconds * options.rounds), sorted(latencies_by[name]))
-                for name in endpoints
-            }
-            for name in endpoints:
-                total[name] += counts[name]
-            trivial = figures["trivial view /livez"][0]
-            for name, (rps, latencies) in figures.items():
-                print(
-                    f"{level:>8} {name:28} {rps:8.1f} {rps / trivial:10.2f} "
-                    f"{percentile(latencies, 0.5) * 1000:8.1f} {percentile(latencies, 0.99) * 1000:8.1f}"
-                )
-        poll = "order status poll (htmx)"
+        endpoints = [
+            Endpoint(TRIVIAL, "/livez"),
+            Endpoint(BOOKING_PAGE, "/"),
+            htmx_status_poll(options.port, seeded["order_url"]),
+        ]
+        warm_up(options.port, endpoints)
         print(
-            f"\n{errors} errors in all; the poll, following the block's own address as htmx does, got "
-            f"{no_content[poll]} '204 unchanged' and {total[poll] - no_content[poll]} blocks of {total[poll]} answers"
+            f"gunicorn {options.workers} sync workers; wrk on {options.threads} thread(s), "
+            f"{options.rounds} x {options.seconds} s per endpoint and level"
         )
+        print(f"{'conns':>6} {'endpoint':28} {'req/s':>8} {'x trivial':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+        verdicts = []
+        polls = Tally()
+        for level in (int(value) for value in options.levels.split(",")):
+            tallies = alternating_rounds(
+                options.port,
+                endpoints,
+                rounds=options.rounds,
+                seconds=options.seconds,
+                connections=level,
+                threads=options.threads,
+            )
+            polls.merge(tallies[STATUS_POLL])
+            trivial = tallies[TRIVIAL].requests_per_second
+            for name, tally in tallies.items():
+                rps = tally.requests_per_second
+                print(
+                    f"{level:>6} {name:28} {rps:8.1f} {rps / trivial:10.2f} {tally.percentile_ms(50):8.1f} "
+                    f"{tally.percentile_ms(99):8.1f} {tally.error_count:7d}"
+                )
+            verdicts += [f"{verdict} at {level} connections" for verdict in check_targets(tallies)]
+        print()
+        print(f"status poll, following the block's own address as htmx does: {poll_answers(polls)}")
+        for verdict in verdicts:
+            print(verdict)
         race = booking_race(options.port, seeded["start"], seeded["key"])
         print()
         print(
             f"100 bookings of the last lot: {race['orders']} order, {race['sold_out']} sold out, "
             f"{race['errors']} errors of {race['answers']} answers; p50 {race['p50'] * 1000:.0f} ms, "
-            f"p99 {race['p99'] * 1000:.0f} ms (target: 1 order, p99 < 1 s)"
+            f"p99 {race['p99'] * 1000:.0f} ms"
         )
+        race_passed = race["orders"] == 1 and race["errors"] == 0 and race["answers"] == 100 and race["p99"] < 1
+        print(f"{'PASS' if race_passed else 'FAIL'}  the race: exactly 1 order, 0 errors, p99 < 1 s")
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -510,7 +510,7 @@ class Allocation(models.Model):
 
 
 class SplitTrialReport(models.Model):
-    """A split-trial kit report uploaded by the researcher, validated (provisioning/split_trial_report.py) and kept
+    """A split-trial kit report uploaded by the researcher, validated (booking/split_trial_report.py) and kept
     with the order."""
 
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="split_trials")

@@ -197,7 +197,7 @@ def orders_for_email(*, email: str, since: datetime) -> QuerySet[Order]:
 
 def split_trial_bars(report: dict) -> dict:
     """Bar heights (0–100) for the order page's split-trial chart: step time and peak memory, one card vs each rank
-    of the pair. Values come from a report already validated by provisioning/split_trial_report.py."""
+    of the pair. Values come from a report already validated by booking/split_trial_report.py."""
     single = report.get("single") or {}
     ranks = (report.get("pair") or {}).get("ranks") or []
 

@@ -334,6 +334,14 @@ def order_transition(
         )
     now = now or timezone.now()
     from_status = locked.status
+    update_fields = ["status", "updated_at"]
+    if to_status in RELEASING_STATUSES:
+        Allocation.objects.filter(order=locked, released_at__isnull=True).update(released_at=now)
+        # First among the on-commit callbacks: the booking page shows the lots free before any order page says
+        # they were released.
+        bump_generation()
+        locked.hold_expires_at = None
+        update_fields.append("hold_expires_at")
     OrderEvent.objects.create(
         order=locked,
         from_status=from_status,
@@ -344,12 +352,6 @@ def order_transition(
         evidence=evidence or {},
     )
     locked.status = to_status
-    update_fields = ["status", "updated_at"]
-    if to_status in RELEASING_STATUSES:
-        Allocation.objects.filter(order=locked, released_at__isnull=True).update(released_at=now)
-        bump_generation()
-        locked.hold_expires_at = None
-        update_fields.append("hold_expires_at")
     locked.save(update_fields=update_fields)
     order.status = locked.status
     order.hold_expires_at = locked.hold_expires_at
@@ -587,7 +589,7 @@ def orders_request_links(*, email: str, language: str) -> None:
 def split_trial_upload(*, order: Order, raw: bytes):
     """Keep a split-trial kit report with the order, once it has been validated field by field."""
     from booking.models import SplitTrialReport
-    from provisioning.split_trial_report import InvalidReport, parse_report
+    from booking.split_trial_report import InvalidReport, parse_report
 
     try:
         report = parse_report(raw)

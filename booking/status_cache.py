@@ -34,6 +34,9 @@ CHAINS_KEY = "order-status:chains:version"
 RENDERING_ID = re.compile(r"[0-9a-f]{16}")  # what `new_token` makes: anything else names no rendering
 
 
+PUBLIC_ID_MAX = 16  # an order number is "BN-" and 8 characters; a longer one names no order
+
+
 def order_key(public_id: str) -> str:
     return f"order-status:order:{public_id}:version"
 
@@ -79,7 +82,10 @@ def bump_chains() -> None:
 def current_versions(public_id: str) -> dict[str, str]:
     """The versions a rendering is made at: read *before* the rendering reads the database, so that a write
     committed meanwhile leaves the rendering older than the version its bump sets. A version missing here (never
-    set, or evicted) is set by `remember_rendering`, for the next rendering."""
+    set, or evicted) is set by `remember_rendering`, for the next rendering. An address whose number cannot be an
+    order's reads nothing: its key would be as long as the address."""
+    if len(public_id) > PUBLIC_ID_MAX:
+        return {}
     return cache.get_many([order_key(public_id), CHAINS_KEY])
 
 
@@ -102,7 +108,7 @@ def remember_rendering(
 def unchanged(*, public_id: str, token: str, rendering_id: str) -> bool:
     """Whether the block rendered as `rendering_id`, for this link, still shows what is current: one round trip
     of three small values, no query. A token deleted since then bumped the order, so it fails here too."""
-    if not RENDERING_ID.fullmatch(rendering_id):
+    if not RENDERING_ID.fullmatch(rendering_id) or len(public_id) > PUBLIC_ID_MAX:
         return False
     found = cache.get_many([shown_key(rendering_id), order_key(public_id), CHAINS_KEY])
     shown = found.pop(shown_key(rendering_id), None)

@@ -29,6 +29,7 @@ from booking.models import BookingPolicy, Order, OrderStatus
 from booking.page_cache import PLACEHOLDER_MARK, cached_page
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
+from nodekit.bundle import script_bytes
 from portal import client
 
 logger = logging.getLogger(__name__)
@@ -441,9 +442,7 @@ def split_trial_upload(request: HttpRequest, public_id: str, token: str) -> Http
 
 @require_http_methods(["GET"])
 def split_trial_kit(request: HttpRequest) -> HttpResponse:
-    """The split-trial kit, also copied to each machine's ~/.binome/ at provisioning."""
-    from provisioning.steps import SPLIT_TRIAL_SCRIPT
-
-    response = HttpResponse(SPLIT_TRIAL_SCRIPT.read_bytes(), content_type="text/x-python; charset=utf-8")
+    """The split-trial kit as one file (nodekit.bundle), also copied to each machine's ~/.binome/ at provisioning."""
+    response = HttpResponse(script_bytes("split_trial"), content_type="text/x-python; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="split_trial.py"'
     return response

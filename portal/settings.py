@@ -1,7 +1,8 @@
 """Binôme settings: one module, read from the environment (django-environ).
 
-Development gets embedded defaults (SQLite, a server-free Celery broker, Django's local-memory cache) so that
-`make run` needs no server. Production (DEBUG off) refuses to start on an unsafe default; see docs/operations.md.
+Development gets embedded defaults (SQLite, a server-free Celery broker, a cache in one SQLite file that every
+process shares) so that `make run` needs no server. Production (DEBUG off) refuses to start on an unsafe default;
+see docs/operations.md.
 """
 
 from datetime import timedelta
@@ -126,7 +127,17 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_RESULT_BACKEND = REDIS_URL
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "binome"}}
+    CACHES = {
+        "default": {
+            # One SQLite file shared by every process of `make run` (web workers, Celery worker, beat), with an
+            # atomic incr and add (portal/embedded_cache.py): a cache private to each process would keep what
+            # another invalidated.
+            "BACKEND": "portal.embedded_cache.SQLiteCache",
+            "LOCATION": env.str("CACHE_FILE", default=str(VAR_DIR / "cache.sqlite3")),
+            "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
+            "OPTIONS": {"MAX_ENTRIES": 10_000},
+        }
+    }
     # kombu's SQLAlchemy transport on a SQLite file: a real broker shared by web, worker and beat, no server.
     CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=f"sqla+sqlite:///{VAR_DIR / 'celery-broker.sqlite3'}")
     CELERY_RESULT_BACKEND = env.str(
@@ -148,7 +159,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = env.str("CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule"))
 CELERY_BEAT_SCHEDULE = {
     "booking.expire_holds": {
         "task": "booking.expire_holds",
@@ -203,7 +214,7 @@ WHITENOISE_USE_FINDERS = DEBUG
 # Sized to the forms, not Django's 2.5 MB: the largest valid booking is its fields' max_length in 4-byte characters,
 # percent-encoded (12 bytes each), about 320 KB (tests/portal/test_request_limits.py checks it fits).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=352 * 1024)
-# The one upload, the split-trial report, is at most 256,000 bytes (provisioning/split_trial_report.MAX_BYTES);
+# The one upload, the split-trial report, is at most 256,000 bytes (booking/split_trial_report.MAX_BYTES);
 # files stay in memory and never reach the disk: a larger body is refused by RequestSizeLimitMiddleware first.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 256_000 + 8192  # the report, the CSRF token and the multipart framing
 FILE_UPLOAD_HANDLERS = ["django.core.files.uploadhandler.MemoryFileUploadHandler"]
@@ -226,7 +237,7 @@ RATELIMIT_VIEW = "portal.views.ratelimited"
 # X-Forwarded-For is ignored. docker-compose.yml runs one.
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 RATELIMIT_IP_META_KEY = "portal.client.client_address"
-SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.E003", "django_ratelimit.W001"]
+SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.W001"]  # an atomic cache, not on its list
 
 # --- Payments ---------------------------------------------------------------------------------------------
 # The chains and assets accepted (TOML, see payments/config.py and docs/operations.md).

@@ -13,11 +13,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from booking.locks import lock_order
 from booking.mail import send_to_order_contact
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus, Vendor
 from booking.rules import BookingError
@@ -204,7 +205,7 @@ def _take_lease(run: ProvisioningRun, now: datetime) -> str:
     """ "taken" when this worker may execute the run now; "waiting" while another run of the same order holds
     its lease (one run at a time works on an order's hosts); "busy" when the run is finished or held."""
     with transaction.atomic():
-        Order.objects.select_for_update().filter(pk=run.order_id).exists()  # serialises lease taking per order
+        lock_order(run.order_id)  # serialises lease taking per order
         sibling_running = (
             ProvisioningRun.objects.filter(
                 order_id=run.order_id, status=ProvisioningRun.Status.RUNNING, lease_until__gte=now
@@ -424,18 +425,13 @@ def _tear_down_released(now: datetime) -> int:
             torn_down += 1
         except ProvisioningError:
             continue
+    # Only those without any teardown: a failed one is the operator's to retry (console), not the beat's to
+    # start again every minute.
     still_open = (
         Order.objects.filter(
             status__in=RELEASING_STATUSES, accesses__status__in=[Access.Status.PENDING, Access.Status.READY]
         )
-        .exclude(
-            provisioning_runs__kind=ProvisioningRun.Kind.TEARDOWN,
-            provisioning_runs__status__in=[
-                ProvisioningRun.Status.QUEUED,
-                ProvisioningRun.Status.RUNNING,
-                ProvisioningRun.Status.SUCCEEDED,
-            ],
-        )
+        .exclude(Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=ProvisioningRun.Kind.TEARDOWN)))
         .values_list("pk", flat=True)
         .distinct()[:50]
     )

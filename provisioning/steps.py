@@ -7,12 +7,10 @@ Commands are argv lists (quoted by the driver), never strings built from custome
 import json
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
+from nodekit.bundle import script_bytes
 from provisioning.drivers.base import CommandFailed, Connection
 
-PREFLIGHT_SCRIPT = Path(__file__).resolve().parent / "preflight.py"
-SPLIT_TRIAL_SCRIPT = Path(__file__).resolve().parent / "split_trial.py"
 ENV_FILE = ".binome-env"
 MARKER = "# binome: research window environment"
 
@@ -128,9 +126,9 @@ def preflight(conn: Connection, ctx: StepContext) -> str:
     home = _home(conn, ctx.username)
     conn.run(["install", "-d", "-m", "755", "-o", ctx.username, "-g", ctx.username, f"{home}/.binome"])
     script = f"{home}/.binome/preflight.py"
-    conn.put_file(script, PREFLIGHT_SCRIPT.read_bytes(), mode=0o755, owner=ctx.username)
+    conn.put_file(script, script_bytes("preflight"), mode=0o755, owner=ctx.username)
     # The split-trial kit travels with the access (docs: the guide's "split trial" section).
-    conn.put_file(f"{home}/.binome/split_trial.py", SPLIT_TRIAL_SCRIPT.read_bytes(), mode=0o755, owner=ctx.username)
+    conn.put_file(f"{home}/.binome/split_trial.py", script_bytes("split_trial"), mode=0o755, owner=ctx.username)
     devices = ",".join(str(index) for index in ctx.gpu_indices)
     argv = [
         "runuser",

@@ -45,11 +45,17 @@ def beat_argv(schedule: Path, loglevel: str = "WARNING") -> list[str]:
     return celery_argv("beat", "--schedule", str(schedule), loglevel=loglevel)
 
 
-def stop_process_groups(processes: list[subprocess.Popen], timeout: float = 20) -> None:
-    """SIGTERM to each process group still running, then SIGKILL to those not gone after `timeout` seconds."""
+def stop_process_groups(processes: list[subprocess.Popen], timeout: float = 20, *, whole_group: bool = True) -> None:
+    """SIGTERM to each process group still running, then SIGKILL to those not gone after `timeout` seconds.
+
+    `whole_group=False` sends the SIGTERM to the leader alone: gunicorn and a prefork Celery worker stop their
+    own children, and a worker whose pool is killed under it starts new children rather than stopping."""
     for process in processes:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
+            if whole_group:
+                os.killpg(process.pid, signal.SIGTERM)
+            else:
+                process.terminate()
     for process in processes:
         try:
             process.wait(timeout=timeout)

@@ -27,9 +27,17 @@ def comparable(content: bytes) -> str:
     )
 
 
+def _why_not_placed(response) -> str:
+    """The messages of a booking page that came back instead of the order (the page's head says nothing)."""
+    page = response.content.decode()
+    pattern = r'<(?:ul class="errorlist[^"]*"|p class="(?:notice|error)[^"]*"|li class="[^"]*")[^>]*>(.*?)</'
+    messages = " | ".join(text.strip() for text in re.findall(pattern, page, re.S))
+    return f"{response.status_code}: {messages[:2000] or page[-2000:]}"
+
+
 def place(client, data: dict) -> tuple[Order, str]:
     response = client.post(reverse("booking:book"), data)
-    assert response.status_code == 302, response.content.decode()[:2000]
+    assert response.status_code == 302, _why_not_placed(response)
     match = re.fullmatch(r"/orders/(?P<public_id>[^/]+)/(?P<token>[^/]+)/", response["Location"])
     assert match, response["Location"]
     assert client.get(response["Location"]).status_code == 200  # as a browser follows the redirect
@@ -629,3 +637,10 @@ def test_revoking_links_needs_the_right_link_and_is_explained_in_french(
     assert wrong.status_code == 404
     assert "Tous les liens vers la commande" in html.unescape(revoked.content.decode())
     assert OrderAccessToken.objects.filter(order=order).count() == 1  # the one just mailed
+
+
+def test_an_order_address_of_any_length_is_a_404_never_an_error(client, catalog):
+    for public_id in ("BN-" + "A" * 300, "x" * 5000):
+        page = client.get(f"/orders/{public_id}/{'t' * 43}/")
+        poll = client.get(f"/orders/{public_id}/{'t' * 43}/?v={'0' * 16}", headers={"HX-Request": "true"})
+        assert page.status_code == poll.status_code == 404

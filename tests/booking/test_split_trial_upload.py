@@ -4,7 +4,6 @@ import html
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -12,11 +11,12 @@ from django.urls import reverse
 
 from booking.models import OrderStatus, SplitTrialReport
 from booking.services import order_transition
+from nodekit.bundle import script_bytes
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from tests.booking.test_pages import place
+from tests.nodekit.shipped import shipped_script
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
 
 
@@ -27,7 +27,8 @@ def kit_report(tmp_path_factory) -> bytes:
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "provisioning" / "split_trial.py"),
+            "-I",
+            str(shipped_script("split_trial")),
             "--device",
             "cpu",
             "--examples",
@@ -100,6 +101,7 @@ def test_the_kit_can_be_downloaded(client, catalog):
     response = client.get(reverse("booking:split-trial-kit"))
     assert response.status_code == 200 and b"split" in response.content
     assert response["Content-Disposition"] == 'attachment; filename="split_trial.py"'
+    assert response.content == script_bytes("split_trial")  # the shipped single file, as the nodes get it
 
 
 def test_uploads_need_the_order_token(client, ready_order, kit_report):

@@ -29,7 +29,12 @@ def place_order(page, base_url: str, *, lots: str = "1", email: str = "ada@examp
 
 def pay_as_a_wallet(page, chain, *, account: int = 4, fraction: tuple[int, int] = (1, 1)) -> dict:
     """Pay what the page's EIP-681 link asks (or `fraction` of it), to the address it names; the receipt."""
-    match = PAYMENT_LINK.fullmatch(page.get_attribute("a[href^='ethereum:']", "href"))
+    return pay_link(page.get_attribute("a[href^='ethereum:']", "href"), chain, account=account, fraction=fraction)
+
+
+def pay_link(link: str, chain, *, account: int = 4, fraction: tuple[int, int] = (1, 1)) -> dict:
+    """Pay what an EIP-681 token transfer link asks (or `fraction` of it), as a wallet would; the receipt."""
+    match = PAYMENT_LINK.fullmatch(link)
     token, to, units = match.group(1).lower(), match.group(2), int(match.group(3))
     units = units * fraction[0] // fraction[1]
     payer = chain.accounts()[account]

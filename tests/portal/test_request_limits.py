@@ -9,10 +9,10 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
+from booking import split_trial_report
 from booking.forms import BookingForm, FitForm, no_markup
 from booking.models import Order, OrderStatus, SplitTrialReport
 from booking.services import order_transition
-from provisioning import split_trial_report
 from tests.booking.test_pages import place
 
 pytestmark = pytest.mark.django_db

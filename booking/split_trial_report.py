@@ -1,8 +1,8 @@
-"""Validate a split-trial report (provisioning/split_trial.py, schema ``binome.split-trial/1``) uploaded to the portal.
+"""Validate a split-trial report (nodekit/split_trial.py, schema ``binome.split-trial/1``) uploaded to the portal.
 
 Pure: standard library only, no torch, no Django. The one entry point::
 
-    from provisioning.split_trial_report import InvalidReport, parse_report
+    from booking.split_trial_report import InvalidReport, parse_report
 
     try:
         report = parse_report(uploaded_bytes)          # max_bytes=256_000 by default

@@ -1,4 +1,5 @@
-"""provisioning/preflight.py, run as the node runs it: a subprocess, one JSON report on stdout, an exit status.
+"""nodekit/preflight.py, run as the node runs it: the shipped single file (nodekit.bundle) alone in a directory,
+a subprocess, one JSON report on stdout, an exit status.
 
 The CI machine has no GPU and no nvidia-smi but has a CPU torch: the run must fail cleanly (no GPU), with the gloo
 all-reduce between two CPU processes measured anyway. Fake nvidia-smi / rocm-smi scripts prove the parsers, a
@@ -20,7 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "provisioning" / "preflight.py"
+from tests.nodekit.shipped import load_shipped, shipped_script
+
+SCRIPT = shipped_script("preflight")
 NODE_ARGS = ["--gpus", "0,1", "--expect-arch", "sm_100", "--expect-vendor", "nvidia"]
 SMALL = ["--matmul-size", "256", "--allreduce-mb", "4"]
 CHECK_NAMES = [
@@ -40,14 +43,7 @@ TORCH_MISSING = (
 )
 
 
-def _load_module():
-    spec = importlib.util.spec_from_file_location("binome_preflight_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-preflight = _load_module()
+preflight = load_shipped("preflight")
 
 
 def _env(path_dir: Path, **extra: str) -> dict:
@@ -68,7 +64,7 @@ def run_preflight(tmp_path: Path, *args: str, flags=(), env=None, timeout=180) -
         text=True,
         timeout=timeout,
         env=env if env is not None else _env(bin_dir),
-        cwd=SCRIPT.parents[1],
+        cwd=tmp_path,
         check=False,
     )
 

@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import importlib
 import importlib.util
 import json
@@ -101,10 +100,8 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -113,6 +110,18 @@ try:
     import resource
 except ImportError:  # not Unix: no peak RSS (the kit targets Linux nodes)
     resource = None
+
+from nodekit.common import (
+    bounded,
+    join_process_group,
+    now_utc,
+    rank_result,
+    run_ranks,
+    short_text,
+    stderr_logger,
+    synchronizer,
+    write_atomically,
+)
 
 torch = None  # imported by _load_torch(), after the arguments are checked: --help and usage errors need no torch
 
@@ -123,7 +132,6 @@ DEFAULT_OUTPUTS = 16
 IMBALANCE_RATIO = 1.25
 IMBALANCE_MIN_DIFF_MIB = 256.0
 UNCHANGED_PERCENT = 1.0  # a change of the step time below this is "unchanged"
-TEXT_LIMIT = 300
 ERROR_LIMIT = 1500
 _MODEL_RE = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -141,21 +149,7 @@ def _load_torch() -> str | None:
     return None
 
 
-def log(message: str) -> None:
-    """Human-readable progress goes to stderr: stdout carries the report (or the conclusion) only."""
-    with contextlib.suppress(Exception):
-        sys.stderr.write(f"[split-trial {os.getpid()}] {message}\n")
-        sys.stderr.flush()
-
-
-def _short(text, limit: int = TEXT_LIMIT) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _now_utc() -> str:
-    now = dt.datetime.now(dt.timezone.utc)  # noqa: UP017 - nodes may run Python 3.9 or 3.10 (no dt.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+log = stderr_logger("split-trial")  # human-readable progress: stdout carries the report (or the conclusion) only
 
 
 def _num(value: float, digits: int = 3) -> float:
@@ -183,19 +177,6 @@ def _p90(values: list[float]) -> float:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _bounded(kind, low, high):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"{text} is outside [{low}, {high}]")
-        return value
-
-    return parse
-
-
 def _model_spec(text: str) -> str:
     if not _MODEL_RE.match(text.strip()):
         raise argparse.ArgumentTypeError(f"expected module:function or path/to/file.py:function, got {text!r}")
@@ -209,16 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 0 done, 1 a phase failed, 2 usage.",
     )
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--examples", type=_bounded(int, 2, 10_000_000), default=512, help="synthetic dataset size")
-    parser.add_argument("--batch", type=_bounded(int, 2, 1_000_000), default=32, help="global batch (even)")
-    parser.add_argument("--steps", type=_bounded(int, 2, 1_000_000), default=30, help="steps, warm-up included")
-    parser.add_argument("--warmup", type=_bounded(int, 0, 1_000_000), default=5, help="untimed first steps")
+    parser.add_argument("--examples", type=bounded(int, 2, 10_000_000), default=512, help="synthetic dataset size")
+    parser.add_argument("--batch", type=bounded(int, 2, 1_000_000), default=32, help="global batch (even)")
+    parser.add_argument("--steps", type=bounded(int, 2, 1_000_000), default=30, help="steps, warm-up included")
+    parser.add_argument("--warmup", type=bounded(int, 0, 1_000_000), default=5, help="untimed first steps")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--hidden", type=_bounded(int, 1, 65_536), default=512, help="default model width")
-    parser.add_argument("--layers", type=_bounded(int, 1, 256), default=4, help="default model depth")
+    parser.add_argument("--hidden", type=bounded(int, 1, 65_536), default=512, help="default model width")
+    parser.add_argument("--layers", type=bounded(int, 1, 256), default=4, help="default model depth")
     parser.add_argument("--model", type=_model_spec, default=None, help="module:function building your model")
     parser.add_argument("--output", default=None, help="write the JSON report here (default: stdout)")
-    parser.add_argument("--timeout", type=_bounded(float, 1.0, 86_400.0), default=900.0, help="seconds, whole run")
+    parser.add_argument("--timeout", type=bounded(float, 1.0, 86_400.0), default=900.0, help="seconds, whole run")
     return parser
 
 
@@ -386,8 +367,8 @@ def _cpu_name() -> str:
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if line.lower().startswith("model name"):
-                return _short(line.split(":", 1)[1], 120)
-    return _short(platform.processor() or platform.machine() or "CPU", 120)
+                return short_text(line.split(":", 1)[1], 120)
+    return short_text(platform.processor() or platform.machine() or "CPU", 120)
 
 
 def _peak_rss_mib() -> float:
@@ -405,20 +386,11 @@ def _host_memory_mib() -> float:
 
 def _rank_main(rank: int, job: dict) -> None:
     """Entry point of one process: writes rank<N>.json in job["out_dir"], raises on failure."""
-    result: dict = {"rank": rank}
-    try:
+    with rank_result(job, rank, error_limit=ERROR_LIMIT) as result:
         problem = _load_torch()
         if problem:
             raise ImportError(problem)
         result.update(_run_rank(rank, job))
-    except BaseException as exc:
-        result["error"] = _short(f"{type(exc).__name__}: {exc}", ERROR_LIMIT)
-        raise
-    finally:
-        path = os.path.join(job["out_dir"], f"rank{rank}.json")
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            json.dump(result, handle)
-        os.replace(path + ".tmp", path)
     # The work is done and its report is on disk: leave without the interpreter's teardown, where a gloo thread
     # still being destroyed sometimes aborts the process ("terminate called without an active exception") and
     # turns a successful rank into a failed phase.
@@ -446,16 +418,7 @@ def _run_rank(rank: int, job: dict) -> dict:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # both ranks are on this host
         name, total_mib = _cpu_name(), _host_memory_mib()
     if world > 1:
-        kwargs = {
-            "backend": job["backend"],
-            "init_method": job["init_method"],
-            "rank": rank,
-            "world_size": world,
-            "timeout": dt.timedelta(seconds=max(job["timeout_s"], 10.0)),
-        }
-        if cuda:
-            kwargs["device_id"] = device
-        dist.init_process_group(**kwargs)
+        join_process_group(dist, job, rank, device, timeout_s=max(job["timeout_s"], 10.0))
     try:
         builder = (
             load_builder(job["model"], job["cwd"]) if job["model"] else default_builder(job["hidden"], job["layers"])
@@ -490,10 +453,7 @@ def _run_rank(rank: int, job: dict) -> dict:
             else contextlib.nullcontext
         )
 
-        def sync():
-            if cuda:
-                torch.cuda.synchronize(device)
-
+        sync = synchronizer(torch, device)
         step_ms, comm_ms, exposed_ms = [], [], []
         for step in range(job["steps"]):
             inputs, targets = batches[step % len(batches)]
@@ -548,12 +508,6 @@ class Interrupted(Exception):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _usable_cpus() -> int:
     with contextlib.suppress(AttributeError, OSError):
         return max(len(os.sched_getaffinity(0)), 1)
@@ -567,45 +521,29 @@ def run_phase(base_job: dict, world: int, deadline: float) -> tuple[list[dict], 
     budget = deadline - time.monotonic()
     if budget < 1.0:
         return [], "timed out before it could start (--timeout spent)"
-    with tempfile.TemporaryDirectory(prefix="binome-split-trial-") as out_dir:
-        job = dict(base_job, world=world, out_dir=out_dir, timeout_s=budget)
-        job["init_method"] = f"tcp://127.0.0.1:{_free_port()}"
-        failure = None
-        context = torch_mp.start_processes(_rank_main, args=(job,), nprocs=world, join=False, start_method="spawn")
-        try:
-            while not context.join(timeout=0.25):
-                if time.monotonic() > deadline:
-                    failure = f"timed out after {budget:.0f} s (--timeout): ranks killed"
-                    break
-        except Interrupted:
-            failure = "interrupted by a signal: ranks killed"
-            raise
-        except Exception as exc:  # a rank raised or died: torch has stopped the others
-            lines = [line for line in str(exc).splitlines() if line.strip()]
-            failure = _short(lines[-1] if lines else exc, ERROR_LIMIT)
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            for process in context.processes:
-                process.join(timeout=10)
-        ranks = []
-        for rank in range(world):
-            with contextlib.suppress(OSError, ValueError), open(os.path.join(out_dir, f"rank{rank}.json")) as handle:
-                ranks.append(json.load(handle))
+    job = dict(base_job, timeout_s=budget)
+    ranks, timed_out, error = run_ranks(
+        torch_mp, _rank_main, job, world=world, deadline=deadline, grace_s=10.0, reraise=(Interrupted,)
+    )
+    failure = None
+    if timed_out:
+        failure = f"timed out after {budget:.0f} s (--timeout): ranks killed"
+    elif error is not None:  # a rank raised or died: torch has stopped the others
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        failure = short_text(lines[-1] if lines else error, ERROR_LIMIT)
     errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r.get("error")]
     if errors:  # the rank's own message says more than the exception torch relays
         failure = "; ".join(errors) if not failure or "timed out" not in failure else f"{failure}; {errors[0]}"
     elif failure is None and len(ranks) != world:
         failure = f"{len(ranks)} of {world} ranks reported"
-    return ranks, _short(failure, ERROR_LIMIT) if failure else None
+    return ranks, short_text(failure, ERROR_LIMIT) if failure else None
 
 
 def _phase_summary(rank: dict, args: argparse.Namespace, world: int) -> dict:
     measured = len(rank["step_ms"])
     summary = {
         "device": rank["device"],
-        "device_name": _short(rank["device_name"], 120),
+        "device_name": short_text(rank["device_name"], 120),
         "step_time_ms_median": _num(_median(rank["step_ms"])),
         "step_time_ms_p90": _num(_p90(rank["step_ms"])),
         "peak_memory_mib": _num(rank["peak_memory_mib"], 1),
@@ -670,7 +608,7 @@ def _pair_section(ranks: list[dict], args, unit: str) -> dict:
         "per_rank_batch": args.batch // 2,
         "examples": args.examples,
         "examples_processed": args.steps * args.batch,
-        "imbalance": {"flag": flag, "max_over_min": _num(ratio, 3), "detail": _short(detail, 600)},
+        "imbalance": {"flag": flag, "max_over_min": _num(ratio, 3), "detail": short_text(detail, 600)},
     }
 
 
@@ -775,7 +713,7 @@ def _environment(args: argparse.Namespace, device: tuple[str, str, str, str]) ->
         "warmup_steps": args.warmup,
         "steps_measured": args.steps - args.warmup,
         "examples_processed": args.steps * args.batch,
-        "model": _short(model_label),
+        "model": short_text(model_label),
         "optimizer": f"AdamW(lr={LEARNING_RATE:g})",
         "seed": SEED,
         "peak_memory_source": "peak RSS (getrusage ru_maxrss) per process: CPU stand-in for card memory"
@@ -795,7 +733,7 @@ def _environment(args: argparse.Namespace, device: tuple[str, str, str, str]) ->
 
 
 def run(args: argparse.Namespace) -> dict:
-    started, started_at = time.monotonic(), _now_utc()
+    started, started_at = time.monotonic(), now_utc()
     deadline = started + args.timeout
     device_type, device_kind, torch_backend, backend = resolve_device(args.device)
     cpus = _usable_cpus()
@@ -857,8 +795,8 @@ def run(args: argparse.Namespace) -> dict:
     except Interrupted as exc:
         errors.append(str(exc))
     if errors:
-        report["error"] = _short("; ".join(errors), ERROR_LIMIT)
-    report["conclusion"] = _short(conclude(report), 1000)
+        report["error"] = short_text("; ".join(errors), ERROR_LIMIT)
+    report["conclusion"] = short_text(conclude(report), 1000)
     report["duration_s"] = _num(time.monotonic() - started, 2)
     return report
 
@@ -869,18 +807,7 @@ def write_report(report: dict, output: str | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    directory = os.path.dirname(os.path.abspath(output))
-    handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, replaced atomically
-        "w", encoding="utf-8", dir=directory, prefix=".split-trial-", suffix=".json", delete=False
-    )
-    try:
-        with handle:
-            handle.write(text)
-        os.replace(handle.name, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(handle.name)
-        raise
+    write_atomically(output, text)
     sys.stdout.write(report["conclusion"] + "\n")
     sys.stdout.flush()
 
@@ -890,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = _load_torch()
     if problem:
         sys.stderr.write(
-            f"split_trial.py needs PyTorch, which {sys.executable} cannot import ({_short(problem)}).\n"
+            f"split_trial.py needs PyTorch, which {sys.executable} cannot import ({short_text(problem)}).\n"
             "Install the torch build that matches the node (CUDA or ROCm), e.g. `pip install torch`, or run the "
             "kit with the Python of your training environment. Nothing was run.\n"
         )
@@ -900,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model:
             load_builder(args.model, os.getcwd())
     except Exception as exc:
-        sys.stderr.write(f"split_trial.py: error: {_short(f'{type(exc).__name__}: {exc}', ERROR_LIMIT)}\n")
+        sys.stderr.write(f"split_trial.py: error: {short_text(f'{type(exc).__name__}: {exc}', ERROR_LIMIT)}\n")
         return 2
 
     def stop(signum, _frame):
@@ -918,12 +845,12 @@ def main(argv: list[str] | None = None) -> int:
             environment = _environment(args, resolve_device(args.device))
         report = {
             "schema": SCHEMA,
-            "started_at": _now_utc(),
+            "started_at": now_utc(),
             "environment": environment,
             "single": None,
             "pair": None,
             "comparison": None,
-            "error": _short(f"split_trial.py internal error: {type(exc).__name__}: {exc}", ERROR_LIMIT),
+            "error": short_text(f"split_trial.py internal error: {type(exc).__name__}: {exc}", ERROR_LIMIT),
         }
         report["conclusion"] = f"the trial did not complete: {report['error']}"
     write_report(report, args.output)

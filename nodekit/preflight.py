@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import datetime as dt
 import io
 import json
 import os
@@ -38,9 +37,19 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
+
+from nodekit.common import (
+    bounded,
+    join_process_group,
+    now_utc,
+    rank_result,
+    run_ranks,
+    short_text,
+    stderr_logger,
+    synchronizer,
+)
 
 SCHEMA = "binome.preflight/1"
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
@@ -86,16 +95,7 @@ AMD_GENERIC_TARGETS = {
 _SEVERITY = {PASS: 0, SKIP: 1, WARN: 2, FAIL: 3}
 
 
-def log(message: str) -> None:
-    """Everything human-readable goes to stderr: stdout carries the JSON report only."""
-    with contextlib.suppress(Exception):
-        sys.stderr.write(f"[preflight {os.getpid()}] {message}\n")
-        sys.stderr.flush()
-
-
-def _now_utc() -> str:
-    now = dt.datetime.now(dt.timezone.utc)  # noqa: UP017 - nodes may run Python 3.9 or 3.10 (no dt.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+log = stderr_logger("preflight")  # everything human-readable goes to stderr: stdout carries the JSON report only
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -111,11 +111,6 @@ def _zip(*lists):
     if len({len(items) for items in lists}) > 1:
         raise ValueError(f"per-GPU lists of different lengths: {[len(items) for items in lists]}")
     return zip(*lists)  # noqa: B905 - lengths checked above
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -140,19 +135,6 @@ def _gpu_list(text: str) -> list[int]:
     return gpus
 
 
-def _bounded(kind, low, high):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is outside [{low}, {high}]")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="preflight.py",
@@ -161,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", required=True, type=_gpu_list, help="physical GPU indices, e.g. 0,1")
     parser.add_argument("--expect-arch", required=True, help="sm_100 (B200), sm_90 (H200), gfx942 (MI300X), …")
     parser.add_argument("--expect-vendor", required=True, choices=("nvidia", "amd"))
-    parser.add_argument("--matmul-size", type=_bounded(int, 16, 65536), default=8192, help="N of the bf16 N×N matmul")
-    parser.add_argument("--allreduce-mb", type=_bounded(int, 1, 65536), default=256, help="all-reduce size in MiB")
-    parser.add_argument("--timeout", type=_bounded(float, 1.0, 86400.0), default=600.0, help="seconds, whole run")
+    parser.add_argument("--matmul-size", type=bounded(int, 16, 65536), default=8192, help="N of the bf16 N×N matmul")
+    parser.add_argument("--allreduce-mb", type=bounded(int, 1, 65536), default=256, help="all-reduce size in MiB")
+    parser.add_argument("--timeout", type=bounded(float, 1.0, 86400.0), default=600.0, help="seconds, whole run")
     return parser
 
 
@@ -550,7 +532,7 @@ class Supervisor:
         self.worker: subprocess.Popen | None = None
         self.report = {
             "schema": SCHEMA,
-            "started_at": _now_utc(),
+            "started_at": now_utc(),
             "duration_s": None,
             "hostname": socket.gethostname(),
             "python": platform.python_version(),
@@ -599,7 +581,7 @@ class Supervisor:
             raise
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
-            status, reason = FAIL, f"the check itself failed: {type(exc).__name__}: {_short(exc)}"
+            status, reason = FAIL, f"the check itself failed: {type(exc).__name__}: {short_text(exc)}"
         self.record(name, status, reason, time.monotonic() - started)
 
     # -- gpu_visible ------------------------------------------------------------------------------------------
@@ -617,7 +599,7 @@ class Supervisor:
                 return None, f"nvidia-smi not found on PATH{hint}"
             if result["rc"] == 0:
                 return parse_nvidia_smi(result["out"]), ""
-            error = _short(result["err"] or result["out"] or f"exit status {result['rc']}")
+            error = short_text(result["err"] or result["out"] or f"exit status {result['rc']}")
             if result["rc"] is None:  # hung (killed) or could not run: asking again would not help
                 return None, f"nvidia-smi failed: {error}"
             if "compute_cap" not in error:
@@ -658,13 +640,13 @@ class Supervisor:
                 gpus = parser(result["out"])
             except (ValueError, TypeError, AttributeError) as exc:
                 problems.append(
-                    f"{tool}: unreadable output ({type(exc).__name__}: {_short(exc, 120)}; "
-                    f"exit {result['rc']}: {_short(result['err'], 120)})"
+                    f"{tool}: unreadable output ({type(exc).__name__}: {short_text(exc, 120)}; "
+                    f"exit {result['rc']}: {short_text(result['err'], 120)})"
                 )
                 continue
             if gpus:
                 return gpus, "", tool
-            problems.append(f"{tool} lists no GPU ({_short(result['err'] or result['out'], 120)})")
+            problems.append(f"{tool} lists no GPU ({short_text(result['err'] or result['out'], 120)})")
         return None, "; ".join(problems), None
 
     def check_gpu_visible(self) -> tuple[str, str]:
@@ -953,7 +935,7 @@ class Worker:
                 status, reason = getattr(self, f"check_{name}")()
             except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
-                status, reason = FAIL, f"the check itself failed: {type(exc).__name__}: {_short(exc)}"
+                status, reason = FAIL, f"the check itself failed: {type(exc).__name__}: {short_text(exc)}"
             duration = time.monotonic() - started
             self.emit(
                 event="check", check={"name": name, "status": status, "reason": reason, "duration_s": _round(duration)}
@@ -967,7 +949,7 @@ class Worker:
         except BaseException as exc:  # a broken install raises anything: ImportError, OSError, SystemExit…
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            return FAIL, f"cannot import torch: {type(exc).__name__}: {_short(exc)} (install torch for the node)"
+            return FAIL, f"cannot import torch: {type(exc).__name__}: {short_text(exc)} (install torch for the node)"
         self.torch = torch
         self.emit(
             event="stack",
@@ -999,7 +981,7 @@ class Worker:
             available = bool(torch.cuda.is_available())
             count = torch.cuda.device_count() if available else 0
         if not available:
-            said = "; ".join(_short(w.message, 200) for w in caught)
+            said = "; ".join(short_text(w.message, 200) for w in caught)
             problems.append("torch.cuda.is_available() is False" + (f" ({said})" if said else ""))
         driver = _version_tuple(self.cfg.get("driver"))
         cuda_version = _version_tuple(cuda)
@@ -1082,12 +1064,7 @@ class Worker:
     def matmul(self, device, size: int, target_s: float) -> dict:
         """Warm up, then time torch.matmul on bf16 size×size; also check the result against fp32 on a few rows."""
         torch = self.torch
-        on_gpu = device.type == "cuda"
-
-        def sync():
-            if on_gpu:
-                torch.cuda.synchronize(device)
-
+        sync = synchronizer(torch, device)
         generator = torch.Generator(device=device).manual_seed(1234)
         a = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=generator)
         b = torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=generator)
@@ -1137,7 +1114,7 @@ class Worker:
                 )
                 figure = f"; for diagnosis, a CPU bf16 {cpu_size}×{cpu_size} matmul ran at {cpu['tflops']:.4f} TFLOP/s"
             except Exception as exc:
-                figure = f"; the CPU bf16 matmul failed too: {type(exc).__name__}: {_short(exc, 120)}"
+                figure = f"; the CPU bf16 matmul failed too: {type(exc).__name__}: {short_text(exc, 120)}"
             return FAIL, f"{self.no_gpu}{figure}"
         figures: list[float | None] = []
         problems, notes = [], []
@@ -1155,7 +1132,7 @@ class Worker:
             except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
                 figures.append(None)
-                problems.append(f"GPU {gpu}: {type(exc).__name__}: {_short(exc, 200)}")
+                problems.append(f"GPU {gpu}: {type(exc).__name__}: {short_text(exc, 200)}")
                 continue
             figures.append(_round(run["tflops"], 1))
             seconds = run["seconds"]
@@ -1196,7 +1173,7 @@ class Worker:
             import torch.distributed as dist
             import torch.multiprocessing as torch_mp
         except Exception as exc:
-            return FAIL, f"torch.distributed unavailable: {type(exc).__name__}: {_short(exc)}"
+            return FAIL, f"torch.distributed unavailable: {type(exc).__name__}: {short_text(exc)}"
         if not dist.is_available():
             return FAIL, "torch.distributed is not available in this torch build"
         if self.gpu_ok:
@@ -1211,43 +1188,23 @@ class Worker:
         budget = self.remaining() - 1.0  # room to kill the ranks and run peak_memory
         if budget < 2:
             return FAIL, f"timed out: {budget:.1f} s left of --timeout for the all-reduce"
-        with tempfile.TemporaryDirectory(prefix="binome-preflight-") as out_dir:
-            job = {
-                "world": world,
-                "init_method": f"tcp://127.0.0.1:{_free_port()}",
-                "backend": backend,
-                "device_type": device_type,
-                "devices": list(self.logical),
-                "nbytes": nbytes,
-                "warmup": 5 if device_type == "cuda" else 1,
-                "iterations": 20 if device_type == "cuda" else 5,
-                "timeout_s": max(budget, 1.0),
-                "out_dir": out_dir,
-            }
-            log(f"all-reduce: {world} ranks, {backend}, {self.cfg['allreduce_mb']} MiB, {budget:.0f} s budget")
-            started = time.monotonic()
-            context = torch_mp.start_processes(
-                _allreduce_rank, args=(job,), nprocs=world, join=False, start_method="spawn"
-            )
-            failure = None
-            try:
-                while not context.join(timeout=0.25):
-                    if time.monotonic() - started > budget:
-                        failure = f"timed out after {budget:.0f} s: all-reduce ranks killed"
-                        break
-            except Exception as exc:  # a rank raised or died: torch has already stopped the others
-                failure = f"a rank failed: {type(exc).__name__}: {_short(exc, 300)}"
-            finally:
-                for process in context.processes:
-                    if process.is_alive():
-                        process.kill()
-                for process in context.processes:
-                    process.join(timeout=5)
-            ranks = []
-            for rank in range(world):
-                path = os.path.join(out_dir, f"rank{rank}.json")
-                with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as handle:
-                    ranks.append(json.load(handle))
+        job = {
+            "backend": backend,
+            "device_type": device_type,
+            "devices": list(self.logical),
+            "nbytes": nbytes,
+            "warmup": 5 if device_type == "cuda" else 1,
+            "iterations": 20 if device_type == "cuda" else 5,
+            "timeout_s": max(budget, 1.0),
+        }
+        log(f"all-reduce: {world} ranks, {backend}, {self.cfg['allreduce_mb']} MiB, {budget:.0f} s budget")
+        deadline = time.monotonic() + budget
+        ranks, timed_out, error = run_ranks(torch_mp, _allreduce_rank, job, world=world, deadline=deadline, grace_s=5.0)
+        failure = None
+        if timed_out:
+            failure = f"timed out after {budget:.0f} s: all-reduce ranks killed"
+        elif error is not None:
+            failure = f"a rank failed: {type(error).__name__}: {short_text(error, 300)}"
         self.emit(event="results", results={"allreduce_backend": label})
         errors = [f"rank {r.get('rank')}: {r['error']}" for r in ranks if r.get("error")]
         if failure or errors or len(ranks) != world:
@@ -1303,42 +1260,23 @@ class Worker:
         return PASS, "torch.cuda.max_memory_allocated: " + "; ".join(parts)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _allreduce_rank(rank: int, job: dict) -> None:
     """One all-reduce rank (a torch.multiprocessing spawn child): writes rank<N>.json, raises on failure."""
-    result: dict = {"rank": rank}
-    try:
+    with rank_result(job, rank, error_limit=300) as result:
         import torch
         import torch.distributed as dist
 
         world = job["world"]
-        kwargs = {
-            "backend": job["backend"],
-            "init_method": job["init_method"],
-            "rank": rank,
-            "world_size": world,
-            "timeout": dt.timedelta(seconds=job["timeout_s"]),
-        }
         if job["device_type"] == "cuda":
             index = job["devices"][rank]
             torch.cuda.set_device(index)
             device = torch.device("cuda", index)
             result["device"] = index
-            kwargs["device_id"] = device
         else:
             device = torch.device("cpu")
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks are on this host: no hostname lookups
-
-        def sync():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
-        dist.init_process_group(**kwargs)
+        sync = synchronizer(torch, device)
+        join_process_group(dist, job, rank, device, timeout_s=job["timeout_s"])
         probe = torch.full((1024,), float(rank + 1), device=device)
         dist.all_reduce(probe)
         sync()
@@ -1367,12 +1305,6 @@ def _allreduce_rank(rank: int, job: dict) -> None:
             peak_mib=(torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None,
         )
         dist.destroy_process_group()
-    except BaseException as exc:
-        result["error"] = f"{type(exc).__name__}: {_short(exc, 300)}"
-        raise
-    finally:
-        with open(os.path.join(job["out_dir"], f"rank{rank}.json"), "w", encoding="utf-8") as handle:
-            json.dump(result, handle)
 
 
 def _worker_main(argv: list[str]) -> int:
@@ -1404,7 +1336,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _emergency_report(args: argparse.Namespace, supervisor: Supervisor | None, exc: BaseException) -> dict:
-    reason = f"preflight internal error: {type(exc).__name__}: {_short(exc)}"
+    reason = f"preflight internal error: {type(exc).__name__}: {short_text(exc)}"
     if supervisor is not None:
         with contextlib.suppress(Exception):
             supervisor._kill_worker()
@@ -1419,7 +1351,7 @@ def _emergency_report(args: argparse.Namespace, supervisor: Supervisor | None, e
     ]
     return {
         "schema": SCHEMA,
-        "started_at": _now_utc(),
+        "started_at": now_utc(),
         "duration_s": None,
         "hostname": platform.node(),
         "python": platform.python_version(),
