@@ -7,7 +7,8 @@
     confirmations = 12                 # or: finality = "finalized"
     explorer_tx_url = "https://etherscan.io/tx/{tx}"
     native_symbol = "ETH"
-    max_block_range = 2000             # largest eth_getLogs range asked at once
+    max_block_range = 2000             # largest eth_getLogs range asked at once (the providers' cap, if lower)
+    max_batch = 1000                   # most calls in one JSON-RPC batch (the providers' cap, if lower)
 
       [[chains.assets]]
       symbol = "USDC"
@@ -76,6 +77,7 @@ class Chain:
     explorer_address_url: str = ""
     native_symbol: str = "ETH"
     max_block_range: int = 2000
+    max_batch: int = 1000
     assets: tuple[Asset, ...] = field(default_factory=tuple)
 
     def asset(self, symbol: str) -> Asset | None:
@@ -119,6 +121,12 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
         confirmations = raw.get("confirmations", 12)
         if not isinstance(confirmations, int) or not 1 <= confirmations <= 1000:
             raise _fail(path, f"chain {chain_id}: confirmations must be between 1 and 1000")
+        limits = {}
+        for name, upper in (("max_block_range", 100_000), ("max_batch", 1000)):
+            value = raw.get(name, 2000 if name == "max_block_range" else 1000)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= upper:
+                raise _fail(path, f"chain {chain_id}: {name} must be an integer from 1 to {upper}")
+            limits[name] = value
         assets = []
         for raw_asset in raw.get("assets", []):
             symbol = raw_asset.get("symbol", "")
@@ -154,7 +162,8 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             explorer_tx_url=raw.get("explorer_tx_url", ""),
             explorer_address_url=raw.get("explorer_address_url", ""),
             native_symbol=raw.get("native_symbol", "ETH"),
-            max_block_range=int(raw.get("max_block_range", 2000)),
+            max_block_range=limits["max_block_range"],
+            max_batch=limits["max_batch"],
             assets=tuple(assets),
         )
     return chains

@@ -154,7 +154,8 @@ class Transfer(models.Model):
 
 
 class ChainCursor(models.Model):
-    """Where the scan of a chain stands: every block up to `confirmed_block` has been read at its final state."""
+    """Where the scan of a chain stands: every block up to `confirmed_block` has been read at its final state, and
+    every transfer in it is final or gone. It never moves backwards."""
 
     chain_id = models.PositiveBigIntegerField(unique=True)
     confirmed_block = models.PositiveBigIntegerField(default=0)
@@ -163,6 +164,10 @@ class ChainCursor(models.Model):
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
     unavailable_since = models.DateTimeField(null=True, blank=True)
+    # Logs that were not a well-formed transfer of an allow-listed token (or that the database refused): skipped.
+    skipped_logs = models.PositiveBigIntegerField(default=0)
+    # A scan holds the chain until then (renewed per committed range): a second scan at the same moment skips.
+    scan_lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = _("chain cursor")

@@ -13,8 +13,8 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import Min, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -24,7 +24,7 @@ from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from payments import config
 from payments.addresses import deposit_address
-from payments.chain import ChainClient, ChainUnavailable, TransferLog
+from payments.chain import MAX_TRANSFER_UNITS, ChainClient, ChainUnavailable, TransferLog
 from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, Transfer
 from portal.numbers import whole_number
 
@@ -230,6 +230,9 @@ def lock_invoice(invoice: Invoice) -> tuple[Order, Invoice]:
 
 # --- scanning ------------------------------------------------------------------------------------------------
 
+# How long a scan holds its chain before another may take it over (renewed at every range it commits).
+SCAN_LEASE = timedelta(minutes=2)
+
 
 @dataclass
 class ScanResult:
@@ -238,104 +241,186 @@ class ScanResult:
     head: int = 0
     confirmed: int = 0
     invoices: int = 0
-    logs: int = 0
+    logs: int = 0  # transfers to watched addresses
+    skipped_logs: int = 0  # logs that were not a well-formed transfer of an allow-listed token, or failed to save
+    ranges: int = 0
+    failed_invoices: int = 0
     rpc_calls: int = 0
     settled: list[int] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class ChainReading:
-    """What one pass read from the chain, before anything is written."""
-
-    head: int
-    confirmed: int
-    from_block: int
-    logs: list[TransferLog]
-    balances: list[int]  # per watched invoice: at the confirmed block, then at the head
-    canonical: dict[int, str]  # block number -> hash, for the blocks that confirm something
-
-
-def _monitored_invoices(chain_id: int, now: datetime):
-    return list(
-        Invoice.objects.filter(chain_id=chain_id)
-        .filter(Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now))
-        .exclude(status=Invoice.Status.SETTLED)
-        .select_related("order")
+def _watched(now: datetime) -> Q:
+    return (Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now)) & ~Q(
+        status=Invoice.Status.SETTLED
     )
 
 
-def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> ScanResult:
-    """One pass over every watched invoice of a chain, from the persisted cursor. Safe to run twice at once:
-    the second finds the cursor locked and skips. Raises ChainUnavailable (after recording it) when no RPC URL
-    answers; nothing else changes then.
+def _monitored_invoices(chain_id: int, now: datetime):
+    return list(Invoice.objects.filter(_watched(now), chain_id=chain_id).select_related("order"))
 
-    What the settlements cause (approval, e-mails) runs after this transaction commits, on the order's
-    events: it can neither slow the scan nor undo it."""
+
+def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> ScanResult:
+    """One pass over every watched invoice of a chain, from the persisted cursor.
+
+    The chain is hostile input: logs are read by allow-listed token contract and matched to deposit addresses
+    here; a log that is not a well-formed transfer is skipped and counted; each block range is committed with the
+    cursor, so one bad item costs at most its range, never the chain's progress. Safe to run twice at once: the
+    second finds the chain leased and skips. Raises ChainUnavailable (after recording it) when no RPC URL answers;
+    what earlier ranges committed stays.
+
+    What the settlements cause (approval, e-mails) runs after each commit, on the order's events: it can neither
+    slow the scan nor undo it."""
     chain = config.chain(chain_id)
     if chain is None:
         raise ValueError(f"chain {chain_id} is not configured")
     client = client or ChainClient(chain)
     now = now or timezone.now()
     ChainCursor.objects.get_or_create(chain_id=chain_id)
-    unavailable = None
-    with transaction.atomic():
-        cursor = ChainCursor.objects.select_for_update(skip_locked=True).filter(chain_id=chain_id).first()
-        if cursor is None:
-            return ScanResult(chain_id=chain_id, skipped=True)
-        invoices = _monitored_invoices(chain_id, now)
-        result = ScanResult(chain_id=chain_id, invoices=len(invoices))
-        try:
-            reading = _read_chain(client=client, chain=chain, cursor=cursor, invoices=invoices)
-        except ChainUnavailable as exc:
-            _record_unavailable(cursor=cursor, invoices=invoices, error=str(exc), now=now)
-            unavailable = exc
-        else:
-            result.head, result.confirmed, result.logs = reading.head, reading.confirmed, len(reading.logs)
-            result.settled = _apply_reading(chain=chain, invoices=invoices, reading=reading, now=now)
-            _mark_checked(cursor=cursor, invoices=invoices, reading=reading, now=now)
+    cursor = _cursor_take_lease(chain_id)
+    if cursor is None:
+        return ScanResult(chain_id=chain_id, skipped=True)
+    invoices = _monitored_invoices(chain_id, now)
+    result = ScanResult(chain_id=chain_id, invoices=len(invoices))
+    try:
+        _scan(chain=chain, client=client, cursor=cursor, invoices=invoices, result=result, now=now)
+    except ChainUnavailable as exc:
+        _record_unavailable(cursor=cursor, invoices=invoices, error=str(exc), now=now)
+        raise
+    finally:
         result.rpc_calls = client.calls
-    if unavailable is not None:
-        raise unavailable
+        _cursor_release_lease(cursor)
     return result
 
 
-def _read_chain(*, client: ChainClient, chain: config.Chain, cursor: ChainCursor, invoices: list[Invoice]):
-    head = client.head()
-    confirmed = client.confirmed_block(head)
-    from_block = cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
-    logs = client.transfer_logs(
-        from_block=from_block, to_block=head, recipients=[invoice.deposit_address for invoice in invoices]
-    )
-    balances = client.balances(
-        [(invoice.deposit_address, block) for invoice in invoices for block in (confirmed, head)]
-    )
-    confirming = {log.block_number for log in logs if log.block_number <= confirmed}
-    canonical = client.block_hashes(sorted(confirming | ({confirmed} if invoices else set())))
-    return ChainReading(
-        head=head, confirmed=confirmed, from_block=from_block, logs=logs, balances=balances, canonical=canonical
-    )
+def _cursor_take_lease(chain_id: int) -> ChainCursor | None:
+    """The chain's cursor, leased to this scan; None while another scan holds it. The lease runs on the wall
+    clock, whatever `now` a caller passes."""
+    clock = timezone.now()
+    with transaction.atomic():
+        cursor = ChainCursor.objects.select_for_update(skip_locked=True).filter(chain_id=chain_id).first()
+        if cursor is None or (cursor.scan_lease_until is not None and cursor.scan_lease_until > clock):
+            return None
+        cursor.scan_lease_until = clock + SCAN_LEASE
+        cursor.save(update_fields=["scan_lease_until"])
+    return cursor
 
 
-def _apply_reading(*, chain: config.Chain, invoices: list[Invoice], reading: ChainReading, now: datetime) -> list[int]:
-    """Record the transfers read, then move each invoice whose amounts changed. Returns the invoices settled."""
-    _apply_logs(
-        chain=chain,
-        logs=reading.logs,
-        by_address={invoice.deposit_address: invoice for invoice in invoices},
-        from_block=reading.from_block,
-        confirmed=reading.confirmed,
-        canonical=reading.canonical,
-        now=now,
-    )
-    native_pending = _apply_native(
-        chain=chain,
-        invoices=invoices,
-        balances=reading.balances,
-        confirmed=reading.confirmed,
-        head=reading.head,
-        confirmed_hash=reading.canonical.get(reading.confirmed, ""),
-        now=now,
-    )
+def _cursor_release_lease(cursor: ChainCursor) -> None:
+    # Only our own lease: a scan that outlived it may have been taken over. Bookkeeping no page shows.
+    ChainCursor.objects.filter(pk=cursor.pk, scan_lease_until=cursor.scan_lease_until).update(scan_lease_until=None)
+
+
+def _scan(
+    *,
+    chain: config.Chain,
+    client: ChainClient,
+    cursor: ChainCursor,
+    invoices: list[Invoice],
+    result: ScanResult,
+    now: datetime,
+) -> None:
+    # A node whose head is behind the cursor is lagging, not reorganised: the client asks the next URL.
+    head = client.head(not_below=cursor.confirmed_block)
+    confirmed = min(head, client.confirmed_block(head))
+    result.head, result.confirmed = head, confirmed
+    by_address = {invoice.deposit_address: invoice for invoice in invoices}
+    watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
+    start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
+    for log_range in client.log_ranges(from_block=start, to_block=head, tokens=frozenset(chain.token_contracts)):
+        matched = [log for log in log_range.logs if log.recipient in by_address]
+        seen = list(
+            Transfer.objects.filter(
+                chain_id=chain.chain_id,
+                status=Transfer.Status.SEEN,
+                log_index__gte=0,
+                block_number__range=(log_range.start, log_range.end),
+            )
+        )
+        # Canonical hashes: of the blocks whose transfers may become final, and of the blocks of transfers seen
+        # before (a block replaced under one means it was removed by a reorganisation).
+        blocks = {log.block_number for log in matched if log.block_number <= confirmed}
+        blocks |= {transfer.block_number for transfer in seen}
+        canonical = client.block_hashes(sorted(blocks)) if blocks else {}
+        with transaction.atomic():
+            failed = _apply_logs(
+                chain=chain,
+                logs=matched,
+                by_address=by_address,
+                seen=seen,
+                confirmed=confirmed,
+                canonical=canonical,
+                now=now,
+            )
+            skipped = log_range.skipped + failed
+            if not _cursor_advance(
+                cursor=cursor, to_block=min(log_range.end, confirmed), skipped=skipped, watched=watched
+            ):
+                return  # another scan took the chain over
+        if skipped:
+            logger.warning(
+                "chain %s: %s log(s) in blocks %s-%s skipped (malformed or not storable)",
+                chain.chain_id,
+                skipped,
+                log_range.start,
+                log_range.end,
+            )
+        result.ranges += 1
+        result.logs += len(matched)
+        result.skipped_logs += skipped
+    natives = [invoice for invoice in invoices if not invoice.asset_contract]
+    native_pending: dict[int, int] = {}
+    if natives:
+        balances, confirmed_hash = client.native_balances(
+            [invoice.deposit_address for invoice in natives], confirmed=confirmed, head=head
+        )
+        with transaction.atomic():
+            native_pending = _apply_native(
+                chain=chain,
+                invoices=natives,
+                balances=balances,
+                confirmed=confirmed,
+                head=head,
+                confirmed_hash=confirmed_hash,
+                now=now,
+            )
+    result.settled = _move_invoices(invoices=invoices, native_pending=native_pending, head=head, result=result, now=now)
+    _mark_checked(cursor=cursor, invoices=invoices, head=head, now=now)
+
+
+def _first_block_to_read(*, chain: config.Chain, cursor: ChainCursor, confirmed: int, watched) -> int:
+    """After the cursor, or from the lowest block of a transfer still waiting to be final: it is read again every
+    cycle until it is final or gone. A first scan starts one range back from the confirmed block."""
+    start = cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
+    lowest_seen = _lowest_seen_block(chain_id=chain.chain_id, watched=watched)
+    return min(start, lowest_seen) if lowest_seen is not None else start
+
+
+def _lowest_seen_block(*, chain_id: int, watched) -> int | None:
+    return Transfer.objects.filter(
+        chain_id=chain_id, status=Transfer.Status.SEEN, log_index__gte=0, invoice__in=watched
+    ).aggregate(lowest=Min("block_number"))["lowest"]
+
+
+def _cursor_advance(*, cursor: ChainCursor, to_block: int, skipped: int, watched) -> bool:
+    """Commit a range: the cursor moves to `to_block`, or to just below a transfer still waiting to be final,
+    never backwards. False when this scan's lease was taken over (nothing is written then)."""
+    locked = ChainCursor.objects.select_for_update().get(pk=cursor.pk)
+    if locked.scan_lease_until != cursor.scan_lease_until:
+        return False
+    lowest_seen = _lowest_seen_block(chain_id=cursor.chain_id, watched=watched)
+    if lowest_seen is not None:
+        to_block = min(to_block, lowest_seen - 1)
+    cursor.confirmed_block = max(locked.confirmed_block, to_block)
+    cursor.skipped_logs = locked.skipped_logs + skipped
+    cursor.scan_lease_until = timezone.now() + SCAN_LEASE
+    cursor.save(update_fields=["confirmed_block", "skipped_logs", "scan_lease_until"])
+    return True
+
+
+def _move_invoices(
+    *, invoices: list[Invoice], native_pending: dict[int, int], head: int, result: ScanResult, now: datetime
+) -> list[int]:
+    """Move each invoice whose amounts or deadlines changed, each in its own transaction. Returns those settled."""
     settled = []
     sums = _chain_sums([invoice.pk for invoice in invoices])
     for invoice in invoices:
@@ -344,31 +429,35 @@ def _apply_reading(*, chain: config.Chain, invoices: list[Invoice], reading: Cha
             pending_units = native_pending.get(invoice.pk, 0)
         if _unchanged(invoice, confirmed_units, pending_units, now):
             continue
-        if invoice_apply_chain_state(
-            invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=reading.head, now=now
-        ):
-            settled.append(invoice.pk)
+        try:
+            if invoice_apply_chain_state(
+                invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=head, now=now
+            ):
+                settled.append(invoice.pk)
+        except Exception:  # one invoice must not stop the others nor the chain: logged, tried again next cycle
+            logger.exception("invoice %s could not be moved to what the chain shows", invoice.pk)
+            result.failed_invoices += 1
     return settled
 
 
-def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], reading: ChainReading, now: datetime) -> None:
-    """Move the cursor, and note on each invoice that it was checked at this head."""
+def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], head: int, now: datetime) -> None:
+    """Note on each invoice that it was checked at this head, and on the cursor that the chain answered."""
     shown, bookkeeping = [], []
     for invoice in invoices:
         # What the order page shows: the confirmations counted from the head while a transfer is being
         # confirmed, and "check delayed". Those invoices are saved (their orders' pages change, through the
         # signal); for the others the head is bookkeeping, updated in one query.
         pending = invoice.status == Invoice.Status.PROCESSING or invoice.native_seen_block is not None
-        if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != reading.head):
+        if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != head):
             shown.append(invoice)
         else:
             bookkeeping.append(invoice.pk)
     for invoice in shown:
-        invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, reading.head, None
+        invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, head, None
         invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
-    Invoice.objects.filter(pk__in=bookkeeping).update(last_checked_at=now, last_seen_head=reading.head)
-    cursor.confirmed_block, cursor.head_block, cursor.last_scan_at = reading.confirmed, reading.head, now
-    update_fields = ["confirmed_block", "head_block", "last_scan_at"]
+    Invoice.objects.filter(pk__in=bookkeeping).update(last_checked_at=now, last_seen_head=head)
+    cursor.head_block, cursor.last_scan_at = max(cursor.head_block, head), now
+    update_fields = ["head_block", "last_scan_at"]
     if cursor.unavailable_since is not None:  # answering again: the pages saying "check delayed" change
         cursor.unavailable_since = None
         update_fields.append("unavailable_since")
@@ -394,49 +483,78 @@ def _apply_logs(
     chain: config.Chain,
     logs: list[TransferLog],
     by_address: dict[str, Invoice],
-    from_block: int,
+    seen: list[Transfer],
+    confirmed: int,
+    canonical: dict[int, str],
+    now: datetime,
+) -> int:
+    """Record the transfers of one range. Returns how many could not be stored (each is its own savepoint: one
+    that the database refuses costs only itself)."""
+    returned = {(log.tx_hash, log.log_index) for log in logs}
+    # A transfer seen before and not returned now is gone only when its block was replaced: a provider that
+    # answers less (a lagging or inconsistent node) removes nothing.
+    for transfer in seen:
+        if (transfer.tx_hash, transfer.log_index) in returned:
+            continue
+        replaced_by = canonical.get(transfer.block_number, "")
+        if replaced_by and replaced_by != transfer.block_hash:
+            transfer.status = Transfer.Status.REMOVED
+            transfer.save(update_fields=["status"])
+    failed = 0
+    for log in logs:
+        try:
+            with transaction.atomic():
+                _record_transfer(
+                    chain=chain,
+                    log=log,
+                    invoice=by_address[log.recipient],
+                    confirmed=confirmed,
+                    canonical=canonical,
+                    now=now,
+                )
+        except DatabaseError:
+            logger.exception("chain %s: transfer %s#%s not stored", chain.chain_id, log.tx_hash, log.log_index)
+            failed += 1
+    return failed
+
+
+def _record_transfer(
+    *,
+    chain: config.Chain,
+    log: TransferLog,
+    invoice: Invoice,
     confirmed: int,
     canonical: dict[int, str],
     now: datetime,
 ) -> None:
-    seen_keys = {(log.tx_hash, log.log_index) for log in logs}
-    # Transfers seen earlier in the re-read range but absent now were removed by a reorganisation.
-    for transfer in Transfer.objects.filter(
-        chain_id=chain.chain_id, status=Transfer.Status.SEEN, block_number__gte=from_block, log_index__gte=0
-    ):
-        if (transfer.tx_hash, transfer.log_index) not in seen_keys:
-            transfer.status = Transfer.Status.REMOVED
-            transfer.save(update_fields=["status"])
-    for log in logs:
-        invoice = by_address.get(log.recipient)
-        is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
-        defaults = {
-            "block_number": log.block_number,
-            "block_hash": log.block_hash,
-            "token_contract": log.token,
-            "from_address": log.sender,
-            "to_address": log.recipient,
-            "amount_units": log.amount,
-            "invoice": invoice,
-            "wrong_asset": invoice is None or log.token != invoice.asset_contract,
-            "first_seen_at": now,
-        }
-        transfer, created = Transfer.objects.get_or_create(
-            chain_id=chain.chain_id, tx_hash=log.tx_hash, log_index=log.log_index, defaults=defaults
-        )
-        if transfer.status == Transfer.Status.CONFIRMED:
-            continue  # credited once, for good
-        changed = created
-        if not created and (transfer.block_hash != log.block_hash or transfer.status == Transfer.Status.REMOVED):
-            for name, value in defaults.items():
-                setattr(transfer, name, value)
-            transfer.status = Transfer.Status.SEEN
-            changed = True
-        if is_final:
-            transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
-            changed = True
-        if changed:
-            transfer.save()
+    is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
+    defaults = {
+        "block_number": log.block_number,
+        "block_hash": log.block_hash,
+        "token_contract": log.token,
+        "from_address": log.sender,
+        "to_address": log.recipient,
+        "amount_units": log.amount,
+        "invoice": invoice,
+        "wrong_asset": log.token != invoice.asset_contract,
+        "first_seen_at": now,
+    }
+    transfer, created = Transfer.objects.get_or_create(
+        chain_id=chain.chain_id, tx_hash=log.tx_hash, log_index=log.log_index, defaults=defaults
+    )
+    if transfer.status == Transfer.Status.CONFIRMED:
+        return  # credited once, for good
+    changed = created
+    if not created and (transfer.block_hash != log.block_hash or transfer.status == Transfer.Status.REMOVED):
+        for name, value in defaults.items():
+            setattr(transfer, name, value)
+        transfer.status = Transfer.Status.SEEN
+        changed = True
+    if is_final:
+        transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
+        changed = True
+    if changed:
+        transfer.save()
 
 
 def _apply_native(
@@ -449,9 +567,8 @@ def _apply_native(
     confirmed_hash: str,
     now: datetime,
 ) -> dict[int, int]:
-    """Native coin: the balance at the confirmed block beyond what was already credited is a new credit; the
-    balance at the head beyond that is pending (returned per native invoice). Native coin sent to a token invoice
-    is recorded as a wrong asset."""
+    """Native coin, for invoices in the native coin: the balance at the confirmed block beyond what was already
+    credited is a new credit; the balance at the head beyond that is pending (returned per invoice)."""
     credited_by_invoice = {
         row["invoice"]: int(row["total"] or 0)
         for row in Transfer.objects.filter(
@@ -474,19 +591,16 @@ def _apply_native(
                         block_number=confirmed,
                         block_hash=confirmed_hash,
                         to_address=invoice.deposit_address,
-                        amount_units=balance_confirmed - credited,
+                        amount_units=min(balance_confirmed - credited, MAX_TRANSFER_UNITS),
                         invoice=invoice,
                         status=Transfer.Status.CONFIRMED,
-                        wrong_asset=bool(invoice.asset_contract),
                         first_seen_at=now,
                         confirmed_at=now,
                     )
             except IntegrityError:  # this block's balance was already credited
                 pass
-        if invoice.asset_contract:
-            continue
         pending = max(0, balance_head - max(balance_confirmed, credited))
-        pending_by_invoice[invoice.pk] = pending
+        pending_by_invoice[invoice.pk] = min(pending, MAX_TRANSFER_UNITS)
         seen_block = (invoice.native_seen_block or head) if pending else None
         if seen_block != invoice.native_seen_block:
             invoice.native_seen_block = seen_block
