@@ -11,6 +11,7 @@ contracts, mint, transfer from an unlocked account, mine. It sends transactions 
 accounts: no private key is handled here either.
 """
 
+import hashlib
 import json
 import logging
 import re
@@ -20,6 +21,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import requests
+from django.core.cache import cache
 from web3 import Web3
 from web3.providers.rpc import HTTPProvider
 
@@ -62,6 +64,14 @@ _RANGE_REFUSAL_WORDS = (
     "query timeout",
 )
 RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
+
+
+# A URL that rate-limited is asked last by the following scans for this long.
+RATE_LIMIT_COOLDOWN_SECONDS = 60
+
+
+def _cooldown_key(url: str) -> str:
+    return "rpc-cooldown:" + hashlib.sha256(url.encode()).hexdigest()[:32]
 
 
 class ChainUnavailable(Exception):
@@ -181,7 +191,11 @@ class ChainClient:
             HTTPProvider(url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
             for url in chain.rpc_urls
         ]
-        self._preferred = 0
+        # A URL that rate-limited a recent scan (any worker: the shared cache) is asked last until it cools down.
+        cooling = cache.get_many([_cooldown_key(url) for url in chain.rpc_urls])
+        self._preferred = next(
+            (index for index, url in enumerate(chain.rpc_urls) if _cooldown_key(url) not in cooling), 0
+        )
         # Once the head is read, every other URL must show at least that head before it answers for this cycle: a
         # lagging node would return fewer logs and no blocks beyond its own head.
         self._required_head: int | None = None
@@ -208,7 +222,7 @@ class ChainClient:
                 status = exc.response.status_code if exc.response is not None else None
                 if status == 429:
                     errors.append(f"{provider.endpoint_uri}: rate limited (HTTP 429)")
-                    time.sleep(self.backoff * (attempt + 1))
+                    self._cool_down(provider, attempt)
                 else:
                     errors.append(f"{provider.endpoint_uri}: HTTP {status}")
                 continue
@@ -218,7 +232,7 @@ class ChainClient:
                     raise RangeRefused(str(exc)) from exc
                 errors.append(f"{provider.endpoint_uri}: {kind.replace('_', ' ')} ({exc})")
                 if kind == "rate_limited":
-                    time.sleep(self.backoff * (attempt + 1))
+                    self._cool_down(provider, attempt)
                 continue
             except Lagging as exc:
                 errors.append(f"{provider.endpoint_uri}: lagging ({exc})")
@@ -231,6 +245,10 @@ class ChainClient:
             return result
         self.errors.extend(errors)
         raise ChainUnavailable(f"chain {self.chain.chain_id}: " + "; ".join(errors))
+
+    def _cool_down(self, provider, attempt: int) -> None:
+        cache.set(_cooldown_key(provider.endpoint_uri), True, timeout=RATE_LIMIT_COOLDOWN_SECONDS)
+        time.sleep(self.backoff * (attempt + 1))
 
     def _check_not_lagging(self, provider) -> None:
         self.calls += 1

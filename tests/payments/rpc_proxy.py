@@ -112,12 +112,13 @@ class LimitingProxy:
 
     def _one(self, call: dict) -> dict:
         method, params, request_id = call.get("method"), call.get("params", []), call.get("id")
+        if method == "eth_getLogs":
+            self.log_queries.append(params[0])
         if self.rate_limit == "rpc" and self._limited([call]):
             self.refused["rpc -32005"] += 1
             return {"jsonrpc": "2.0", "id": request_id, "error": RATE_LIMIT_RPC}
         if method == "eth_getLogs":
             query = params[0]
-            self.log_queries.append(query)
             topics = [
                 topic
                 for position in query.get("topics", [])
@@ -131,7 +132,7 @@ class LimitingProxy:
                 self.refused["range"] += 1
                 return _error(request_id, -32602, f"block range is too wide (max {self.max_range} blocks)")
         if self.lag:
-            head = self._head() - self.lag
+            head = max(0, self._head() - self.lag)
             if method == "eth_blockNumber":
                 return {"jsonrpc": "2.0", "id": request_id, "result": hex(head)}
             if method in ("eth_getBlockByNumber", "eth_getBalance"):
