@@ -629,6 +629,8 @@ def _unchanged(invoice: Invoice, confirmed: int, pending: int, now: datetime) ->
         return False
     if invoice.status == Invoice.Status.NEW and now >= invoice.expires_at:
         return False
+    if invoice.status == Invoice.Status.PROCESSING and now >= invoice.monitor_until:
+        return False
     return not (invoice.status == Invoice.Status.PROCESSING and not pending)
 
 
@@ -659,6 +661,16 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 now=now,
             )
             return True
+        elif pending and now >= invoice.monitor_until:
+            # BTCPay's "not confirmed in time": seen, never final within the watch. An operator looks at it.
+            invoice.status, invoice.needs_operator = Invoice.Status.INVALID, True
+            invoice.paid_partial = 0 < confirmed < due
+            booking.order_note(
+                order=order,
+                reason="payment not confirmed in time: invoice invalid, kept for an operator",
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                evidence={**evidence, "pending_units": str(pending)},
+            )
         elif pending:
             invoice.status = Invoice.Status.PROCESSING
             invoice.paid_partial = 0 < confirmed < due
@@ -693,15 +705,20 @@ def _follow_chain(*, order: Order, invoice: Invoice, was: str, evidence: dict, n
             now=now,
         )
     elif (
-        invoice.status in (Invoice.Status.NEW, Invoice.Status.EXPIRED)
+        invoice.status in (Invoice.Status.NEW, Invoice.Status.EXPIRED, Invoice.Status.INVALID)
         and was == Invoice.Status.PROCESSING
         and order.status == OrderStatus.PAYMENT_PROCESSING
     ):
+        # Back to waiting: its hold runs out as any unpaid order's would (booking's sweep expires it).
         booking.order_transition(
             order=order,
             to_status=OrderStatus.AWAITING_PAYMENT,
             actor_kind=OrderEvent.Actor.SYSTEM,
-            reason="transfer no longer on chain (reorganisation)",
+            reason=(
+                "payment not confirmed in time"
+                if invoice.status == Invoice.Status.INVALID
+                else "transfer no longer on chain (reorganisation)"
+            ),
             evidence=evidence,
             now=now,
         )

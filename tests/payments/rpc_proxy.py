@@ -31,7 +31,9 @@ class LimitingProxy:
         rate_limit_methods: frozenset[str] | None = None,  # only these methods are limited (None: all)
         garbage: bool = False,  # answer HTTP 200 with a body that is not JSON-RPC
         lag: int = 0,  # serve a head this many blocks behind the real one
+        stale_log_hashes: int = 0,  # this many eth_getLogs answers carry a block hash that is not canonical
     ) -> None:
+        self.stale_log_hashes = stale_log_hashes
         self.upstream = upstream
         self.max_range, self.max_logs, self.max_batch, self.max_topics = max_range, max_logs, max_batch, max_topics
         self.rate_limit, self.rate_limit_methods, self.garbage, self.lag = rate_limit, rate_limit_methods, garbage, lag
@@ -144,6 +146,9 @@ class LimitingProxy:
             if method == "eth_getLogs" and int(params[0]["toBlock"], 16) > head:
                 params = [{**params[0], "toBlock": hex(head)}]  # like geth: silently up to its own head
         answer = self._upstream({**call, "params": params})
+        if method == "eth_getLogs" and self.stale_log_hashes and answer.get("result"):
+            self.stale_log_hashes -= 1
+            answer["result"] = [{**log, "blockHash": "0x" + "ab" * 32} for log in answer["result"]]
         if method == "eth_getLogs" and isinstance(answer.get("result"), list) and len(answer["result"]) > self.max_logs:
             self.refused["too many results"] += 1
             return _error(request_id, -32005, f"query returned more than {self.max_logs} results")

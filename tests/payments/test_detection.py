@@ -360,3 +360,45 @@ def test_a_failure_in_what_a_settlement_triggers_never_undoes_it_nor_the_scan(
     assert result.settled == [invoice.pk] and invoice.status == Invoice.Status.SETTLED
     assert order.status == OrderStatus.PAID  # paid, waiting for an operator: the approval failed, not the payment
     assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block == result.confirmed
+
+
+def test_a_transfer_seen_but_not_final_is_read_again_until_it_is(client, chain, booking_data, proxies, use_chains_file):
+    """Regression: a transfer first read from a node that gave another block hash stayed "seen" forever: the
+    cursor moved past its block and nothing read it again."""
+    from payments.models import ChainCursor
+
+    stale = proxies(stale_log_hashes=1)
+    use_chains_file(stale.url)
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    chain.mine(3)  # final by the first scan, if its hash matched
+
+    first = scan()
+    transfer = Transfer.objects.get()
+    assert transfer.status == Transfer.Status.SEEN and first.confirmed >= transfer.block_number
+    assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block < transfer.block_number
+
+    scan()
+
+    transfer.refresh_from_db()
+    order.refresh_from_db()
+    assert transfer.status == Transfer.Status.CONFIRMED and order.status == OrderStatus.PAID
+
+
+def test_a_payment_still_unconfirmed_when_monitoring_ends_is_invalid_and_flagged(client, chain, booking_data):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    scan()
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.PROCESSING
+
+    scan(now=invoice.monitor_until + timedelta(minutes=1))  # no block since: still one confirmation
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.INVALID and invoice.needs_operator
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert order.events.filter(reason="payment not confirmed in time").exists()
+    assert orders_expire_stale_holds(now=invoice.monitor_until + timedelta(minutes=2)) == 1
