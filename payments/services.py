@@ -106,14 +106,16 @@ def invoice_create(
     extension_days: int | None = None,
     now: datetime | None = None,
 ) -> Invoice:
-    """A quote in `asset` with a deposit address of its own, valid as long as the order's hold."""
+    """A quote in `asset` with a deposit address of its own. The first payment's quote lasts as long as the order's
+    hold; an extension's runs on its own clock, from when it is requested (the booking's hold is long gone)."""
     now = now or timezone.now()
     asset = asset or default_asset()
     if asset is None:
         raise PaymentError(_("No payment method is configured. Please contact us."))
     priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency)
     index, address = _new_deposit_address()
-    expires_at = order.hold_expires_at or now + timedelta(minutes=BookingPolicy.current().hold_minutes)
+    own_clock = now + timedelta(minutes=BookingPolicy.current().hold_minutes)
+    expires_at = own_clock if purpose == Invoice.Purpose.EXTENSION else (order.hold_expires_at or own_clock)
     return Invoice.objects.create(
         order=order,
         purpose=purpose,

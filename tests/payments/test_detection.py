@@ -402,3 +402,27 @@ def test_a_payment_still_unconfirmed_when_monitoring_ends_is_invalid_and_flagged
     assert order.status == OrderStatus.AWAITING_PAYMENT
     assert order.events.filter(reason="payment not confirmed in time").exists()
     assert orders_expire_stale_holds(now=invoice.monitor_until + timedelta(minutes=2)) == 1
+
+
+def test_an_extension_paid_ten_days_after_the_booking_has_its_own_quote_clock(client, chain, booking_data, admin_user):
+    """Regression: extension invoices were created already expired (their expiry was the booking's hold)."""
+    from booking.services import order_transition
+    from portal.checkout import order_extension_request
+
+    order, _token = place(client, booking_data(lots="1"))
+    services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    end = order.ends_at
+    ten_days_later = order.created_at + timedelta(days=10)
+
+    extension = order_extension_request(order=order, days=3, actor=None, now=ten_days_later)
+    assert extension.expires_at > ten_days_later and extension.monitor_until > extension.expires_at
+    pay_invoice(chain, extension)
+    chain.mine(2)
+    scan(now=ten_days_later + timedelta(minutes=10))
+
+    extension.refresh_from_db()
+    order.refresh_from_db()
+    assert extension.status == Invoice.Status.SETTLED and not extension.paid_late and not extension.needs_operator
+    assert order.ends_at == end + timedelta(days=3)
