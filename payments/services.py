@@ -252,9 +252,9 @@ class ScanResult:
 
 
 def _watched(now: datetime) -> Q:
-    return (Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now)) & ~Q(
-        status=Invoice.Status.SETTLED
-    )
+    """Open invoices, and any invoice still within its monitoring window: a late payment, a payment to a replaced
+    quote, a payment after settlement are all recorded."""
+    return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now)
 
 
 def _monitored_invoices(chain_id: int, now: datetime):
@@ -641,12 +641,22 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
     Returns True when the invoice settled now."""
     with transaction.atomic():
         order, invoice = lock_invoice(invoice)
-        was = invoice.status
+        was, confirmed_before = invoice.status, int(invoice.amount_confirmed_units)
         invoice.amount_confirmed_units, invoice.amount_pending_units = confirmed, pending
         due = int(invoice.amount_due_units)
         evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
         if invoice.status == Invoice.Status.SETTLED:
-            pass
+            # Paid again after settlement (beyond what was due, or at all when an admin marked it paid): recorded,
+            # the difference is owed back. It never moves the order.
+            over = confirmed > due or (invoice.marked and confirmed > 0)
+            if confirmed > confirmed_before and over:
+                invoice.paid_over = True
+                booking.order_note(
+                    order=order,
+                    reason="payment after settlement: refund owed",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={**evidence, "received_after_settlement_units": str(confirmed - confirmed_before)},
+                )
         elif invoice.status == Invoice.Status.INVALID:
             if confirmed or pending:
                 invoice.needs_operator = True  # paid to a replaced quote: refund or apply by hand

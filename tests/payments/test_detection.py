@@ -426,3 +426,29 @@ def test_an_extension_paid_ten_days_after_the_booking_has_its_own_quote_clock(cl
     order.refresh_from_db()
     assert extension.status == Invoice.Status.SETTLED and not extension.paid_late and not extension.needs_operator
     assert order.ends_at == end + timedelta(days=3)
+
+
+def test_a_payment_after_settlement_is_recorded_and_flagged_for_a_refund_never_as_a_reorg(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    chain.mine(2)
+    scan()
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and not invoice.paid_over
+
+    pay_invoice(chain, invoice, units=25_000000)  # the customer pays again, days later
+    scan()
+    chain.mine(2)
+    scan()
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert Transfer.objects.filter(invoice=invoice, status=Transfer.Status.CONFIRMED).count() == 2
+    assert invoice.status == Invoice.Status.SETTLED and invoice.paid_over
+    assert invoice.amount_confirmed_units == invoice.amount_due_units + 25_000000
+    assert order.status == OrderStatus.PAID
+    reasons = list(order.events.values_list("reason", flat=True))
+    assert "payment after settlement: refund owed" in reasons
+    assert not any("reorganisation" in reason for reason in reasons)
+    assert "an operator will refund the difference" in order_page(client, order, token)
