@@ -14,7 +14,7 @@ from decimal import ROUND_CEILING, Decimal
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError, IntegrityError, transaction
-from django.db.models import Min, Q, Sum
+from django.db.models import Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -257,8 +257,36 @@ def _watched(now: datetime) -> Q:
     return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now)
 
 
-def _monitored_invoices(chain_id: int, now: datetime):
-    return list(Invoice.objects.filter(_watched(now), chain_id=chain_id).select_related("order"))
+@dataclass(frozen=True)
+class WatchedAddress:
+    invoice_id: int
+    asset_contract: str
+
+
+def _watched_addresses(chain_id: int, now: datetime) -> dict[str, WatchedAddress]:
+    """Every watched deposit address of the chain: three small columns per invoice, to match logs against."""
+    rows = Invoice.objects.filter(_watched(now), chain_id=chain_id).values_list(
+        "deposit_address", "pk", "asset_contract"
+    )
+    return {address: WatchedAddress(invoice_id=pk, asset_contract=contract) for address, pk, contract in rows}
+
+
+def _invoices_to_review(chain_id: int, now: datetime) -> list[Invoice]:
+    """The watched invoices a cycle may have to move, loaded whole: those with a transfer, a deadline reached, a
+    transfer being confirmed, amounts to take back, a delayed check, or in the native coin (read by balance). An
+    invoice waiting with nothing seen costs nothing more than its address."""
+    has_transfer = Exists(Transfer.objects.filter(invoice=OuterRef("pk")))
+    return list(
+        Invoice.objects.filter(_watched(now), chain_id=chain_id).filter(
+            has_transfer
+            | Q(status=Invoice.Status.NEW, expires_at__lte=now)
+            | Q(status=Invoice.Status.PROCESSING)
+            | Q(asset_contract="")
+            | Q(check_delayed_since__isnull=False)
+            | Q(amount_confirmed_units__gt=0)
+            | Q(amount_pending_units__gt=0)
+        )
+    )
 
 
 def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> ScanResult:
@@ -281,12 +309,11 @@ def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetim
     cursor = _cursor_take_lease(chain_id)
     if cursor is None:
         return ScanResult(chain_id=chain_id, skipped=True)
-    invoices = _monitored_invoices(chain_id, now)
-    result = ScanResult(chain_id=chain_id, invoices=len(invoices))
+    result = ScanResult(chain_id=chain_id)
     try:
-        _scan(chain=chain, client=client, cursor=cursor, invoices=invoices, result=result, now=now)
+        _scan(chain=chain, client=client, cursor=cursor, result=result, now=now)
     except ChainUnavailable as exc:
-        _record_unavailable(cursor=cursor, invoices=invoices, error=str(exc), now=now)
+        _record_unavailable(cursor=cursor, error=str(exc), now=now)
         raise
     finally:
         result.rpc_calls = client.calls
@@ -317,7 +344,6 @@ def _scan(
     chain: config.Chain,
     client: ChainClient,
     cursor: ChainCursor,
-    invoices: list[Invoice],
     result: ScanResult,
     now: datetime,
 ) -> None:
@@ -325,7 +351,8 @@ def _scan(
     head = client.head(not_below=cursor.confirmed_block)
     confirmed = min(head, client.confirmed_block(head))
     result.head, result.confirmed = head, confirmed
-    by_address = {invoice.deposit_address: invoice for invoice in invoices}
+    by_address = _watched_addresses(chain.chain_id, now)
+    result.invoices = len(by_address)
     watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
     start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
     for log_range in client.log_ranges(from_block=start, to_block=head, tokens=frozenset(chain.token_contracts)):
@@ -369,6 +396,7 @@ def _scan(
         result.ranges += 1
         result.logs += len(matched)
         result.skipped_logs += skipped
+    invoices = _invoices_to_review(chain.chain_id, now)
     natives = [invoice for invoice in invoices if not invoice.asset_contract]
     native_pending: dict[int, int] = {}
     if natives:
@@ -444,20 +472,18 @@ def _move_invoices(
 
 def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], head: int, now: datetime) -> None:
     """Note on each invoice that it was checked at this head, and on the cursor that the chain answered."""
-    shown, bookkeeping = [], []
-    for invoice in invoices:
+    # Read again: the moves above ran on their own copies.
+    shown = Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).filter(
+        Q(status=Invoice.Status.PROCESSING) | Q(native_seen_block__isnull=False) | Q(check_delayed_since__isnull=False)
+    )
+    for invoice in shown:
         # What the order page shows: the confirmations counted from the head while a transfer is being
         # confirmed, and "check delayed". Those invoices are saved (their orders' pages change, through the
-        # signal); for the others the head is bookkeeping, updated in one query.
+        # signal); the others need nothing: when the chain was last read is the cursor's `last_scan_at`.
         pending = invoice.status == Invoice.Status.PROCESSING or invoice.native_seen_block is not None
         if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != head):
-            shown.append(invoice)
-        else:
-            bookkeeping.append(invoice.pk)
-    for invoice in shown:
-        invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, head, None
-        invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
-    Invoice.objects.filter(pk__in=bookkeeping).update(last_checked_at=now, last_seen_head=head)
+            invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, head, None
+            invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
     cursor.head_block, cursor.last_scan_at = max(cursor.head_block, head), now
     update_fields = ["head_block", "last_scan_at"]
     if cursor.unavailable_since is not None:  # answering again: the pages saying "check delayed" change
@@ -466,7 +492,9 @@ def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], head: int, no
     cursor.save(update_fields=update_fields)
 
 
-def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: str, now: datetime) -> None:
+def _record_unavailable(*, cursor: ChainCursor, error: str, now: datetime) -> None:
+    """The cursor says since when the chain does not answer: every order page on this chain says "check delayed"
+    (the page reads it; no invoice needs writing)."""
     logger.warning("chain %s unavailable: %s", cursor.chain_id, error)
     cursor.last_error, cursor.last_error_at = error[:2000], now
     update_fields = ["last_error", "last_error_at"]
@@ -474,17 +502,13 @@ def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: 
         cursor.unavailable_since = now
         update_fields.append("unavailable_since")
     cursor.save(update_fields=update_fields)
-    for invoice in invoices:
-        if invoice.check_delayed_since is None:
-            invoice.check_delayed_since = now
-            invoice.save(update_fields=["check_delayed_since"])
 
 
 def _apply_logs(
     *,
     chain: config.Chain,
     logs: list[TransferLog],
-    by_address: dict[str, Invoice],
+    by_address: dict[str, WatchedAddress],
     seen: list[Transfer],
     confirmed: int,
     canonical: dict[int, str],
@@ -509,7 +533,7 @@ def _apply_logs(
                 _record_transfer(
                     chain=chain,
                     log=log,
-                    invoice=by_address[log.recipient],
+                    watched=by_address[log.recipient],
                     confirmed=confirmed,
                     canonical=canonical,
                     now=now,
@@ -524,7 +548,7 @@ def _record_transfer(
     *,
     chain: config.Chain,
     log: TransferLog,
-    invoice: Invoice,
+    watched: WatchedAddress,
     confirmed: int,
     canonical: dict[int, str],
     now: datetime,
@@ -537,8 +561,8 @@ def _record_transfer(
         "from_address": log.sender,
         "to_address": log.recipient,
         "amount_units": log.amount,
-        "invoice": invoice,
-        "wrong_asset": log.token != invoice.asset_contract,
+        "invoice_id": watched.invoice_id,
+        "wrong_asset": log.token != watched.asset_contract,
         "first_seen_at": now,
     }
     transfer, created = Transfer.objects.get_or_create(
