@@ -107,6 +107,11 @@ class Invoice(models.Model):
         return max(0, int(self.amount_due_units) - int(self.amount_confirmed_units))
 
     @property
+    def amount_outstanding_units(self) -> int:
+        """What remains to be sent once the transfers being confirmed count: what the page asks for."""
+        return max(0, self.amount_missing_units - int(self.amount_pending_units))
+
+    @property
     def is_open(self) -> bool:
         return self.status in (self.Status.NEW, self.Status.PROCESSING)
 

@@ -452,3 +452,24 @@ def test_a_payment_after_settlement_is_recorded_and_flagged_for_a_refund_never_a
     assert "payment after settlement: refund owed" in reasons
     assert not any("reorganisation" in reason for reason in reasons)
     assert "an operator will refund the difference" in order_page(client, order, token)
+
+
+def test_while_a_payment_is_being_confirmed_the_page_shows_what_is_received_and_what_is_still_due(
+    client, chain, booking_data
+):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice, units=1000_000000)
+    scan()
+
+    page = order_page(client, order, token)
+    assert "Being confirmed: 1000.00 dEURC. Still to send: 2150.00 dEURC." in page
+    assert "Send exactly" not in page and "uint256=2150000000" in page
+
+    invoice.refresh_from_db()
+    pay_invoice(chain, invoice, units=2150_000000)  # the rest, before the first part is final
+    scan()
+
+    page = order_page(client, order, token)
+    assert "Still to send: 0.00 dEURC." in page
+    assert "Send exactly" not in page and "I&#x27;ve paid" not in page and "I've paid" not in page
