@@ -365,18 +365,19 @@ class ChainClient:
             _quantity_any,
         )
 
-    def native_balances(self, addresses: list[str], *, confirmed: int, head: int) -> tuple[list[int], str]:
+    def native_balances(self, addresses: list[str], *, confirmed: int, head: int) -> tuple[list[int], tuple[str, int]]:
         """Each address's balance at the confirmed block and at the head (two per address, in order), and the
-        confirmed block's hash, in batched round trips."""
+        confirmed block's (hash, timestamp), in batched round trips."""
         calls = [("eth_getBlockByNumber", [hex(confirmed), False])]
         calls += [("eth_getBalance", [address, hex(block)]) for address in addresses for block in (confirmed, head)]
-        results = self.batch(calls, [_block_hash] + [_quantity_any] * (len(calls) - 1))
+        results = self.batch(calls, [_block_ref] + [_quantity_any] * (len(calls) - 1))
         return results[1:], results[0]
 
-    def block_hashes(self, numbers: list[int]) -> dict[int, str]:
-        """The canonical hash of each block ("" for a block the node does not have), in batched round trips."""
+    def blocks(self, numbers: list[int]) -> dict[int, tuple[str, int]]:
+        """The canonical (hash, timestamp) of each block (("", 0) for a block the node does not have), in batched
+        round trips."""
         wanted = sorted(set(numbers))
-        results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_hash)
+        results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_ref)
         return dict(zip(wanted, results, strict=True))
 
     def aggregator_rate(self, feed: str) -> tuple[Decimal, int]:
@@ -412,13 +413,13 @@ def _quantity_any(result) -> int:
     return int(result, 16)
 
 
-def _block_hash(block) -> str:
+def _block_ref(block) -> tuple[str, int]:
     if block is None:
-        return ""
+        return "", 0
     value = block.get("hash") if isinstance(block, dict) else None
     if not isinstance(value, str) or not _HASH.fullmatch(value.lower()):
         raise ValueError("block without a valid hash")
-    return value.lower()
+    return value.lower(), _quantity(block.get("timestamp"))
 
 
 def checksum(address: str) -> str:
@@ -481,7 +482,10 @@ class DevChain(ChainClient):
         return self._transact(sender, transaction)
 
     def set_rate(self, feed: str, answer: int, *, sender: str) -> None:
-        self._transact(sender, {"to": feed, "data": self._call_data("MockAggregator", "setAnswer", answer)})
+        # An explicit gas limit: anvil's estimate for this call can come out short (seen in the tests: the
+        # transaction reverted out of gas, its gas used equal to the estimate).
+        data = self._call_data("MockAggregator", "setAnswer", answer)
+        self._transact(sender, {"to": feed, "data": data, "gas": hex(200_000)})
 
     def mine(self, blocks: int = 1) -> None:
         self.request("anvil_mine", [hex(blocks)])

@@ -10,6 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from portal.singleton import SingletonRow
+
 UINT256_DIGITS = 78
 
 
@@ -133,6 +135,8 @@ class Transfer(models.Model):
     log_index = models.BigIntegerField()
     block_number = models.PositiveBigIntegerField()
     block_hash = models.CharField(max_length=66)
+    # The block's own timestamp, once read on its canonical block: lateness is judged by it, not by the scanner.
+    block_time = models.DateTimeField(null=True, blank=True)
     token_contract = models.CharField(max_length=42, blank=True)
     from_address = models.CharField(max_length=42, blank=True)
     to_address = models.CharField(max_length=42)
@@ -202,3 +206,31 @@ class OperatorRate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.asset_symbol}@{self.chain_id} = {self.rate} {self.fiat_currency}"
+
+
+class PaymentSettings(SingletonRow, models.Model):
+    """Operator-set rules of payments. One row (pk=1), edited in the admin."""
+
+    late_rate_tolerance_percent = models.DecimalField(
+        _("late payments settle by themselves if the rate moved less than (%)"),
+        max_digits=5,
+        decimal_places=2,
+        default=2,
+        help_text=_(
+            "A payment confirmed after its quote expired settles by itself only when its lots are still free and the "
+            "asset's rate moved less than this since the quote; otherwise it waits for an operator."
+        ),
+    )
+
+    class Meta:
+        verbose_name = _("payment settings")
+        verbose_name_plural = _("payment settings")
+        constraints = [
+            models.CheckConstraint(condition=Q(pk=1), name="payment_settings_single_row"),
+            models.CheckConstraint(
+                condition=Q(late_rate_tolerance_percent__gte=0), name="late_rate_tolerance_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return str(_("Payment settings"))

@@ -18,6 +18,7 @@ from django.db.models import Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from booking import selectors as booking_selectors
 from booking import services as booking
 from booking.locks import lock_order
 from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
@@ -25,7 +26,7 @@ from booking.rules import BookingError
 from payments import config
 from payments.addresses import deposit_address
 from payments.chain import MAX_TRANSFER_UNITS, ChainClient, ChainUnavailable, TransferLog
-from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, Transfer
+from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, PaymentSettings, Transfer
 from portal.numbers import whole_number
 
 logger = logging.getLogger(__name__)
@@ -369,7 +370,9 @@ def _scan(
         # before (a block replaced under one means it was removed by a reorganisation).
         blocks = {log.block_number for log in matched if log.block_number <= confirmed}
         blocks |= {transfer.block_number for transfer in seen}
-        canonical = client.block_hashes(sorted(blocks)) if blocks else {}
+        read = client.blocks(sorted(blocks)) if blocks else {}
+        canonical = {number: block_hash for number, (block_hash, _time) in read.items()}
+        block_times = {number: timestamp for number, (_hash, timestamp) in read.items()}
         with transaction.atomic():
             failed = _apply_logs(
                 chain=chain,
@@ -378,6 +381,7 @@ def _scan(
                 seen=seen,
                 confirmed=confirmed,
                 canonical=canonical,
+                block_times=block_times,
                 now=now,
             )
             skipped = log_range.skipped + failed
@@ -400,7 +404,7 @@ def _scan(
     natives = [invoice for invoice in invoices if not invoice.asset_contract]
     native_pending: dict[int, int] = {}
     if natives:
-        balances, confirmed_hash = client.native_balances(
+        balances, (confirmed_hash, confirmed_time) = client.native_balances(
             [invoice.deposit_address for invoice in natives], confirmed=confirmed, head=head
         )
         with transaction.atomic():
@@ -411,6 +415,7 @@ def _scan(
                 confirmed=confirmed,
                 head=head,
                 confirmed_hash=confirmed_hash,
+                confirmed_time=confirmed_time,
                 now=now,
             )
     result.settled = _move_invoices(invoices=invoices, native_pending=native_pending, head=head, result=result, now=now)
@@ -512,6 +517,7 @@ def _apply_logs(
     seen: list[Transfer],
     confirmed: int,
     canonical: dict[int, str],
+    block_times: dict[int, int],
     now: datetime,
 ) -> int:
     """Record the transfers of one range. Returns how many could not be stored (each is its own savepoint: one
@@ -536,6 +542,7 @@ def _apply_logs(
                     watched=by_address[log.recipient],
                     confirmed=confirmed,
                     canonical=canonical,
+                    block_time=block_times.get(log.block_number, 0),
                     now=now,
                 )
         except DatabaseError:
@@ -551,9 +558,11 @@ def _record_transfer(
     watched: WatchedAddress,
     confirmed: int,
     canonical: dict[int, str],
+    block_time: int,
     now: datetime,
 ) -> None:
-    is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
+    on_canonical_block = canonical.get(log.block_number) == log.block_hash
+    is_final = log.block_number <= confirmed and on_canonical_block
     defaults = {
         "block_number": log.block_number,
         "block_hash": log.block_hash,
@@ -579,6 +588,9 @@ def _record_transfer(
     if is_final:
         transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
         changed = True
+    if on_canonical_block and block_time and transfer.block_time is None:
+        transfer.block_time = _from_timestamp(block_time)
+        changed = True
     if changed:
         transfer.save()
 
@@ -591,6 +603,7 @@ def _apply_native(
     confirmed: int,
     head: int,
     confirmed_hash: str,
+    confirmed_time: int,
     now: datetime,
 ) -> dict[int, int]:
     """Native coin, for invoices in the native coin: the balance at the confirmed block beyond what was already
@@ -616,6 +629,7 @@ def _apply_native(
                         log_index=-1,
                         block_number=confirmed,
                         block_hash=confirmed_hash,
+                        block_time=_from_timestamp(confirmed_time) if confirmed_time else None,
                         to_address=invoice.deposit_address,
                         amount_units=min(balance_confirmed - credited, MAX_TRANSFER_UNITS),
                         invoice=invoice,
@@ -632,6 +646,13 @@ def _apply_native(
             invoice.native_seen_block = seen_block
             invoice.save(update_fields=["native_seen_block"])  # its order's page shows the pending coin
     return pending_by_invoice
+
+
+def _from_timestamp(timestamp: int) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(timestamp, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # a node's nonsense is no time at all
+        return None
 
 
 def _chain_sums(invoice_ids: list[int]) -> dict[int, tuple[int, int]]:
@@ -687,7 +708,18 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
         elif confirmed >= due:
             invoice.paid_over = confirmed > due
             invoice.paid_partial = False
-            invoice.paid_late = was == Invoice.Status.EXPIRED or _first_seen(invoice, now) > invoice.expires_at
+            invoice.paid_late = _paid_at(invoice, now) > invoice.expires_at
+            if invoice.paid_late and (figures := _late_payment_held(order=order, invoice=invoice, now=now)):
+                # Not settled by itself: an operator decides (mark paid, or refund), with the figures.
+                invoice.status, invoice.needs_operator = Invoice.Status.EXPIRED, True
+                booking.order_note(
+                    order=order,
+                    reason=f"late payment waits for an operator: {figures['why']}",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={**evidence, **figures},
+                )
+                invoice.save()
+                return False
             _settle(
                 order=order,
                 invoice=invoice,
@@ -718,13 +750,46 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
     return False
 
 
-def _first_seen(invoice: Invoice, now: datetime) -> datetime:
-    first = (
-        (invoice.transfers.filter(wrong_asset=False).exclude(status=Transfer.Status.REMOVED).order_by("first_seen_at"))
-        .values_list("first_seen_at", flat=True)
-        .first()
+def _paid_at(invoice: Invoice, now: datetime) -> datetime:
+    """When the invoice was paid in full, by the chain's clock: the latest block time of its confirmed credits (when
+    a block's time is unknown, when the scanner first saw it)."""
+    times = [
+        block_time or first_seen
+        for block_time, first_seen in invoice.transfers.filter(
+            wrong_asset=False, status=Transfer.Status.CONFIRMED
+        ).values_list("block_time", "first_seen_at")
+    ]
+    return max(times, default=now)
+
+
+def _late_payment_held(*, order: Order, invoice: Invoice, now: datetime) -> dict | None:
+    """Why a late first payment must wait for an operator, with the figures; None when it may settle by itself: its
+    lots are still free and the rate moved less than the operator's tolerance since the quote."""
+    if invoice.purpose != Invoice.Purpose.ORDER:
+        return None
+    figures: dict = {"quoted_rate": str(invoice.rate), "quoted_at": invoice.created_at.isoformat()}
+    asset = config.asset(invoice.chain_id, invoice.asset_symbol)
+    try:
+        current = (
+            quote(asset=asset, fiat_amount=invoice.fiat_amount, fiat_currency=invoice.fiat_currency) if asset else None
+        )
+    except PaymentError:
+        current = None
+    if current is None:
+        return {**figures, "why": "the current rate cannot be read"}
+    moved = abs(current.rate - invoice.rate) / invoice.rate * 100
+    tolerance = PaymentSettings.current().late_rate_tolerance_percent
+    figures.update(
+        current_rate=str(current.rate),
+        rate_moved_percent=f"{moved:.2f}",
+        tolerance_percent=str(tolerance),
+        due_now_units=str(current.amount_due_units),
     )
-    return first or now
+    if moved >= tolerance:
+        return {**figures, "why": f"the rate moved {moved:.2f}% since the quote (tolerance {tolerance}%)"}
+    if order.status == OrderStatus.EXPIRED and not booking_selectors.lots_free_again(order=order, now=now):
+        return {**figures, "why": "its lots were taken after the hold expired"}
+    return None
 
 
 def _follow_chain(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:

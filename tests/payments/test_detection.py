@@ -171,6 +171,14 @@ def test_an_overpayment_settles_and_is_flagged_for_a_refund(client, chain, booki
     assert "an operator will refund the difference" in order_page(client, order, token)
 
 
+def after_expiry(chain, invoice: Invoice, minutes: int = 1):
+    """The chain's clock past the invoice's expiry: the next blocks carry later timestamps (reverted with the
+    fixture's snapshot)."""
+    later = invoice.expires_at + timedelta(minutes=minutes)
+    chain.request("evm_setNextBlockTimestamp", [int(later.timestamp())])
+    return later
+
+
 def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_free(client, chain, booking_data):
     order, _token = place(client, booking_data(lots="2"))
     invoice = current_invoice(order)
@@ -180,6 +188,7 @@ def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_fre
     invoice.refresh_from_db()
     assert invoice.status == Invoice.Status.EXPIRED
 
+    after_expiry(chain, invoice)
     pay_invoice(chain, invoice)
     chain.mine(2)
     scan(now=later + timedelta(minutes=5))
@@ -190,20 +199,72 @@ def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_fre
     assert order.allocations.filter(released_at__isnull=True).count() == 2
 
 
-def test_a_late_payment_for_lots_taken_meanwhile_is_flagged_for_an_operator(client, chain, booking_data):
+def test_a_late_payment_for_lots_taken_meanwhile_waits_for_an_operator_with_the_figures(client, chain, booking_data):
     order, _token = place(client, booking_data(lots="6"))
     invoice = current_invoice(order)
     later = invoice.expires_at + timedelta(minutes=1)
     orders_expire_stale_holds(now=later)
     place(client, booking_data(lots="6", contact_email="quick@example.org"))  # someone else takes them
 
+    after_expiry(chain, invoice)
     pay_invoice(chain, invoice)
     chain.mine(2)
     scan(now=later + timedelta(minutes=5))
     invoice.refresh_from_db()
     order.refresh_from_db()
-    assert invoice.status == Invoice.Status.SETTLED and invoice.paid_late and invoice.needs_operator
-    assert order.status == OrderStatus.EXPIRED
+    assert invoice.status == Invoice.Status.EXPIRED and invoice.paid_late and invoice.needs_operator
+    assert invoice.amount_confirmed_units == invoice.amount_due_units and order.status == OrderStatus.EXPIRED
+    note = order.events.last()
+    assert note.reason == "late payment waits for an operator: its lots were taken after the hold expired"
+    assert note.evidence["rate_moved_percent"] == "0.00"
+
+
+def test_a_payment_mined_before_expiry_is_on_time_even_when_the_scanner_sees_it_later(client, chain, booking_data):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)  # in a block before the quote expires
+    chain.mine(2)
+
+    scan(now=invoice.expires_at + timedelta(minutes=30))  # the scanner was down meanwhile
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and not invoice.paid_late
+    assert order.status == OrderStatus.PAID
+
+
+@pytest.mark.parametrize(("new_rate", "settles"), [(2510, True), (2600, False)])
+def test_a_late_payment_settles_by_itself_only_while_the_rate_moved_less_than_the_tolerance(
+    client, chain, booking_data, new_rate, settles
+):
+    from payments.demo import DEMO_ETH_EUR
+
+    order, token = place(client, booking_data(lots="1"))
+    client.post(
+        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        {"asset": f"{CHAIN_ID}:ETH"},
+    )
+    invoice = current_invoice(order)
+    feed = config.chain(CHAIN_ID).asset("ETH").rate_feed
+    chain.set_rate(feed, new_rate * DEMO_ETH_EUR // 2500, sender=chain.accounts()[0])  # 0.4 % or 4 % (tolerance 2 %)
+    after_expiry(chain, invoice)
+    pay_invoice(chain, invoice)
+    chain.mine(3)
+
+    scan(now=invoice.expires_at + timedelta(minutes=5))
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.paid_late
+    if settles:
+        assert invoice.status == Invoice.Status.SETTLED and not invoice.needs_operator
+        assert order.status == OrderStatus.PAID
+    else:
+        assert invoice.status == Invoice.Status.EXPIRED and invoice.needs_operator
+        assert order.status != OrderStatus.PAID
+        note = order.events.last()
+        assert note.reason.startswith("late payment waits for an operator: the rate moved 4.00%")
+        assert (note.evidence["quoted_rate"], note.evidence["current_rate"]) == ("2500.0000000000", "2600.00000000")
 
 
 def test_a_wrong_token_is_recorded_and_shown_to_admins_but_does_not_pay(client, chain, booking_data, admin_user):
