@@ -235,6 +235,8 @@ def lock_invoice(invoice: Invoice) -> tuple[Order, Invoice]:
 
 # How long a scan holds its chain before another may take it over (renewed at every range it commits).
 SCAN_LEASE = timedelta(minutes=2)
+# While a chain cannot be checked, every failed scan keeps the holds about to run out alive this much longer.
+OUTAGE_HOLD_GRACE = timedelta(minutes=5)
 
 
 @dataclass
@@ -351,6 +353,8 @@ def _scan(
     # A node whose head is behind the cursor is lagging, not reorganised: the client asks the next URL.
     head = client.head(not_below=cursor.confirmed_block)
     confirmed = min(head, client.confirmed_block(head))
+    if cursor.unavailable_since is not None:
+        _holds_move_by_outage(cursor=cursor, now=now)
     result.head, result.confirmed = head, confirmed
     by_address = _watched_addresses(chain.chain_id, now)
     result.invoices = len(by_address)
@@ -499,7 +503,7 @@ def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], head: int, no
 
 def _record_unavailable(*, cursor: ChainCursor, error: str, now: datetime) -> None:
     """The cursor says since when the chain does not answer: every order page on this chain says "check delayed"
-    (the page reads it; no invoice needs writing)."""
+    (the page reads it; no invoice needs writing). Holds about to run out are kept alive meanwhile."""
     logger.warning("chain %s unavailable: %s", cursor.chain_id, error)
     cursor.last_error, cursor.last_error_at = error[:2000], now
     update_fields = ["last_error", "last_error_at"]
@@ -507,6 +511,51 @@ def _record_unavailable(*, cursor: ChainCursor, error: str, now: datetime) -> No
         cursor.unavailable_since = now
         update_fields.append("unavailable_since")
     cursor.save(update_fields=update_fields)
+    _holds_keep_during_outage(cursor=cursor, now=now)
+
+
+def _quotes_live_at_outage(cursor: ChainCursor):
+    """Unpaid first-payment quotes of the chain that were still valid when it stopped answering."""
+    return Invoice.objects.filter(
+        chain_id=cursor.chain_id,
+        purpose=Invoice.Purpose.ORDER,
+        status=Invoice.Status.NEW,
+        expires_at__gt=cursor.unavailable_since,
+        order__status=OrderStatus.AWAITING_PAYMENT,
+    ).select_related("order")
+
+
+def _holds_keep_during_outage(*, cursor: ChainCursor, now: datetime) -> None:
+    """Holds do not run out while nobody can see the payment: those about to are kept a little longer, at every
+    failed scan (the recovery then moves them by the whole outage)."""
+    until = now + OUTAGE_HOLD_GRACE
+    for invoice in _quotes_live_at_outage(cursor).filter(order__hold_expires_at__lt=until):
+        booking.order_hold_extend(
+            order=invoice.order,
+            until=until,
+            reason="hold kept: the payment network is not answering",
+            evidence={"chain_id": cursor.chain_id, "unavailable_since": cursor.unavailable_since.isoformat()},
+        )
+
+
+def _holds_move_by_outage(*, cursor: ChainCursor, now: datetime) -> None:
+    """The chain answers again: quotes and holds that were live when it stopped move by the length of the outage,
+    in the transaction that ends it (so that they move once)."""
+    outage = max(now - cursor.unavailable_since, timedelta(0))
+    with transaction.atomic():
+        for live in _quotes_live_at_outage(cursor):
+            order, invoice = lock_invoice(live)  # order first, then invoice
+            invoice.expires_at += outage
+            invoice.monitor_until += outage
+            invoice.save(update_fields=["expires_at", "monitor_until"])
+            booking.order_hold_extend(
+                order=order,
+                until=invoice.expires_at,
+                reason="hold moved by the payment network's outage",
+                evidence={"chain_id": cursor.chain_id, "outage_seconds": int(outage.total_seconds())},
+            )
+        cursor.unavailable_since = None
+        cursor.save(update_fields=["unavailable_since"])
 
 
 def _apply_logs(

@@ -534,3 +534,35 @@ def test_while_a_payment_is_being_confirmed_the_page_shows_what_is_received_and_
     page = order_page(client, order, token)
     assert "Still to send: 0.00 dEURC." in page
     assert "Send exactly" not in page and "I&#x27;ve paid" not in page and "I've paid" not in page
+
+
+def test_a_hold_does_not_run_out_during_an_rpc_outage_and_moves_by_its_length(
+    client, chain, booking_data, use_chains_file
+):
+    from tests.payments.conftest import free_port
+
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    quoted_until = invoice.expires_at
+    healthy = chain.chain.rpc_urls[0]
+    use_chains_file(f"http://127.0.0.1:{free_port()}", name="down")
+    outage_start = quoted_until - timedelta(minutes=10)
+
+    for minutes in range(0, 40, 5):  # beat's scans fail for 35 minutes, across the quote's expiry
+        with pytest.raises(ChainUnavailable):
+            scan(now=outage_start + timedelta(minutes=minutes))
+        assert orders_expire_stale_holds(now=outage_start + timedelta(minutes=minutes + 1)) == 0
+    assert "Check delayed" in order_page(client, order, token)
+
+    use_chains_file(healthy, name="up")
+    back = outage_start + timedelta(minutes=40)
+    pay_invoice(chain, invoice)
+    chain.mine(2)
+    scan(now=back)
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.expires_at == quoted_until + timedelta(minutes=40)
+    assert invoice.status == Invoice.Status.SETTLED and not invoice.paid_late
+    assert order.status == OrderStatus.PAID
+    assert "hold moved by the payment network's outage" in order.events.values_list("reason", flat=True)
