@@ -380,25 +380,58 @@ class ChainClient:
         results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_ref)
         return dict(zip(wanted, results, strict=True))
 
-    def aggregator_rate(self, feed: str) -> tuple[Decimal, int]:
-        """A Chainlink-style aggregator's latest answer (as a Decimal) and its update time (unix seconds)."""
-        decimals_call = {"to": feed, "data": _keccak_hex("decimals()")[:10]}
-        round_call = {"to": feed, "data": _keccak_hex("latestRoundData()")[:10]}
-        decimals_raw, round_raw = self.batch(
-            [("eth_call", [decimals_call, "latest"]), ("eth_call", [round_call, "latest"])]
-        )
+    def feed_round(self, feed: str) -> "FeedRound":
+        """A Chainlink-style aggregator's latest round, its decimals and description, and whether the address holds
+        code at all, in one batched round trip. Raises ChainUnavailable only when the node does not answer; what
+        the feed answered is for the caller to judge."""
+        calls = [("eth_getCode", [feed, "latest"])] + [
+            ("eth_call", [{"to": feed, "data": _keccak_hex(signature)[:10]}, "latest"])
+            for signature in ("decimals()", "latestRoundData()", "description()")
+        ]
+        code, decimals_raw, round_raw, description_raw = self.batch(calls)
+        if not isinstance(code, str) or code in ("0x", "0x0", ""):
+            return FeedRound(has_code=False)
         try:
             decimals = int(decimals_raw, 16)
-            words = [round_raw[2 + 64 * index : 2 + 64 * (index + 1)] for index in range(5)]
-            answer = int(words[1], 16)
-            updated = int(words[3], 16)
-        except (TypeError, ValueError) as exc:
-            raise ChainUnavailable(f"rate feed {feed} answered {str(round_raw)[:100]}") from exc
-        if answer >= 2**255:
-            answer -= 2**256
-        if answer <= 0 or not 0 <= decimals <= 36:
-            raise ChainUnavailable(f"rate feed {feed} answered {answer}")
-        return Decimal(answer).scaleb(-decimals), updated
+            words = [int(round_raw[2 + 64 * index : 2 + 64 * (index + 1)], 16) for index in range(5)]
+        except (TypeError, ValueError):
+            return FeedRound(has_code=True)
+        answer = words[1] - 2**256 if words[1] >= 2**255 else words[1]
+        if not 0 <= decimals <= 36:
+            return FeedRound(has_code=True)
+        return FeedRound(
+            has_code=True,
+            rate=Decimal(answer).scaleb(-decimals),
+            round_id=words[0],
+            updated_at=words[3],
+            answered_in_round=words[4],
+            description=_abi_string(description_raw),
+        )
+
+
+@dataclass(frozen=True)
+class FeedRound:
+    """What a rate feed answered; `rate` is None when the answer could not be read as a round."""
+
+    has_code: bool
+    rate: Decimal | None = None
+    round_id: int = 0
+    updated_at: int = 0  # unix seconds
+    answered_in_round: int = 0
+    description: str = ""
+
+
+def _abi_string(raw: object) -> str:
+    """An ABI-encoded string return value, or "" when it is not one (bounded: a description is short)."""
+    try:
+        data = bytes.fromhex(str(raw).removeprefix("0x"))
+        offset = int.from_bytes(data[:32], "big")
+        length = int.from_bytes(data[offset : offset + 32], "big")
+        if length > 200:
+            return ""
+        return data[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
+    except (ValueError, OverflowError):
+        return ""
 
 
 def _log_list(result) -> list:

@@ -16,6 +16,7 @@
       decimals = 6
       pegged_to = "EUR"                # a stablecoin in the price currency, at par; or:
       rate_feed = "0x…"                # a Chainlink-style aggregator (fiat per coin); or neither: operator-set rate
+      rate_feed_heartbeat = 3600       # seconds: an answer older than this is refused (the feed's heartbeat)
 
 RPC URLs may name environment variables, `${NAME}` or `${NAME:-default}`, so that provider keys stay out of the
 file. Loaded once per process (again when the file changes), validated on load: a mistake stops the process with a
@@ -56,6 +57,7 @@ class Asset:
     contract: str = ""  # lower-case hex; empty for the native coin
     pegged_to: str = ""
     rate_feed: str = ""
+    rate_feed_heartbeat: int = 3600
 
     @property
     def is_native(self) -> bool:
@@ -141,6 +143,9 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             rate_feed = raw_asset.get("rate_feed", "")
             if rate_feed and not _ADDRESS.fullmatch(rate_feed):
                 raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed {rate_feed!r} is not an address")
+            heartbeat = raw_asset.get("rate_feed_heartbeat", 3600)
+            if not isinstance(heartbeat, int) or isinstance(heartbeat, bool) or not 60 <= heartbeat <= 7 * 86400:
+                raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed_heartbeat must be 60 to 604800 seconds")
             assets.append(
                 Asset(
                     chain_id=chain_id,
@@ -149,6 +154,7 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
                     contract=contract.lower(),
                     pegged_to=raw_asset.get("pegged_to", ""),
                     rate_feed=rate_feed.lower(),
+                    rate_feed_heartbeat=heartbeat,
                 )
             )
         if len({asset.symbol for asset in assets}) != len(assets):

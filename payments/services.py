@@ -25,7 +25,7 @@ from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from payments import config
 from payments.addresses import deposit_address
-from payments.chain import MAX_TRANSFER_UNITS, ChainClient, ChainUnavailable, TransferLog
+from payments.chain import MAX_TRANSFER_UNITS, ChainClient, ChainUnavailable, FeedRound, TransferLog
 from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, PaymentSettings, Transfer
 from portal.numbers import whole_number
 
@@ -61,7 +61,36 @@ def default_asset() -> config.Asset | None:
     return (pegged or assets or [None])[0]
 
 
-def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str) -> Quote:
+class FeedRefused(PaymentError):
+    """A rate feed's answer was refused; `reason` says why, for the log and the operators."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def feed_problem(feed: FeedRound, *, asset: config.Asset, fiat_currency: str, now: datetime) -> str:
+    """Why a feed's answer cannot price an invoice ("" when it can): no contract at the address, an answer that is
+    not a round or not positive, older than the asset's heartbeat, carried over from an earlier round, or a pair
+    quoted in another currency than the order's."""
+    if not feed.has_code:
+        return f"no contract at {asset.rate_feed} (chains file)"
+    if feed.rate is None or feed.rate <= 0:
+        return f"the answer is not a positive rate ({feed.rate})"
+    age = now.timestamp() - feed.updated_at
+    if age < -300:
+        return f"the answer is dated {int(-age)} s in the future"
+    if age > asset.rate_feed_heartbeat:
+        return f"the answer is {int(age)} s old, beyond the heartbeat of {asset.rate_feed_heartbeat} s"
+    if feed.answered_in_round < feed.round_id:
+        return f"the answer was carried over (answeredInRound {feed.answered_in_round} < roundId {feed.round_id})"
+    pair = [part.strip().upper() for part in feed.description.split("/")]
+    if len(pair) != 2 or pair[1] != fiat_currency.upper():
+        return f"the feed quotes {feed.description!r}, not a price in {fiat_currency}"
+    return ""
+
+
+def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str, now: datetime | None = None) -> Quote:
     """How many base units of `asset` pay `fiat_amount`: at par for a stablecoin of that currency, else at the rate
     of the asset's feed (read on chain) or the operator's rate. Rounded up to the unit: never short."""
     if asset.pegged_to:
@@ -74,13 +103,22 @@ def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str) -> Q
     elif asset.rate_feed:
         chain = config.chain(asset.chain_id)
         try:
-            rate, updated = ChainClient(chain).aggregator_rate(asset.rate_feed)
+            feed = ChainClient(chain).feed_round(asset.rate_feed)
         except ChainUnavailable as exc:
             raise PaymentError(
                 _("The %(asset)s rate cannot be read right now. Choose another asset or try again in a minute.")
                 % {"asset": asset.symbol}
             ) from exc
-        source = f"feed {asset.rate_feed} at {datetime.fromtimestamp(updated, tz=UTC).isoformat()}"
+        problem = feed_problem(feed, asset=asset, fiat_currency=fiat_currency, now=now or timezone.now())
+        if problem:
+            logger.error("rate feed of %s refused: %s", asset.key, problem)
+            raise FeedRefused(
+                _("The %(asset)s rate cannot be trusted right now. Choose another asset or try again later.")
+                % {"asset": asset.symbol},
+                reason=problem,
+            )
+        rate = feed.rate
+        source = f"feed {asset.rate_feed} round {feed.round_id} at {_from_timestamp(feed.updated_at).isoformat()}"
     else:
         operator_rate = OperatorRate.objects.filter(
             chain_id=asset.chain_id, asset_symbol=asset.symbol, fiat_currency=fiat_currency
@@ -113,7 +151,7 @@ def invoice_create(
     asset = asset or default_asset()
     if asset is None:
         raise PaymentError(_("No payment method is configured. Please contact us."))
-    priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency)
+    priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency, now=now)
     index, address = _new_deposit_address()
     own_clock = now + timedelta(minutes=BookingPolicy.current().hold_minutes)
     expires_at = own_clock if purpose == Invoice.Purpose.EXTENSION else (order.hold_expires_at or own_clock)

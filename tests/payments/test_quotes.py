@@ -1,0 +1,90 @@
+"""Quotes from checked inputs: a rate feed's answer is refused when stale, carried over from an earlier round, for
+another currency, or when the address holds no contract; the customer gets a clear message, never a 500 (anvil)."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from payments import config, services
+from payments.demo import DEMO_ETH_EUR
+from payments.selectors import current_invoice
+from tests.booking.test_pages import place
+
+CHAIN_ID = 31337
+DEMO_FEED = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"  # as payments/chains.demo.toml writes it
+
+
+def feed_address() -> str:
+    return config.chain(CHAIN_ID).asset("ETH").rate_feed
+
+
+def switch_to_eth(client, order, token):
+    return client.post(
+        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        {"asset": f"{CHAIN_ID}:ETH"},
+        follow=True,
+    )
+
+
+def test_a_fresh_feed_answer_prices_the_invoice_with_its_round(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    switch_to_eth(client, order, token)
+    invoice = current_invoice(order)
+    assert invoice.asset_symbol == "ETH" and " round " in invoice.rate_source
+
+
+def test_a_feed_answer_older_than_its_heartbeat_is_refused(client, chain, booking_data):
+    order, _token = place(client, booking_data(lots="1"))
+
+    with pytest.raises(services.FeedRefused) as refused:
+        services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH", now=timezone.now() + timedelta(hours=2))
+
+    assert "beyond the heartbeat of 3600 s" in refused.value.reason
+    assert current_invoice(order).asset_symbol == "dEURC"  # nothing replaced
+
+
+def test_an_answer_carried_over_from_an_earlier_round_is_refused_on_the_page(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    chain.call(
+        "MockAggregator",
+        feed_address(),
+        "setRoundData",
+        7,
+        DEMO_ETH_EUR,
+        int(time.time()),
+        6,
+        sender=chain.accounts()[0],
+    )
+
+    page = switch_to_eth(client, order, token)
+
+    assert page.status_code == 200
+    assert "The ETH rate cannot be trusted right now." in page.content.decode().replace("&#x27;", "'")
+    assert current_invoice(order).asset_symbol == "dEURC"
+
+
+@pytest.mark.parametrize(
+    ("feed", "reason"),
+    [("usd", "quotes 'ETH / USD', not a price in EUR"), ("no-code", "no contract at 0x1212")],
+)
+def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
+    client, chain, booking_data, settings, tmp_path, feed, reason
+):
+    from tests.payments.conftest import chains_toml
+
+    if feed == "usd":
+        address = chain.deploy("MockAggregator", 8, 2700 * 10**8, "ETH / USD", sender=chain.accounts()[0])
+    else:
+        address = "0x" + "12" * 20
+    path = tmp_path / "feed.toml"
+    path.write_text(chains_toml(chain.chain.rpc_urls[0]).replace(DEMO_FEED, address))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    order, token = place(client, booking_data(lots="1"))
+
+    with pytest.raises(services.FeedRefused) as refused:
+        services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
+    assert reason in refused.value.reason
+    assert switch_to_eth(client, order, token).status_code == 200  # the page says so; never a 500
