@@ -180,10 +180,17 @@ def invoice_for_new_order(*, order: Order) -> Invoice:
     return invoice_create(order=order, fiat_amount=order.total_price)
 
 
+# Each switch derives a new deposit address the scanner watches: bounded per order.
+ASSET_SWITCHES_PER_WINDOW = 5
+ASSET_SWITCH_WINDOW = timedelta(hours=1)
+
+
 @transaction.atomic
 def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None = None) -> Invoice:
-    """The researcher picks another asset or chain: a new quote and address replace the current invoice, which
-    stays watched (a payment still arriving there is recorded and flagged for an operator)."""
+    """The researcher picks another asset or chain: a new quote and address replace the current invoice (at most
+    ASSET_SWITCHES_PER_WINDOW times an hour). The replaced one stays watched while its quote would have been valid
+    (a payment still arriving there is recorded and flagged for an operator), then only if it received
+    something."""
     now = now or timezone.now()
     chain_id, _sep, symbol = asset_key.partition(":")
     asset = config.asset(number, symbol) if (number := whole_number(chain_id)) is not None else None
@@ -203,6 +210,13 @@ def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None =
         raise PaymentError(_("A transfer was already seen for this invoice: the payment method cannot change."))
     if (current.chain_id, current.asset_symbol) == (asset.chain_id, asset.symbol):
         return current
+    recent = OrderEvent.objects.filter(
+        order=order, reason="payment method changed", created_at__gte=now - ASSET_SWITCH_WINDOW
+    ).count()
+    if recent >= ASSET_SWITCHES_PER_WINDOW:
+        raise PaymentError(
+            _("The payment method was changed too often. Please wait a few minutes, or pay with the current one.")
+        )
     current.status = Invoice.Status.INVALID
     current.save(update_fields=["status"])
     replacement = invoice_create(order=order, fiat_amount=current.fiat_amount, asset=asset, now=now)
@@ -294,8 +308,16 @@ class ScanResult:
 
 def _watched(now: datetime) -> Q:
     """Open invoices, and any invoice still within its monitoring window: a late payment, a payment to a replaced
-    quote, a payment after settlement are all recorded."""
-    return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now)
+    quote, a payment after settlement are all recorded. A replaced quote that received nothing stops being watched
+    when it would have expired: switching assets cannot grow the watch for days."""
+    replaced_empty = Q(
+        status=Invoice.Status.INVALID,
+        needs_operator=False,
+        amount_confirmed_units=0,
+        amount_pending_units=0,
+        expires_at__lte=now,
+    )
+    return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | (Q(monitor_until__gt=now) & ~replaced_empty)
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,45 @@ def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
         services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
     assert reason in refused.value.reason
     assert switch_to_eth(client, order, token).status_code == 200  # the page says so; never a 500
+
+
+def test_switching_asset_is_rate_limited_per_order(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    for asset in ("dUSDT", "dEURC", "dUSDT", "dEURC", "dUSDT"):
+        services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:{asset}")
+
+    page = client.post(
+        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        {"asset": f"{CHAIN_ID}:dEURC"},
+        follow=True,
+    )
+
+    assert page.status_code == 200
+    assert "The payment method was changed too often." in page.content.decode()
+    assert current_invoice(order).asset_symbol == "dUSDT"
+    assert order.invoices.count() == 6
+
+
+def test_a_replaced_quote_that_received_nothing_stops_being_watched_when_it_would_have_expired(
+    client, chain, booking_data
+):
+    from payments.demo import pay_invoice
+    from payments.models import Invoice, Transfer
+
+    order, _token = place(client, booking_data(lots="1"))
+    replaced = current_invoice(order)
+    services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:dUSDT")
+    now = timezone.now()
+    assert replaced.deposit_address in services._watched_addresses(CHAIN_ID, now)
+
+    after_expiry = replaced.expires_at + timedelta(minutes=1)
+    assert replaced.deposit_address not in services._watched_addresses(CHAIN_ID, after_expiry)
+    assert current_invoice(order).deposit_address in services._watched_addresses(CHAIN_ID, after_expiry)
+
+    # Before that, a payment still sent there is recorded and kept for an operator.
+    pay_invoice(chain, Invoice.objects.get(pk=replaced.pk))
+    chain.mine(2)
+    services.chain_scan(chain_id=CHAIN_ID)
+    replaced.refresh_from_db()
+    assert Transfer.objects.get().invoice_id == replaced.pk and replaced.needs_operator
+    assert replaced.deposit_address in services._watched_addresses(CHAIN_ID, after_expiry)  # it received something
