@@ -35,6 +35,7 @@ def _keccak_hex(text: str) -> str:
 
 
 TRANSFER_TOPIC = _keccak_hex("Transfer(address,address,uint256)")
+DECIMALS_CALL = _keccak_hex("decimals()")[:10]
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts" / "build"
 
 # What common providers accept (geth's defaults; hosted providers are often stricter on ranges, set per chain).
@@ -379,6 +380,37 @@ class ChainClient:
         wanted = sorted(set(numbers))
         results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_ref)
         return dict(zip(wanted, results, strict=True))
+
+    def contract_facts(self, addresses: list[str]) -> dict[str, tuple[bool, int | None]]:
+        """For each address: whether it holds code, and what `decimals()` answers (None when nothing readable),
+        in one batched round trip."""
+        calls = []
+        for address in addresses:
+            calls += [
+                ("eth_getCode", [address, "latest"]),
+                ("eth_call", [{"to": address, "data": DECIMALS_CALL}, "latest"]),
+            ]
+        results = self._batch_tolerant(calls)
+        facts = {}
+        for position, address in enumerate(addresses):
+            code, decimals = results[2 * position], results[2 * position + 1]
+            try:
+                value = int(decimals, 16) if isinstance(decimals, str) and decimals not in ("0x", "") else None
+            except ValueError:
+                value = None
+            facts[address] = (isinstance(code, str) and code not in ("0x", "0x0", ""), value)
+        return facts
+
+    def _batch_tolerant(self, requests_: list[tuple[str, list]]) -> list:
+        """A batch whose calls may each fail (a call to an address without code reverts): a failed call is None."""
+
+        def send(provider):
+            responses = provider.make_batch_request(requests_)
+            if not isinstance(responses, list) or len(responses) != len(requests_):
+                raise RpcError(responses.get("error") if isinstance(responses, dict) else {"message": "bad batch"})
+            return [response.get("result") if isinstance(response, dict) else None for response in responses]
+
+        return self._send(send, "eth_call")
 
     def feed_round(self, feed: str) -> "FeedRound":
         """A Chainlink-style aggregator's latest round, its decimals and description, and whether the address holds
