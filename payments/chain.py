@@ -381,6 +381,13 @@ class ChainClient:
         results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_ref)
         return dict(zip(wanted, results, strict=True))
 
+    def address_used(self, address: str) -> bool:
+        """Whether an address holds native coin or has sent a transaction (its nonce), in one batched round trip."""
+        balance, nonce = self.batch(
+            [("eth_getBalance", [address, "latest"]), ("eth_getTransactionCount", [address, "latest"])], _quantity_any
+        )
+        return balance > 0 or nonce > 0
+
     def contract_facts(self, addresses: list[str]) -> dict[str, tuple[bool, int | None]]:
         """For each address: whether it holds code, and what `decimals()` answers (None when nothing readable),
         in one batched round trip."""
@@ -538,12 +545,17 @@ class DevChain(ChainClient):
     def send_native(self, to: str, value: int, *, sender: str) -> dict:
         return self._transact(sender, {"to": to, "value": hex(value)})
 
-    def call(self, contract: str, address: str, function: str, *args, sender: str, gas: int | None = None) -> dict:
-        """Send a transaction calling `function` of the deployed `contract` (an artefact name) at `address`."""
+    def call(
+        self, contract: str, address: str, function: str, *args, sender: str, gas: int | None = None, value: int = 0
+    ) -> dict:
+        """Send a transaction calling `function` of the deployed `contract` (an artefact name) at `address`, with
+        `value` wei attached."""
         args = [checksum(arg) if isinstance(arg, str) and is_address(arg) else arg for arg in args]
         transaction = {"to": address, "data": self._call_data(contract, function, *args)}
         if gas:
             transaction["gas"] = hex(gas)
+        if value:
+            transaction["value"] = hex(value)
         return self._transact(sender, transaction)
 
     def set_rate(self, feed: str, answer: int, *, sender: str) -> None:

@@ -66,6 +66,9 @@ class Invoice(models.Model):
     amount_confirmed_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     amount_pending_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     native_seen_block = models.PositiveBigIntegerField(null=True, blank=True)
+    # The native balance at the confirmed block when last read: what rises beyond it is a payment, and an outflow
+    # (a sweep) lowers it, so later payments are not hidden by what left.
+    native_balance_seen = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
 
     # BTCPay Server's exception flags.
     paid_partial = models.BooleanField(_("partially paid"), default=False)

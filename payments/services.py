@@ -130,9 +130,33 @@ def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str, now:
     return Quote(asset=asset, amount_due_units=int(units), rate=rate, rate_source=source)
 
 
-def _new_deposit_address() -> tuple[int, str]:
-    index = DerivationSlot.objects.create().pk
-    return index, deposit_address(settings.PAYMENTS_XPUB, index)
+# How many derived addresses in a row may be found already used before giving up on this invoice.
+USED_ADDRESS_SKIPS = 10
+
+
+def _new_deposit_address(asset: config.Asset) -> tuple[int, str]:
+    """The next child address. For the native coin, which is detected by balance, an address that already holds
+    coin or has sent a transaction is never issued: its index is skipped (and logged), since that balance or a
+    later outflow would read as payments."""
+    for _attempt in range(USED_ADDRESS_SKIPS):
+        index = DerivationSlot.objects.create().pk
+        address = deposit_address(settings.PAYMENTS_XPUB, index)
+        if not asset.is_native:
+            return index, address
+        try:
+            used = ChainClient(config.chain(asset.chain_id)).address_used(address.lower())
+        except ChainUnavailable as exc:
+            raise PaymentError(
+                _("%(asset)s cannot be used right now. Choose another asset or try again in a minute.")
+                % {"asset": asset.symbol}
+            ) from exc
+        if not used:
+            return index, address
+        logger.warning("derivation index %s (%s) already holds coin or sent a transaction: skipped", index, address)
+    raise PaymentError(
+        _("%(asset)s cannot be used right now. Choose another asset or try again in a minute.")
+        % {"asset": asset.symbol}
+    )
 
 
 @transaction.atomic
@@ -152,7 +176,7 @@ def invoice_create(
     if asset is None:
         raise PaymentError(_("No payment method is configured. Please contact us."))
     priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency, now=now)
-    index, address = _new_deposit_address()
+    index, address = _new_deposit_address(asset)
     own_clock = now + timedelta(minutes=BookingPolicy.current().hold_minutes)
     expires_at = own_clock if purpose == Invoice.Purpose.EXTENSION else (order.hold_expires_at or own_clock)
     return Invoice.objects.create(
@@ -715,21 +739,15 @@ def _apply_native(
     confirmed_time: int,
     now: datetime,
 ) -> dict[int, int]:
-    """Native coin, for invoices in the native coin: the balance at the confirmed block beyond what was already
-    credited is a new credit; the balance at the head beyond that is pending (returned per invoice)."""
-    credited_by_invoice = {
-        row["invoice"]: int(row["total"] or 0)
-        for row in Transfer.objects.filter(
-            invoice__in=[invoice.pk for invoice in invoices], status=Transfer.Status.CONFIRMED, token_contract=""
-        )
-        .values("invoice")
-        .annotate(total=Sum("amount_units"))
-    }
+    """Native coin, for invoices in the native coin: what the balance at the confirmed block rose beyond the
+    balance last read there is a new credit, bound to that block; an outflow (a sweep) only lowers the balance
+    last read, so it hides no later payment. The balance at the head beyond the confirmed one is pending (returned
+    per invoice). Direct and internal transfers (from a contract) count alike: a balance does not care how."""
     pending_by_invoice: dict[int, int] = {}
     for position, invoice in enumerate(invoices):
         balance_confirmed, balance_head = balances[2 * position], balances[2 * position + 1]
-        credited = credited_by_invoice.get(invoice.pk, 0)
-        if balance_confirmed > credited:
+        previous = int(invoice.native_balance_seen)
+        if balance_confirmed > previous:
             try:
                 with transaction.atomic():
                     Transfer.objects.create(
@@ -740,7 +758,7 @@ def _apply_native(
                         block_hash=confirmed_hash,
                         block_time=_from_timestamp(confirmed_time) if confirmed_time else None,
                         to_address=invoice.deposit_address,
-                        amount_units=min(balance_confirmed - credited, MAX_TRANSFER_UNITS),
+                        amount_units=min(balance_confirmed - previous, MAX_TRANSFER_UNITS),
                         invoice=invoice,
                         status=Transfer.Status.CONFIRMED,
                         first_seen_at=now,
@@ -748,7 +766,10 @@ def _apply_native(
                     )
             except IntegrityError:  # this block's balance was already credited
                 pass
-        pending = max(0, balance_head - max(balance_confirmed, credited))
+        if balance_confirmed != previous:
+            invoice.native_balance_seen = balance_confirmed
+            invoice.save(update_fields=["native_balance_seen"])
+        pending = max(0, balance_head - balance_confirmed)
         pending_by_invoice[invoice.pk] = min(pending, MAX_TRANSFER_UNITS)
         seen_block = (invoice.native_seen_block or head) if pending else None
         if seen_block != invoice.native_seen_block:
