@@ -372,14 +372,21 @@ def test_when_no_rpc_url_answers_nothing_changes_and_the_page_says_the_check_is_
     assert "Check delayed: the network is not answering" in order_page(client, order, token)
 
 
-def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booking_data, admin_user):
+def ready_order(client, booking_data, admin_user) -> Order:
+    """An order paid (marked by an admin), approved and provisioned: one that can be extended."""
     from booking.services import order_transition
-    from portal.checkout import order_extension_request
 
     order, _token = place(client, booking_data(lots="1"))
     services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
         order_transition(order=order, to_status=status, actor_kind="system")
+    return order
+
+
+def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booking_data, admin_user):
+    from portal.checkout import order_extension_request
+
+    order = ready_order(client, booking_data, admin_user)
     end = order.ends_at
 
     extension = order_extension_request(order=order, days=7, actor=admin_user)
@@ -467,13 +474,9 @@ def test_a_payment_still_unconfirmed_when_monitoring_ends_is_invalid_and_flagged
 
 def test_an_extension_paid_ten_days_after_the_booking_has_its_own_quote_clock(client, chain, booking_data, admin_user):
     """Regression: extension invoices were created already expired (their expiry was the booking's hold)."""
-    from booking.services import order_transition
     from portal.checkout import order_extension_request
 
-    order, _token = place(client, booking_data(lots="1"))
-    services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
-    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
-        order_transition(order=order, to_status=status, actor_kind="system")
+    order = ready_order(client, booking_data, admin_user)
     end = order.ends_at
     ten_days_later = order.created_at + timedelta(days=10)
 
