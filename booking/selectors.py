@@ -225,3 +225,14 @@ def split_trial_bars(report: dict) -> dict:
             for index, (label, value) in enumerate(values)
         ]
     return charts
+
+
+def lots_free_again(*, order: Order, now: datetime | None = None) -> bool:
+    """Whether an expired order's window could be held again now (a read: the re-allocation decides, locked)."""
+    now = now or timezone.now()
+    window = window_for(start_date=order.starts_at.date(), days=order.days, policy=BookingPolicy.current())
+    return (
+        len(free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count))
+        >= (order.lot_count)
+        and order.starts_at > now
+    )

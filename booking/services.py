@@ -508,6 +508,25 @@ def order_cancel_by_operator(*, order: Order, actor: AbstractBaseUser, reason: s
     )
 
 
+@transaction.atomic
+def order_hold_extend(*, order: Order, until: datetime, reason: str, evidence: dict | None = None) -> bool:
+    """Keep an unpaid order's lots held until `until` (never shortens a hold). Payments calls it when the chain it
+    is paid on could not be checked: a hold must not run out while nobody can see the payment."""
+    order = lock_order(order.pk)
+    if order.status != OrderStatus.AWAITING_PAYMENT or order.hold_expires_at is None or order.hold_expires_at >= until:
+        return False
+    held_until = order.hold_expires_at
+    order.hold_expires_at = until
+    order.save(update_fields=["hold_expires_at", "updated_at"])
+    order_note(
+        order=order,
+        reason=reason,
+        actor_kind=OrderEvent.Actor.SYSTEM,
+        evidence={**(evidence or {}), "held_until": held_until.isoformat(), "now_held_until": until.isoformat()},
+    )
+    return True
+
+
 def orders_expire_stale_holds(*, now: datetime | None = None, batch_size: int = 200) -> int:
     """Expire orders whose hold ran out unpaid; releases their lots. Safe to run twice at once."""
     now = now or timezone.now()

@@ -11,8 +11,9 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from payments import config, services
-from payments.models import ChainCursor, Invoice, OperatorRate, Transfer
+from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Transfer
 from payments.selectors import format_units
+from portal.singleton import SingletonAdmin
 
 
 def _explorer_link(transfer: Transfer) -> str:
@@ -227,3 +228,8 @@ class ChainCursorAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+@admin.register(PaymentSettings)
+class PaymentSettingsAdmin(SingletonAdmin):
+    pass

@@ -22,11 +22,14 @@ class PaymentsConfig(AppConfig):
     verbose_name = "Payments"
 
     def ready(self) -> None:
+        from celery.signals import worker_ready
+        from django.core.checks import register
         from django.db.models.signals import post_delete, post_save
 
         from booking.apps import connect_page_signals
         from booking.signals import order_status_changed
         from payments import services
+        from payments.checks import chain_contracts_match_the_chains_file, log_chain_checks
         from payments.models import ChainCursor, Invoice, Transfer
 
         connect_page_signals(app="payments", order_rows=(Invoice,))
@@ -34,3 +37,5 @@ class PaymentsConfig(AppConfig):
         post_delete.connect(_transfer_changed, sender=Transfer, dispatch_uid="status-cache-del-Transfer")
         post_save.connect(_cursor_changed, sender=ChainCursor, dispatch_uid="status-cache-ChainCursor")
         order_status_changed.connect(services.on_order_status_changed, dispatch_uid="payments-refunds")
+        register(chain_contracts_match_the_chains_file, "payments", deploy=True)
+        worker_ready.connect(log_chain_checks, dispatch_uid="payments-chain-checks", weak=False)

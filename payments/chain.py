@@ -11,14 +11,17 @@ contracts, mint, transfer from an unlocked account, mine. It sends transactions 
 accounts: no private key is handled here either.
 """
 
+import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
 import requests
+from django.core.cache import cache
 from web3 import Web3
 from web3.providers.rpc import HTTPProvider
 
@@ -32,8 +35,44 @@ def _keccak_hex(text: str) -> str:
 
 
 TRANSFER_TOPIC = _keccak_hex("Transfer(address,address,uint256)")
+DECIMALS_CALL = _keccak_hex("decimals()")[:10]
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts" / "build"
-_RANGE_REFUSALS = ("range", "limit", "too many", "more than", "exceed", "response size")
+
+# What common providers accept (geth's defaults; hosted providers are often stricter on ranges, set per chain).
+MAX_BATCH = 1000  # calls in one JSON-RPC batch
+MAX_TOPICS = 1000  # topics in one eth_getLogs filter
+# An amount no real token reaches (2^128 base units is 3.4e20 coins of 18 decimals): anything above is refused, so
+# that no sum of credits can approach the 78 digits an amount column holds.
+MAX_TRANSFER_UNITS = 2**128 - 1
+
+_HASH = re.compile(r"0x[0-9a-f]{64}")
+_QUANTITY = re.compile(r"0x[0-9a-f]{1,16}")
+_ADDRESS_TOPIC = re.compile(r"0x0{24}[0-9a-f]{40}")
+_WORD = re.compile(r"0x[0-9a-f]{64}")
+
+# How providers word their refusals. A rate limit is recognised first: Infura answers both a rate limit and a
+# too-wide eth_getLogs with code -32005.
+_RATE_LIMIT_WORDS = ("rate limit", "rate-limit", "ratelimit", "too many requests", "request count exceeded", "throttl")
+_RANGE_REFUSAL_WORDS = (
+    "block range",
+    "range is too",
+    "range too",
+    "more than",
+    "too many blocks",
+    "results",
+    "response size",
+    "response is too big",
+    "query timeout",
+)
+RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
+
+
+# A URL that rate-limited is asked last by the following scans for this long.
+RATE_LIMIT_COOLDOWN_SECONDS = 60
+
+
+def _cooldown_key(url: str) -> str:
+    return "rpc-cooldown:" + hashlib.sha256(url.encode()).hexdigest()[:32]
 
 
 class ChainUnavailable(Exception):
@@ -41,13 +80,30 @@ class ChainUnavailable(Exception):
 
 
 class RangeRefused(Exception):
-    pass
+    """A provider refused an eth_getLogs range as too wide (or its answer as too big): ask for a narrower one."""
 
 
 class RpcError(Exception):
-    def __init__(self, error: dict) -> None:
-        super().__init__(f"{error.get('code')}: {error.get('message')}")
-        self.error = error
+    def __init__(self, error: object) -> None:
+        self.error = error if isinstance(error, dict) else {"message": repr(error)[:200]}
+        super().__init__(f"{self.error.get('code')}: {str(self.error.get('message'))[:200]}")
+
+
+class Lagging(Exception):
+    """The node's head is behind a block this scan already relies on: it is late, not reorganised."""
+
+
+def classify_error(error: dict, method: str) -> str:
+    """`rate_limited`, `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error object."""
+    message = str(error.get("message", "")).lower()
+    code = error.get("code")
+    if any(word in message for word in _RATE_LIMIT_WORDS):
+        return "rate_limited"
+    if method == "eth_getLogs" and any(word in message for word in _RANGE_REFUSAL_WORDS):
+        return "range_refused"
+    if code in RATE_LIMIT_CODES:
+        return "rate_limited"
+    return "error"
 
 
 @dataclass(frozen=True)
@@ -62,16 +118,68 @@ class TransferLog:
     amount: int
 
 
-def _topic_for(address: str) -> str:
-    return "0x" + "0" * 24 + address.lower().removeprefix("0x")
+@dataclass(frozen=True)
+class LogRange:
+    """The well-formed transfers of allow-listed tokens in [start, end], and how many logs were skipped."""
+
+    start: int
+    end: int
+    logs: list[TransferLog]
+    skipped: int
 
 
 def _address_from_topic(topic: str) -> str:
     return "0x" + topic[-40:].lower()
 
 
-def _hex(value) -> str:
-    return value.hex() if hasattr(value, "hex") and not isinstance(value, str) else str(value)
+def _quantity(value: object) -> int:
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value.lower()):
+        raise ValueError(f"not a quantity: {value!r}"[:100])
+    return int(value, 16)
+
+
+def parse_transfer_log(entry: object, *, tokens: frozenset[str]) -> TransferLog | None:
+    """A log as a transfer of an allow-listed token, or None when it is anything else: another contract, another
+    event, missing or extra topics, data that is not exactly one 32-byte word, an amount of zero or beyond
+    MAX_TRANSFER_UNITS, a log the node flags as removed, fields that are not what they claim. The chain is hostile
+    input: nothing here raises."""
+    if not isinstance(entry, dict) or entry.get("removed") not in (None, False):
+        return None
+    topics, data = entry.get("topics"), entry.get("data")
+    address = entry.get("address")
+    if not isinstance(address, str) or address.lower() not in tokens:
+        return None
+    if not isinstance(topics, list) or len(topics) != 3 or not all(isinstance(topic, str) for topic in topics):
+        return None
+    topics = [topic.lower() for topic in topics]
+    if topics[0] != TRANSFER_TOPIC or not all(_ADDRESS_TOPIC.fullmatch(topic) for topic in topics[1:]):
+        return None
+    if not isinstance(data, str) or not _WORD.fullmatch(data.lower()):
+        return None
+    amount = int(data, 16)
+    if not 0 < amount <= MAX_TRANSFER_UNITS:
+        return None
+    tx_hash, block_hash = entry.get("transactionHash"), entry.get("blockHash")
+    if not (isinstance(tx_hash, str) and _HASH.fullmatch(tx_hash.lower())):
+        return None
+    if not (isinstance(block_hash, str) and _HASH.fullmatch(block_hash.lower())):
+        return None
+    try:
+        block_number, log_index = _quantity(entry.get("blockNumber")), _quantity(entry.get("logIndex"))
+    except ValueError:
+        return None
+    if block_number >= 2**63 or log_index >= 2**63:
+        return None
+    return TransferLog(
+        tx_hash=tx_hash.lower(),
+        log_index=log_index,
+        block_number=block_number,
+        block_hash=block_hash.lower(),
+        token=address.lower(),
+        sender=_address_from_topic(topics[1]),
+        recipient=_address_from_topic(topics[2]),
+        amount=amount,
+    )
 
 
 class ChainClient:
@@ -79,141 +187,311 @@ class ChainClient:
         self.chain = chain
         self.calls = 0
         self.backoff = backoff
+        self.errors: list[str] = []  # every URL's failure, in order, for the record and the tests
         self._providers = [
             HTTPProvider(url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
             for url in chain.rpc_urls
         ]
-        self._preferred = 0
+        # A URL that rate-limited a recent scan (any worker: the shared cache) is asked last until it cools down.
+        cooling = cache.get_many([_cooldown_key(url) for url in chain.rpc_urls])
+        self._preferred = next(
+            (index for index, url in enumerate(chain.rpc_urls) if _cooldown_key(url) not in cooling), 0
+        )
+        # Once the head is read, every other URL must show at least that head before it answers for this cycle: a
+        # lagging node would return fewer logs and no blocks beyond its own head.
+        self._required_head: int | None = None
+        self._verified: set[int] = set()
 
     # --- transport: failover, backoff, one counted round trip per call ----------------------------------------
-    def _send(self, send) -> object:
+    def _send(self, send, method: str) -> object:
+        """Ask each URL in turn, starting with the one that answered last. Each failure is classified for its
+        URL: a rate limit backs off before the next URL; a refused eth_getLogs range raises RangeRefused (the
+        caller narrows it); anything else, known or not, moves on to the next URL. None answering is
+        ChainUnavailable, with what each said."""
         errors = []
         count = len(self._providers)
         for attempt in range(count):
             index = (self._preferred + attempt) % count
             provider = self._providers[index]
-            self.calls += 1
             try:
+                if self._required_head is not None and index not in self._verified:
+                    self._check_not_lagging(provider)
+                    self._verified.add(index)
+                self.calls += 1
                 result = send(provider)
             except requests.HTTPError as exc:
                 status = exc.response.status_code if exc.response is not None else None
-                errors.append(f"{provider.endpoint_uri}: HTTP {status}")
-                if status == 429:  # rate-limited: give the provider a moment, then the next URL
-                    time.sleep(self.backoff * (attempt + 1))
-                continue
-            except (requests.ConnectionError, requests.Timeout, ValueError, OSError) as exc:
-                errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}")
+                if status == 429:
+                    errors.append(f"{provider.endpoint_uri}: rate limited (HTTP 429)")
+                    self._cool_down(provider, attempt)
+                else:
+                    errors.append(f"{provider.endpoint_uri}: HTTP {status}")
                 continue
             except RpcError as exc:
-                message = str(exc.error.get("message", "")).lower()
-                if any(word in message for word in _RANGE_REFUSALS):
-                    raise RangeRefused(message) from exc
-                errors.append(f"{provider.endpoint_uri}: {exc}")
+                kind = classify_error(exc.error, method)
+                if kind == "range_refused":
+                    raise RangeRefused(str(exc)) from exc
+                errors.append(f"{provider.endpoint_uri}: {kind.replace('_', ' ')} ({exc})")
+                if kind == "rate_limited":
+                    self._cool_down(provider, attempt)
+                continue
+            except Lagging as exc:
+                errors.append(f"{provider.endpoint_uri}: lagging ({exc})")
+                continue
+            except Exception as exc:  # an unknown answer is this URL's failure, never the scan's
+                errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             self._preferred = index
+            self.errors.extend(errors)
             return result
+        self.errors.extend(errors)
         raise ChainUnavailable(f"chain {self.chain.chain_id}: " + "; ".join(errors))
 
-    def request(self, method: str, params: list) -> object:
+    def _cool_down(self, provider, attempt: int) -> None:
+        cache.set(_cooldown_key(provider.endpoint_uri), True, timeout=RATE_LIMIT_COOLDOWN_SECONDS)
+        time.sleep(self.backoff * (attempt + 1))
+
+    def _check_not_lagging(self, provider) -> None:
+        self.calls += 1
+        response = provider.make_request("eth_blockNumber", [])
+        if not isinstance(response, dict) or response.get("error") or "result" not in response:
+            raise Lagging(f"its head could not be read ({str(response)[:200]})")
+        head = _quantity(response["result"])
+        if head < self._required_head:
+            raise Lagging(f"head {head} behind block {self._required_head}")
+
+    def request(self, method: str, params: list, parse=None) -> object:
+        """One call; `parse` turns the result into what the caller needs and runs per URL, so a malformed
+        answer is that URL's failure and the next URL is asked."""
+
         def send(provider):
             response = provider.make_request(method, params)
+            if not isinstance(response, dict):
+                raise RpcError(response)
             if response.get("error"):
                 raise RpcError(response["error"])
-            return response["result"]
+            if "result" not in response:
+                raise RpcError({"message": "no result"})
+            return parse(response["result"]) if parse else response["result"]
 
-        return self._send(send)
+        return self._send(send, method)
 
-    def batch(self, requests_: list[tuple[str, list]]) -> list:
-        if not requests_:
-            return []
+    def batch(self, requests_: list[tuple[str, list]], parse=None) -> list:
+        """Calls in batches of at most MAX_BATCH (the chain's `max_batch` when lower), in order. `parse` is one
+        function for every result or a list, one per call."""
+        size = max(1, min(MAX_BATCH, self.chain.max_batch))
+        results: list = []
+        for offset in range(0, len(requests_), size):
+            part = parse[offset : offset + size] if isinstance(parse, list) else parse
+            results.extend(self._batch(requests_[offset : offset + size], part))
+        return results
+
+    def _batch(self, requests_: list[tuple[str, list]], parse) -> list:
+        method = requests_[0][0] if requests_ else ""
 
         def send(provider):
             responses = provider.make_batch_request(requests_)
             if not isinstance(responses, list):
-                raise RpcError(responses.get("error") or {"message": "batch refused"})
+                raise RpcError(responses.get("error") if isinstance(responses, dict) else responses)
+            if len(responses) != len(requests_):
+                raise RpcError({"message": f"batch of {len(requests_)} answered with {len(responses)}"})
             for response in responses:
+                if not isinstance(response, dict):
+                    raise RpcError(response)
                 if response.get("error"):
                     raise RpcError(response["error"])
-            return [response["result"] for response in responses]
+            results = [response.get("result") for response in responses]
+            if isinstance(parse, list):
+                return [each(result) for each, result in zip(parse, results, strict=True)]
+            return [parse(result) for result in results] if parse else results
 
-        return self._send(send)
+        return self._send(send, method)
 
     # --- reads ---------------------------------------------------------------------------------------------
-    def head(self) -> int:
-        return int(self.request("eth_blockNumber", []), 16)
+    def head(self, *, not_below: int = 0) -> int:
+        """The newest block of the first URL whose head is not behind `not_below` (the scan's cursor): a node
+        behind the cursor is lagging, not reorganised, and the next URL is asked. Every later call of this
+        client goes to a URL whose head is at least this one."""
+
+        def parse(result) -> int:
+            head = _quantity(result)
+            if head < not_below:
+                raise Lagging(f"head {head} behind the cursor at {not_below}")
+            return head
+
+        head = self.request("eth_blockNumber", [], parse)
+        self._required_head = head
+        self._verified = {self._preferred}
+        return head
 
     def confirmed_block(self, head: int) -> int:
         """The newest block considered final: the node's `finalized` tag, or head − confirmations + 1."""
         if self.chain.finality == "finalized":
-            block = self.request("eth_getBlockByNumber", ["finalized", False])
-            return int(block["number"], 16)
+            number = self.request(
+                "eth_getBlockByNumber", ["finalized", False], lambda block: _quantity(block["number"])
+            )
+            return min(number, head)
         return max(0, head - self.chain.confirmations + 1)
 
-    def transfer_logs(self, *, from_block: int, to_block: int, recipients: list[str]) -> list[TransferLog]:
-        """ERC-20 Transfer logs of any contract to the recipients, in [from_block, to_block]."""
-        if not recipients or from_block > to_block:
-            return []
-        topics = [TRANSFER_TOPIC, None, [_topic_for(address) for address in recipients]]
-        logs: list[TransferLog] = []
+    def log_ranges(self, *, from_block: int, to_block: int, tokens: frozenset[str]):
+        """Transfer logs of the allow-listed `tokens` in [from_block, to_block], one range at a time, as
+        `LogRange`s: the request filters by contract address and the Transfer topic only, so its size does not
+        depend on how many deposit addresses are watched; the caller matches recipients. A range refused by the
+        provider is halved and asked again; the narrower span is kept for the following ranges."""
+        if not tokens or from_block > to_block:
+            return
+        addresses = sorted(tokens)
         start, span = from_block, max(1, self.chain.max_block_range)
         while start <= to_block:
             end = min(to_block, start + span - 1)
+            query = {"fromBlock": hex(start), "toBlock": hex(end), "address": addresses, "topics": [TRANSFER_TOPIC]}
             try:
-                raw = self.request("eth_getLogs", [{"fromBlock": hex(start), "toBlock": hex(end), "topics": topics}])
+                raw = self.request("eth_getLogs", [query], _log_list)
             except RangeRefused:
                 if span == 1:
                     raise ChainUnavailable(f"chain {self.chain.chain_id}: getLogs refused a single block") from None
                 span = max(1, span // 2)
                 continue
-            logs.extend(self._parse_log(entry) for entry in raw if len(entry.get("topics", [])) == 3)
+            logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
+            yield LogRange(start=start, end=end, logs=logs, skipped=len(raw) - len(logs))
             start = end + 1
-        return logs
-
-    @staticmethod
-    def _parse_log(entry: dict) -> TransferLog:
-        data = entry.get("data") or "0x"
-        return TransferLog(
-            tx_hash=entry["transactionHash"].lower(),
-            log_index=int(entry["logIndex"], 16),
-            block_number=int(entry["blockNumber"], 16),
-            block_hash=entry["blockHash"].lower(),
-            token=entry["address"].lower(),
-            sender=_address_from_topic(entry["topics"][1]),
-            recipient=_address_from_topic(entry["topics"][2]),
-            amount=int(data, 16) if data not in ("0x", "") else 0,
-        )
 
     def balances(self, queries: list[tuple[str, int | str]]) -> list[int]:
-        """Native balances for (address, block) pairs, in one batched round trip."""
-        results = self.batch(
+        """Native balances for (address, block) pairs, in batched round trips."""
+        return self.batch(
             [
                 ("eth_getBalance", [address, hex(block) if isinstance(block, int) else block])
                 for address, block in queries
-            ]
+            ],
+            _quantity_any,
         )
-        return [int(result, 16) for result in results]
 
-    def block_hashes(self, numbers: list[int]) -> dict[int, str]:
-        """The canonical hash of each block, in one batched round trip."""
+    def native_balances(self, addresses: list[str], *, confirmed: int, head: int) -> tuple[list[int], tuple[str, int]]:
+        """Each address's balance at the confirmed block and at the head (two per address, in order), and the
+        confirmed block's (hash, timestamp), in batched round trips."""
+        calls = [("eth_getBlockByNumber", [hex(confirmed), False])]
+        calls += [("eth_getBalance", [address, hex(block)]) for address in addresses for block in (confirmed, head)]
+        results = self.batch(calls, [_block_ref] + [_quantity_any] * (len(calls) - 1))
+        return results[1:], results[0]
+
+    def blocks(self, numbers: list[int]) -> dict[int, tuple[str, int]]:
+        """The canonical (hash, timestamp) of each block (("", 0) for a block the node does not have), in batched
+        round trips."""
         wanted = sorted(set(numbers))
-        results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted])
-        return {number: (block or {}).get("hash", "").lower() for number, block in zip(wanted, results, strict=True)}
+        results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_ref)
+        return dict(zip(wanted, results, strict=True))
 
-    def aggregator_rate(self, feed: str) -> tuple[Decimal, int]:
-        """A Chainlink-style aggregator's latest answer (as a Decimal) and its update time (unix seconds)."""
-        decimals_call = {"to": feed, "data": _keccak_hex("decimals()")[:10]}
-        round_call = {"to": feed, "data": _keccak_hex("latestRoundData()")[:10]}
-        decimals_raw, round_raw = self.batch(
-            [("eth_call", [decimals_call, "latest"]), ("eth_call", [round_call, "latest"])]
+    def address_used(self, address: str) -> bool:
+        """Whether an address holds native coin or has sent a transaction (its nonce), in one batched round trip."""
+        balance, nonce = self.batch(
+            [("eth_getBalance", [address, "latest"]), ("eth_getTransactionCount", [address, "latest"])], _quantity_any
         )
-        decimals = int(decimals_raw, 16)
-        words = [round_raw[2 + 64 * index : 2 + 64 * (index + 1)] for index in range(5)]
-        answer = int(words[1], 16)
-        if answer >= 2**255:
-            answer -= 2**256
-        if answer <= 0:
-            raise ChainUnavailable(f"rate feed {feed} answered {answer}")
-        return Decimal(answer).scaleb(-decimals), int(words[3], 16)
+        return balance > 0 or nonce > 0
+
+    def contract_facts(self, addresses: list[str]) -> dict[str, tuple[bool, int | None]]:
+        """For each address: whether it holds code, and what `decimals()` answers (None when nothing readable),
+        in one batched round trip."""
+        calls = []
+        for address in addresses:
+            calls += [
+                ("eth_getCode", [address, "latest"]),
+                ("eth_call", [{"to": address, "data": DECIMALS_CALL}, "latest"]),
+            ]
+        results = self._batch_tolerant(calls)
+        facts = {}
+        for position, address in enumerate(addresses):
+            code, decimals = results[2 * position], results[2 * position + 1]
+            try:
+                value = int(decimals, 16) if isinstance(decimals, str) and decimals not in ("0x", "") else None
+            except ValueError:
+                value = None
+            facts[address] = (isinstance(code, str) and code not in ("0x", "0x0", ""), value)
+        return facts
+
+    def _batch_tolerant(self, requests_: list[tuple[str, list]]) -> list:
+        """A batch whose calls may each fail (a call to an address without code reverts): a failed call is None."""
+
+        def send(provider):
+            responses = provider.make_batch_request(requests_)
+            if not isinstance(responses, list) or len(responses) != len(requests_):
+                raise RpcError(responses.get("error") if isinstance(responses, dict) else {"message": "bad batch"})
+            return [response.get("result") if isinstance(response, dict) else None for response in responses]
+
+        return self._send(send, "eth_call")
+
+    def feed_round(self, feed: str) -> "FeedRound":
+        """A Chainlink-style aggregator's latest round, its decimals and description, and whether the address holds
+        code at all, in one batched round trip. Raises ChainUnavailable only when the node does not answer; what
+        the feed answered is for the caller to judge."""
+        calls = [("eth_getCode", [feed, "latest"])] + [
+            ("eth_call", [{"to": feed, "data": _keccak_hex(signature)[:10]}, "latest"])
+            for signature in ("decimals()", "latestRoundData()", "description()")
+        ]
+        code, decimals_raw, round_raw, description_raw = self.batch(calls)
+        if not isinstance(code, str) or code in ("0x", "0x0", ""):
+            return FeedRound(has_code=False)
+        try:
+            decimals = int(decimals_raw, 16)
+            words = [int(round_raw[2 + 64 * index : 2 + 64 * (index + 1)], 16) for index in range(5)]
+        except (TypeError, ValueError):
+            return FeedRound(has_code=True)
+        answer = words[1] - 2**256 if words[1] >= 2**255 else words[1]
+        if not 0 <= decimals <= 36:
+            return FeedRound(has_code=True)
+        return FeedRound(
+            has_code=True,
+            rate=Decimal(answer).scaleb(-decimals),
+            round_id=words[0],
+            updated_at=words[3],
+            answered_in_round=words[4],
+            description=_abi_string(description_raw),
+        )
+
+
+@dataclass(frozen=True)
+class FeedRound:
+    """What a rate feed answered; `rate` is None when the answer could not be read as a round."""
+
+    has_code: bool
+    rate: Decimal | None = None
+    round_id: int = 0
+    updated_at: int = 0  # unix seconds
+    answered_in_round: int = 0
+    description: str = ""
+
+
+def _abi_string(raw: object) -> str:
+    """An ABI-encoded string return value, or "" when it is not one (bounded: a description is short)."""
+    try:
+        data = bytes.fromhex(str(raw).removeprefix("0x"))
+        offset = int.from_bytes(data[:32], "big")
+        length = int.from_bytes(data[offset : offset + 32], "big")
+        if length > 200:
+            return ""
+        return data[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
+    except (ValueError, OverflowError):
+        return ""
+
+
+def _log_list(result) -> list:
+    if not isinstance(result, list):
+        raise ValueError("eth_getLogs did not answer a list")
+    return result
+
+
+def _quantity_any(result) -> int:
+    if not isinstance(result, str) or not re.fullmatch(r"0x[0-9a-fA-F]{1,64}", result):
+        raise ValueError(f"not a quantity: {result!r}"[:100])
+    return int(result, 16)
+
+
+def _block_ref(block) -> tuple[str, int]:
+    if block is None:
+        return "", 0
+    value = block.get("hash") if isinstance(block, dict) else None
+    if not isinstance(value, str) or not _HASH.fullmatch(value.lower()):
+        raise ValueError("block without a valid hash")
+    return value.lower(), _quantity(block.get("timestamp"))
 
 
 def checksum(address: str) -> str:
@@ -267,8 +545,24 @@ class DevChain(ChainClient):
     def send_native(self, to: str, value: int, *, sender: str) -> dict:
         return self._transact(sender, {"to": to, "value": hex(value)})
 
+    def call(
+        self, contract: str, address: str, function: str, *args, sender: str, gas: int | None = None, value: int = 0
+    ) -> dict:
+        """Send a transaction calling `function` of the deployed `contract` (an artefact name) at `address`, with
+        `value` wei attached."""
+        args = [checksum(arg) if isinstance(arg, str) and is_address(arg) else arg for arg in args]
+        transaction = {"to": address, "data": self._call_data(contract, function, *args)}
+        if gas:
+            transaction["gas"] = hex(gas)
+        if value:
+            transaction["value"] = hex(value)
+        return self._transact(sender, transaction)
+
     def set_rate(self, feed: str, answer: int, *, sender: str) -> None:
-        self._transact(sender, {"to": feed, "data": self._call_data("MockAggregator", "setAnswer", answer)})
+        # An explicit gas limit: anvil's estimate for this call can come out short (seen in the tests: the
+        # transaction reverted out of gas, its gas used equal to the estimate).
+        data = self._call_data("MockAggregator", "setAnswer", answer)
+        self._transact(sender, {"to": feed, "data": data, "gas": hex(200_000)})
 
     def mine(self, blocks: int = 1) -> None:
         self.request("anvil_mine", [hex(blocks)])

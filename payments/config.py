@@ -7,7 +7,8 @@
     confirmations = 12                 # or: finality = "finalized"
     explorer_tx_url = "https://etherscan.io/tx/{tx}"
     native_symbol = "ETH"
-    max_block_range = 2000             # largest eth_getLogs range asked at once
+    max_block_range = 2000             # largest eth_getLogs range asked at once (the providers' cap, if lower)
+    max_batch = 1000                   # most calls in one JSON-RPC batch (the providers' cap, if lower)
 
       [[chains.assets]]
       symbol = "USDC"
@@ -15,6 +16,7 @@
       decimals = 6
       pegged_to = "EUR"                # a stablecoin in the price currency, at par; or:
       rate_feed = "0x…"                # a Chainlink-style aggregator (fiat per coin); or neither: operator-set rate
+      rate_feed_heartbeat = 3600       # seconds: an answer older than this is refused (the feed's heartbeat)
 
 RPC URLs may name environment variables, `${NAME}` or `${NAME:-default}`, so that provider keys stay out of the
 file. Loaded once per process (again when the file changes), validated on load: a mistake stops the process with a
@@ -55,6 +57,7 @@ class Asset:
     contract: str = ""  # lower-case hex; empty for the native coin
     pegged_to: str = ""
     rate_feed: str = ""
+    rate_feed_heartbeat: int = 3600
 
     @property
     def is_native(self) -> bool:
@@ -76,6 +79,7 @@ class Chain:
     explorer_address_url: str = ""
     native_symbol: str = "ETH"
     max_block_range: int = 2000
+    max_batch: int = 1000
     assets: tuple[Asset, ...] = field(default_factory=tuple)
 
     def asset(self, symbol: str) -> Asset | None:
@@ -144,6 +148,12 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
         confirmations = raw.get("confirmations", 12)
         if not isinstance(confirmations, int) or not 1 <= confirmations <= 1000:
             raise _fail(path, f"chain {chain_id}: confirmations must be between 1 and 1000")
+        limits = {}
+        for name, upper in (("max_block_range", 100_000), ("max_batch", 1000)):
+            value = raw.get(name, 2000 if name == "max_block_range" else 1000)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= upper:
+                raise _fail(path, f"chain {chain_id}: {name} must be an integer from 1 to {upper}")
+            limits[name] = value
         assets = []
         for raw_asset in raw.get("assets", []):
             symbol = raw_asset.get("symbol", "")
@@ -158,6 +168,9 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             rate_feed = raw_asset.get("rate_feed", "")
             if rate_feed and not _ADDRESS.fullmatch(rate_feed):
                 raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed {rate_feed!r} is not an address")
+            heartbeat = raw_asset.get("rate_feed_heartbeat", 3600)
+            if not isinstance(heartbeat, int) or isinstance(heartbeat, bool) or not 60 <= heartbeat <= 7 * 86400:
+                raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed_heartbeat must be 60 to 604800 seconds")
             assets.append(
                 Asset(
                     chain_id=chain_id,
@@ -166,6 +179,7 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
                     contract=contract.lower(),
                     pegged_to=raw_asset.get("pegged_to", ""),
                     rate_feed=rate_feed.lower(),
+                    rate_feed_heartbeat=heartbeat,
                 )
             )
         if len({asset.symbol for asset in assets}) != len(assets):
@@ -179,7 +193,8 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             explorer_tx_url=raw.get("explorer_tx_url", ""),
             explorer_address_url=raw.get("explorer_address_url", ""),
             native_symbol=raw.get("native_symbol", "ETH"),
-            max_block_range=int(raw.get("max_block_range", 2000)),
+            max_block_range=limits["max_block_range"],
+            max_batch=limits["max_batch"],
             assets=tuple(assets),
         )
     return chains

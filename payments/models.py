@@ -10,6 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from portal.singleton import SingletonRow
+
 UINT256_DIGITS = 78
 
 
@@ -64,6 +66,9 @@ class Invoice(models.Model):
     amount_confirmed_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     amount_pending_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     native_seen_block = models.PositiveBigIntegerField(null=True, blank=True)
+    # The native balance at the confirmed block when last read: what rises beyond it is a payment, and an outflow
+    # (a sweep) lowers it, so later payments are not hidden by what left.
+    native_balance_seen = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
 
     # BTCPay Server's exception flags.
     paid_partial = models.BooleanField(_("partially paid"), default=False)
@@ -107,6 +112,11 @@ class Invoice(models.Model):
         return max(0, int(self.amount_due_units) - int(self.amount_confirmed_units))
 
     @property
+    def amount_outstanding_units(self) -> int:
+        """What remains to be sent once the transfers being confirmed count: what the page asks for."""
+        return max(0, self.amount_missing_units - int(self.amount_pending_units))
+
+    @property
     def is_open(self) -> bool:
         return self.status in (self.Status.NEW, self.Status.PROCESSING)
 
@@ -128,6 +138,8 @@ class Transfer(models.Model):
     log_index = models.BigIntegerField()
     block_number = models.PositiveBigIntegerField()
     block_hash = models.CharField(max_length=66)
+    # The block's own timestamp, once read on its canonical block: lateness is judged by it, not by the scanner.
+    block_time = models.DateTimeField(null=True, blank=True)
     token_contract = models.CharField(max_length=42, blank=True)
     from_address = models.CharField(max_length=42, blank=True)
     to_address = models.CharField(max_length=42)
@@ -154,7 +166,8 @@ class Transfer(models.Model):
 
 
 class ChainCursor(models.Model):
-    """Where the scan of a chain stands: every block up to `confirmed_block` has been read at its final state."""
+    """Where the scan of a chain stands: every block up to `confirmed_block` has been read at its final state, and
+    every transfer in it is final or gone. It never moves backwards."""
 
     chain_id = models.PositiveBigIntegerField(unique=True)
     confirmed_block = models.PositiveBigIntegerField(default=0)
@@ -163,6 +176,10 @@ class ChainCursor(models.Model):
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
     unavailable_since = models.DateTimeField(null=True, blank=True)
+    # Logs that were not a well-formed transfer of an allow-listed token (or that the database refused): skipped.
+    skipped_logs = models.PositiveBigIntegerField(default=0)
+    # A scan holds the chain until then (renewed per committed range): a second scan at the same moment skips.
+    scan_lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = _("chain cursor")
@@ -192,3 +209,31 @@ class OperatorRate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.asset_symbol}@{self.chain_id} = {self.rate} {self.fiat_currency}"
+
+
+class PaymentSettings(SingletonRow, models.Model):
+    """Operator-set rules of payments. One row (pk=1), edited in the admin."""
+
+    late_rate_tolerance_percent = models.DecimalField(
+        _("late payments settle by themselves if the rate moved less than (%)"),
+        max_digits=5,
+        decimal_places=2,
+        default=2,
+        help_text=_(
+            "A payment confirmed after its quote expired settles by itself only when its lots are still free and the "
+            "asset's rate moved less than this since the quote; otherwise it waits for an operator."
+        ),
+    )
+
+    class Meta:
+        verbose_name = _("payment settings")
+        verbose_name_plural = _("payment settings")
+        constraints = [
+            models.CheckConstraint(condition=Q(pk=1), name="payment_settings_single_row"),
+            models.CheckConstraint(
+                condition=Q(late_rate_tolerance_percent__gte=0), name="late_rate_tolerance_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return str(_("Payment settings"))

@@ -25,13 +25,13 @@ def format_units(units: int | Decimal, decimals: int) -> str:
 
 
 def payment_uri(invoice: Invoice) -> str:
-    """EIP-681 payment request for what is still due.
+    """EIP-681 payment request for what is still to be sent (transfers being confirmed count).
 
     Token: `ethereum:<token>@<chain>/transfer?address=<to>&uint256=<units>`;
     native coin: `ethereum:<to>@<chain>?value=<wei>`.
     """
     to = checksum(invoice.deposit_address)
-    units = int(invoice.amount_missing_units or invoice.amount_due_units)
+    units = int(invoice.amount_outstanding_units or invoice.amount_due_units)
     if invoice.asset_contract:
         return f"ethereum:{checksum(invoice.asset_contract)}@{invoice.chain_id}/transfer?address={to}&uint256={units}"
     return f"ethereum:{to}@{invoice.chain_id}?value={units}"
@@ -45,6 +45,8 @@ class PaymentView:
     amount: str
     amount_missing: str
     amount_received: str
+    amount_pending: str  # seen, being confirmed
+    amount_outstanding: str  # still to send once what is being confirmed counts
     uri: str
     qr_svg: str
     seen_block: int | None
@@ -103,6 +105,8 @@ def payment_view(order: Order, *, invoice: Invoice | None = None) -> PaymentView
         amount=format_units(invoice.amount_due_units, invoice.asset_decimals),
         amount_missing=format_units(invoice.amount_missing_units, invoice.asset_decimals),
         amount_received=format_units(invoice.amount_confirmed_units, invoice.asset_decimals),
+        amount_pending=format_units(invoice.amount_pending_units, invoice.asset_decimals),
+        amount_outstanding=format_units(invoice.amount_outstanding_units, invoice.asset_decimals),
         uri=uri,
         qr_svg=qr_svg(uri),
         seen_block=seen_block,

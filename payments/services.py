@@ -13,19 +13,20 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from booking import selectors as booking_selectors
 from booking import services as booking
 from booking.locks import lock_order
 from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from payments import config
 from payments.addresses import deposit_address
-from payments.chain import ChainClient, ChainUnavailable, TransferLog
-from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, Transfer
+from payments.chain import MAX_TRANSFER_UNITS, ChainClient, ChainUnavailable, FeedRound, TransferLog
+from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, PaymentSettings, Transfer
 from portal.numbers import whole_number
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,36 @@ def default_asset() -> config.Asset | None:
     return (pegged or assets or [None])[0]
 
 
-def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str) -> Quote:
+class FeedRefused(PaymentError):
+    """A rate feed's answer was refused; `reason` says why, for the log and the operators."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def feed_problem(feed: FeedRound, *, asset: config.Asset, fiat_currency: str, now: datetime) -> str:
+    """Why a feed's answer cannot price an invoice ("" when it can): no contract at the address, an answer that is
+    not a round or not positive, older than the asset's heartbeat, carried over from an earlier round, or a pair
+    quoted in another currency than the order's."""
+    if not feed.has_code:
+        return f"no contract at {asset.rate_feed} (chains file)"
+    if feed.rate is None or feed.rate <= 0:
+        return f"the answer is not a positive rate ({feed.rate})"
+    age = now.timestamp() - feed.updated_at
+    if age < -300:
+        return f"the answer is dated {int(-age)} s in the future"
+    if age > asset.rate_feed_heartbeat:
+        return f"the answer is {int(age)} s old, beyond the heartbeat of {asset.rate_feed_heartbeat} s"
+    if feed.answered_in_round < feed.round_id:
+        return f"the answer was carried over (answeredInRound {feed.answered_in_round} < roundId {feed.round_id})"
+    pair = [part.strip().upper() for part in feed.description.split("/")]
+    if len(pair) != 2 or pair[1] != fiat_currency.upper():
+        return f"the feed quotes {feed.description!r}, not a price in {fiat_currency}"
+    return ""
+
+
+def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str, now: datetime | None = None) -> Quote:
     """How many base units of `asset` pay `fiat_amount`: at par for a stablecoin of that currency, else at the rate
     of the asset's feed (read on chain) or the operator's rate. Rounded up to the unit: never short."""
     if asset.pegged_to:
@@ -73,13 +103,22 @@ def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str) -> Q
     elif asset.rate_feed:
         chain = config.chain(asset.chain_id)
         try:
-            rate, updated = ChainClient(chain).aggregator_rate(asset.rate_feed)
+            feed = ChainClient(chain).feed_round(asset.rate_feed)
         except ChainUnavailable as exc:
             raise PaymentError(
                 _("The %(asset)s rate cannot be read right now. Choose another asset or try again in a minute.")
                 % {"asset": asset.symbol}
             ) from exc
-        source = f"feed {asset.rate_feed} at {datetime.fromtimestamp(updated, tz=UTC).isoformat()}"
+        problem = feed_problem(feed, asset=asset, fiat_currency=fiat_currency, now=now or timezone.now())
+        if problem:
+            logger.error("rate feed of %s refused: %s", asset.key, problem)
+            raise FeedRefused(
+                _("The %(asset)s rate cannot be trusted right now. Choose another asset or try again later.")
+                % {"asset": asset.symbol},
+                reason=problem,
+            )
+        rate = feed.rate
+        source = f"feed {asset.rate_feed} round {feed.round_id} at {_from_timestamp(feed.updated_at).isoformat()}"
     else:
         operator_rate = OperatorRate.objects.filter(
             chain_id=asset.chain_id, asset_symbol=asset.symbol, fiat_currency=fiat_currency
@@ -91,9 +130,33 @@ def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str) -> Q
     return Quote(asset=asset, amount_due_units=int(units), rate=rate, rate_source=source)
 
 
-def _new_deposit_address() -> tuple[int, str]:
-    index = DerivationSlot.objects.create().pk
-    return index, deposit_address(settings.PAYMENTS_XPUB, index)
+# How many derived addresses in a row may be found already used before giving up on this invoice.
+USED_ADDRESS_SKIPS = 10
+
+
+def _new_deposit_address(asset: config.Asset) -> tuple[int, str]:
+    """The next child address. For the native coin, which is detected by balance, an address that already holds
+    coin or has sent a transaction is never issued: its index is skipped (and logged), since that balance or a
+    later outflow would read as payments."""
+    for _attempt in range(USED_ADDRESS_SKIPS):
+        index = DerivationSlot.objects.create().pk
+        address = deposit_address(settings.PAYMENTS_XPUB, index)
+        if not asset.is_native:
+            return index, address
+        try:
+            used = ChainClient(config.chain(asset.chain_id)).address_used(address.lower())
+        except ChainUnavailable as exc:
+            raise PaymentError(
+                _("%(asset)s cannot be used right now. Choose another asset or try again in a minute.")
+                % {"asset": asset.symbol}
+            ) from exc
+        if not used:
+            return index, address
+        logger.warning("derivation index %s (%s) already holds coin or sent a transaction: skipped", index, address)
+    raise PaymentError(
+        _("%(asset)s cannot be used right now. Choose another asset or try again in a minute.")
+        % {"asset": asset.symbol}
+    )
 
 
 @transaction.atomic
@@ -106,14 +169,16 @@ def invoice_create(
     extension_days: int | None = None,
     now: datetime | None = None,
 ) -> Invoice:
-    """A quote in `asset` with a deposit address of its own, valid as long as the order's hold."""
+    """A quote in `asset` with a deposit address of its own. The first payment's quote lasts as long as the order's
+    hold; an extension's runs on its own clock, from when it is requested (the booking's hold is long gone)."""
     now = now or timezone.now()
     asset = asset or default_asset()
     if asset is None:
         raise PaymentError(_("No payment method is configured. Please contact us."))
-    priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency)
-    index, address = _new_deposit_address()
-    expires_at = order.hold_expires_at or now + timedelta(minutes=BookingPolicy.current().hold_minutes)
+    priced = quote(asset=asset, fiat_amount=fiat_amount, fiat_currency=order.currency, now=now)
+    index, address = _new_deposit_address(asset)
+    own_clock = now + timedelta(minutes=BookingPolicy.current().hold_minutes)
+    expires_at = own_clock if purpose == Invoice.Purpose.EXTENSION else (order.hold_expires_at or own_clock)
     return Invoice.objects.create(
         order=order,
         purpose=purpose,
@@ -139,10 +204,17 @@ def invoice_for_new_order(*, order: Order) -> Invoice:
     return invoice_create(order=order, fiat_amount=order.total_price)
 
 
+# Each switch derives a new deposit address the scanner watches: bounded per order.
+ASSET_SWITCHES_PER_WINDOW = 5
+ASSET_SWITCH_WINDOW = timedelta(hours=1)
+
+
 @transaction.atomic
 def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None = None) -> Invoice:
-    """The researcher picks another asset or chain: a new quote and address replace the current invoice, which
-    stays watched (a payment still arriving there is recorded and flagged for an operator)."""
+    """The researcher picks another asset or chain: a new quote and address replace the current invoice (at most
+    ASSET_SWITCHES_PER_WINDOW times an hour). The replaced one stays watched while its quote would have been valid
+    (a payment still arriving there is recorded and flagged for an operator), then only if it received
+    something."""
     now = now or timezone.now()
     chain_id, _sep, symbol = asset_key.partition(":")
     asset = config.asset(number, symbol) if (number := whole_number(chain_id)) is not None else None
@@ -162,6 +234,13 @@ def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None =
         raise PaymentError(_("A transfer was already seen for this invoice: the payment method cannot change."))
     if (current.chain_id, current.asset_symbol) == (asset.chain_id, asset.symbol):
         return current
+    recent = OrderEvent.objects.filter(
+        order=order, reason="payment method changed", created_at__gte=now - ASSET_SWITCH_WINDOW
+    ).count()
+    if recent >= ASSET_SWITCHES_PER_WINDOW:
+        raise PaymentError(
+            _("The payment method was changed too often. Please wait a few minutes, or pay with the current one.")
+        )
     current.status = Invoice.Status.INVALID
     current.save(update_fields=["status"])
     replacement = invoice_create(order=order, fiat_amount=current.fiat_amount, asset=asset, now=now)
@@ -230,6 +309,11 @@ def lock_invoice(invoice: Invoice) -> tuple[Order, Invoice]:
 
 # --- scanning ------------------------------------------------------------------------------------------------
 
+# How long a scan holds its chain before another may take it over (renewed at every range it commits).
+SCAN_LEASE = timedelta(minutes=2)
+# While a chain cannot be checked, every failed scan keeps the holds about to run out alive this much longer.
+OUTAGE_HOLD_GRACE = timedelta(minutes=5)
+
 
 @dataclass
 class ScanResult:
@@ -238,104 +322,228 @@ class ScanResult:
     head: int = 0
     confirmed: int = 0
     invoices: int = 0
-    logs: int = 0
+    logs: int = 0  # transfers to watched addresses
+    skipped_logs: int = 0  # logs that were not a well-formed transfer of an allow-listed token, or failed to save
+    ranges: int = 0
+    failed_invoices: int = 0
     rpc_calls: int = 0
     settled: list[int] = field(default_factory=list)
 
 
+def _watched(now: datetime) -> Q:
+    """Open invoices, and any invoice still within its monitoring window: a late payment, a payment to a replaced
+    quote, a payment after settlement are all recorded. A replaced quote that received nothing stops being watched
+    when it would have expired: switching assets cannot grow the watch for days."""
+    replaced_empty = Q(
+        status=Invoice.Status.INVALID,
+        needs_operator=False,
+        amount_confirmed_units=0,
+        amount_pending_units=0,
+        expires_at__lte=now,
+    )
+    return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | (Q(monitor_until__gt=now) & ~replaced_empty)
+
+
 @dataclass(frozen=True)
-class ChainReading:
-    """What one pass read from the chain, before anything is written."""
-
-    head: int
-    confirmed: int
-    from_block: int
-    logs: list[TransferLog]
-    balances: list[int]  # per watched invoice: at the confirmed block, then at the head
-    canonical: dict[int, str]  # block number -> hash, for the blocks that confirm something
+class WatchedAddress:
+    invoice_id: int
+    asset_contract: str
 
 
-def _monitored_invoices(chain_id: int, now: datetime):
+def _watched_addresses(chain_id: int, now: datetime) -> dict[str, WatchedAddress]:
+    """Every watched deposit address of the chain: three small columns per invoice, to match logs against."""
+    rows = Invoice.objects.filter(_watched(now), chain_id=chain_id).values_list(
+        "deposit_address", "pk", "asset_contract"
+    )
+    return {address: WatchedAddress(invoice_id=pk, asset_contract=contract) for address, pk, contract in rows}
+
+
+def _invoices_to_review(chain_id: int, now: datetime) -> list[Invoice]:
+    """The watched invoices a cycle may have to move, loaded whole: those with a transfer, a deadline reached, a
+    transfer being confirmed, amounts to take back, a delayed check, or in the native coin (read by balance). An
+    invoice waiting with nothing seen costs nothing more than its address."""
+    has_transfer = Exists(Transfer.objects.filter(invoice=OuterRef("pk")))
     return list(
-        Invoice.objects.filter(chain_id=chain_id)
-        .filter(Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | Q(monitor_until__gt=now))
-        .exclude(status=Invoice.Status.SETTLED)
-        .select_related("order")
+        Invoice.objects.filter(_watched(now), chain_id=chain_id).filter(
+            has_transfer
+            | Q(status=Invoice.Status.NEW, expires_at__lte=now)
+            | Q(status=Invoice.Status.PROCESSING)
+            | Q(asset_contract="")
+            | Q(check_delayed_since__isnull=False)
+            | Q(amount_confirmed_units__gt=0)
+            | Q(amount_pending_units__gt=0)
+        )
     )
 
 
 def chain_scan(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> ScanResult:
-    """One pass over every watched invoice of a chain, from the persisted cursor. Safe to run twice at once:
-    the second finds the cursor locked and skips. Raises ChainUnavailable (after recording it) when no RPC URL
-    answers; nothing else changes then.
+    """One pass over every watched invoice of a chain, from the persisted cursor.
 
-    What the settlements cause (approval, e-mails) runs after this transaction commits, on the order's
-    events: it can neither slow the scan nor undo it."""
+    The chain is hostile input: logs are read by allow-listed token contract and matched to deposit addresses
+    here; a log that is not a well-formed transfer is skipped and counted; each block range is committed with the
+    cursor, so one bad item costs at most its range, never the chain's progress. Safe to run twice at once: the
+    second finds the chain leased and skips. Raises ChainUnavailable (after recording it) when no RPC URL answers;
+    what earlier ranges committed stays.
+
+    What the settlements cause (approval, e-mails) runs after each commit, on the order's events: it can neither
+    slow the scan nor undo it."""
     chain = config.chain(chain_id)
     if chain is None:
         raise ValueError(f"chain {chain_id} is not configured")
     client = client or ChainClient(chain)
     now = now or timezone.now()
     ChainCursor.objects.get_or_create(chain_id=chain_id)
-    unavailable = None
-    with transaction.atomic():
-        cursor = ChainCursor.objects.select_for_update(skip_locked=True).filter(chain_id=chain_id).first()
-        if cursor is None:
-            return ScanResult(chain_id=chain_id, skipped=True)
-        invoices = _monitored_invoices(chain_id, now)
-        result = ScanResult(chain_id=chain_id, invoices=len(invoices))
-        try:
-            reading = _read_chain(client=client, chain=chain, cursor=cursor, invoices=invoices)
-        except ChainUnavailable as exc:
-            _record_unavailable(cursor=cursor, invoices=invoices, error=str(exc), now=now)
-            unavailable = exc
-        else:
-            result.head, result.confirmed, result.logs = reading.head, reading.confirmed, len(reading.logs)
-            result.settled = _apply_reading(chain=chain, invoices=invoices, reading=reading, now=now)
-            _mark_checked(cursor=cursor, invoices=invoices, reading=reading, now=now)
+    cursor = _cursor_take_lease(chain_id)
+    if cursor is None:
+        return ScanResult(chain_id=chain_id, skipped=True)
+    result = ScanResult(chain_id=chain_id)
+    try:
+        _scan(chain=chain, client=client, cursor=cursor, result=result, now=now)
+    except ChainUnavailable as exc:
+        _record_unavailable(cursor=cursor, error=str(exc), now=now)
+        raise
+    finally:
         result.rpc_calls = client.calls
-    if unavailable is not None:
-        raise unavailable
+        _cursor_release_lease(cursor)
     return result
 
 
-def _read_chain(*, client: ChainClient, chain: config.Chain, cursor: ChainCursor, invoices: list[Invoice]):
-    head = client.head()
-    confirmed = client.confirmed_block(head)
-    from_block = cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
-    logs = client.transfer_logs(
-        from_block=from_block, to_block=head, recipients=[invoice.deposit_address for invoice in invoices]
-    )
-    balances = client.balances(
-        [(invoice.deposit_address, block) for invoice in invoices for block in (confirmed, head)]
-    )
-    confirming = {log.block_number for log in logs if log.block_number <= confirmed}
-    canonical = client.block_hashes(sorted(confirming | ({confirmed} if invoices else set())))
-    return ChainReading(
-        head=head, confirmed=confirmed, from_block=from_block, logs=logs, balances=balances, canonical=canonical
-    )
+def _cursor_take_lease(chain_id: int) -> ChainCursor | None:
+    """The chain's cursor, leased to this scan; None while another scan holds it. The lease runs on the wall
+    clock, whatever `now` a caller passes."""
+    clock = timezone.now()
+    with transaction.atomic():
+        cursor = ChainCursor.objects.select_for_update(skip_locked=True).filter(chain_id=chain_id).first()
+        if cursor is None or (cursor.scan_lease_until is not None and cursor.scan_lease_until > clock):
+            return None
+        cursor.scan_lease_until = clock + SCAN_LEASE
+        cursor.save(update_fields=["scan_lease_until"])
+    return cursor
 
 
-def _apply_reading(*, chain: config.Chain, invoices: list[Invoice], reading: ChainReading, now: datetime) -> list[int]:
-    """Record the transfers read, then move each invoice whose amounts changed. Returns the invoices settled."""
-    _apply_logs(
-        chain=chain,
-        logs=reading.logs,
-        by_address={invoice.deposit_address: invoice for invoice in invoices},
-        from_block=reading.from_block,
-        confirmed=reading.confirmed,
-        canonical=reading.canonical,
-        now=now,
-    )
-    native_pending = _apply_native(
-        chain=chain,
-        invoices=invoices,
-        balances=reading.balances,
-        confirmed=reading.confirmed,
-        head=reading.head,
-        confirmed_hash=reading.canonical.get(reading.confirmed, ""),
-        now=now,
-    )
+def _cursor_release_lease(cursor: ChainCursor) -> None:
+    # Only our own lease: a scan that outlived it may have been taken over. Bookkeeping no page shows.
+    ChainCursor.objects.filter(pk=cursor.pk, scan_lease_until=cursor.scan_lease_until).update(scan_lease_until=None)
+
+
+def _scan(
+    *,
+    chain: config.Chain,
+    client: ChainClient,
+    cursor: ChainCursor,
+    result: ScanResult,
+    now: datetime,
+) -> None:
+    # A node whose head is behind the cursor is lagging, not reorganised: the client asks the next URL.
+    head = client.head(not_below=cursor.confirmed_block)
+    confirmed = min(head, client.confirmed_block(head))
+    if cursor.unavailable_since is not None:
+        _holds_move_by_outage(cursor=cursor, now=now)
+    result.head, result.confirmed = head, confirmed
+    by_address = _watched_addresses(chain.chain_id, now)
+    result.invoices = len(by_address)
+    watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
+    start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
+    for log_range in client.log_ranges(from_block=start, to_block=head, tokens=frozenset(chain.token_contracts)):
+        matched = [log for log in log_range.logs if log.recipient in by_address]
+        seen = list(
+            Transfer.objects.filter(
+                chain_id=chain.chain_id,
+                status=Transfer.Status.SEEN,
+                log_index__gte=0,
+                block_number__range=(log_range.start, log_range.end),
+            )
+        )
+        # Canonical hashes: of the blocks whose transfers may become final, and of the blocks of transfers seen
+        # before (a block replaced under one means it was removed by a reorganisation).
+        blocks = {log.block_number for log in matched if log.block_number <= confirmed}
+        blocks |= {transfer.block_number for transfer in seen}
+        read = client.blocks(sorted(blocks)) if blocks else {}
+        canonical = {number: block_hash for number, (block_hash, _time) in read.items()}
+        block_times = {number: timestamp for number, (_hash, timestamp) in read.items()}
+        with transaction.atomic():
+            failed = _apply_logs(
+                chain=chain,
+                logs=matched,
+                by_address=by_address,
+                seen=seen,
+                confirmed=confirmed,
+                canonical=canonical,
+                block_times=block_times,
+                now=now,
+            )
+            skipped = log_range.skipped + failed
+            if not _cursor_advance(
+                cursor=cursor, to_block=min(log_range.end, confirmed), skipped=skipped, watched=watched
+            ):
+                return  # another scan took the chain over
+        if skipped:
+            logger.warning(
+                "chain %s: %s log(s) in blocks %s-%s skipped (malformed or not storable)",
+                chain.chain_id,
+                skipped,
+                log_range.start,
+                log_range.end,
+            )
+        result.ranges += 1
+        result.logs += len(matched)
+        result.skipped_logs += skipped
+    invoices = _invoices_to_review(chain.chain_id, now)
+    natives = [invoice for invoice in invoices if not invoice.asset_contract]
+    native_pending: dict[int, int] = {}
+    if natives:
+        balances, (confirmed_hash, confirmed_time) = client.native_balances(
+            [invoice.deposit_address for invoice in natives], confirmed=confirmed, head=head
+        )
+        with transaction.atomic():
+            native_pending = _apply_native(
+                chain=chain,
+                invoices=natives,
+                balances=balances,
+                confirmed=confirmed,
+                head=head,
+                confirmed_hash=confirmed_hash,
+                confirmed_time=confirmed_time,
+                now=now,
+            )
+    result.settled = _move_invoices(invoices=invoices, native_pending=native_pending, head=head, result=result, now=now)
+    _mark_checked(cursor=cursor, invoices=invoices, head=head, now=now)
+
+
+def _first_block_to_read(*, chain: config.Chain, cursor: ChainCursor, confirmed: int, watched) -> int:
+    """After the cursor, or from the lowest block of a transfer still waiting to be final: it is read again every
+    cycle until it is final or gone. A first scan starts one range back from the confirmed block."""
+    start = cursor.confirmed_block + 1 if cursor.confirmed_block else max(0, confirmed - chain.max_block_range)
+    lowest_seen = _lowest_seen_block(chain_id=chain.chain_id, watched=watched)
+    return min(start, lowest_seen) if lowest_seen is not None else start
+
+
+def _lowest_seen_block(*, chain_id: int, watched) -> int | None:
+    return Transfer.objects.filter(
+        chain_id=chain_id, status=Transfer.Status.SEEN, log_index__gte=0, invoice__in=watched
+    ).aggregate(lowest=Min("block_number"))["lowest"]
+
+
+def _cursor_advance(*, cursor: ChainCursor, to_block: int, skipped: int, watched) -> bool:
+    """Commit a range: the cursor moves to `to_block`, or to just below a transfer still waiting to be final,
+    never backwards. False when this scan's lease was taken over (nothing is written then)."""
+    locked = ChainCursor.objects.select_for_update().get(pk=cursor.pk)
+    if locked.scan_lease_until != cursor.scan_lease_until:
+        return False
+    lowest_seen = _lowest_seen_block(chain_id=cursor.chain_id, watched=watched)
+    if lowest_seen is not None:
+        to_block = min(to_block, lowest_seen - 1)
+    cursor.confirmed_block = max(locked.confirmed_block, to_block)
+    cursor.skipped_logs = locked.skipped_logs + skipped
+    cursor.scan_lease_until = timezone.now() + SCAN_LEASE
+    cursor.save(update_fields=["confirmed_block", "skipped_logs", "scan_lease_until"])
+    return True
+
+
+def _move_invoices(
+    *, invoices: list[Invoice], native_pending: dict[int, int], head: int, result: ScanResult, now: datetime
+) -> list[int]:
+    """Move each invoice whose amounts or deadlines changed, each in its own transaction. Returns those settled."""
     settled = []
     sums = _chain_sums([invoice.pk for invoice in invoices])
     for invoice in invoices:
@@ -344,38 +552,42 @@ def _apply_reading(*, chain: config.Chain, invoices: list[Invoice], reading: Cha
             pending_units = native_pending.get(invoice.pk, 0)
         if _unchanged(invoice, confirmed_units, pending_units, now):
             continue
-        if invoice_apply_chain_state(
-            invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=reading.head, now=now
-        ):
-            settled.append(invoice.pk)
+        try:
+            if invoice_apply_chain_state(
+                invoice=invoice, confirmed=confirmed_units, pending=pending_units, head=head, now=now
+            ):
+                settled.append(invoice.pk)
+        except Exception:  # one invoice must not stop the others nor the chain: logged, tried again next cycle
+            logger.exception("invoice %s could not be moved to what the chain shows", invoice.pk)
+            result.failed_invoices += 1
     return settled
 
 
-def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], reading: ChainReading, now: datetime) -> None:
-    """Move the cursor, and note on each invoice that it was checked at this head."""
-    shown, bookkeeping = [], []
-    for invoice in invoices:
+def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], head: int, now: datetime) -> None:
+    """Note on each invoice that it was checked at this head, and on the cursor that the chain answered."""
+    # Read again: the moves above ran on their own copies.
+    shown = Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).filter(
+        Q(status=Invoice.Status.PROCESSING) | Q(native_seen_block__isnull=False) | Q(check_delayed_since__isnull=False)
+    )
+    for invoice in shown:
         # What the order page shows: the confirmations counted from the head while a transfer is being
         # confirmed, and "check delayed". Those invoices are saved (their orders' pages change, through the
-        # signal); for the others the head is bookkeeping, updated in one query.
+        # signal); the others need nothing: when the chain was last read is the cursor's `last_scan_at`.
         pending = invoice.status == Invoice.Status.PROCESSING or invoice.native_seen_block is not None
-        if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != reading.head):
-            shown.append(invoice)
-        else:
-            bookkeeping.append(invoice.pk)
-    for invoice in shown:
-        invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, reading.head, None
-        invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
-    Invoice.objects.filter(pk__in=bookkeeping).update(last_checked_at=now, last_seen_head=reading.head)
-    cursor.confirmed_block, cursor.head_block, cursor.last_scan_at = reading.confirmed, reading.head, now
-    update_fields = ["confirmed_block", "head_block", "last_scan_at"]
+        if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != head):
+            invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, head, None
+            invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
+    cursor.head_block, cursor.last_scan_at = max(cursor.head_block, head), now
+    update_fields = ["head_block", "last_scan_at"]
     if cursor.unavailable_since is not None:  # answering again: the pages saying "check delayed" change
         cursor.unavailable_since = None
         update_fields.append("unavailable_since")
     cursor.save(update_fields=update_fields)
 
 
-def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: str, now: datetime) -> None:
+def _record_unavailable(*, cursor: ChainCursor, error: str, now: datetime) -> None:
+    """The cursor says since when the chain does not answer: every order page on this chain says "check delayed"
+    (the page reads it; no invoice needs writing). Holds about to run out are kept alive meanwhile."""
     logger.warning("chain %s unavailable: %s", cursor.chain_id, error)
     cursor.last_error, cursor.last_error_at = error[:2000], now
     update_fields = ["last_error", "last_error_at"]
@@ -383,60 +595,137 @@ def _record_unavailable(*, cursor: ChainCursor, invoices: list[Invoice], error: 
         cursor.unavailable_since = now
         update_fields.append("unavailable_since")
     cursor.save(update_fields=update_fields)
-    for invoice in invoices:
-        if invoice.check_delayed_since is None:
-            invoice.check_delayed_since = now
-            invoice.save(update_fields=["check_delayed_since"])
+    _holds_keep_during_outage(cursor=cursor, now=now)
+
+
+def _quotes_live_at_outage(cursor: ChainCursor):
+    """Unpaid first-payment quotes of the chain that were still valid when it stopped answering."""
+    return Invoice.objects.filter(
+        chain_id=cursor.chain_id,
+        purpose=Invoice.Purpose.ORDER,
+        status=Invoice.Status.NEW,
+        expires_at__gt=cursor.unavailable_since,
+        order__status=OrderStatus.AWAITING_PAYMENT,
+    ).select_related("order")
+
+
+def _holds_keep_during_outage(*, cursor: ChainCursor, now: datetime) -> None:
+    """Holds do not run out while nobody can see the payment: those about to are kept a little longer, at every
+    failed scan (the recovery then moves them by the whole outage)."""
+    until = now + OUTAGE_HOLD_GRACE
+    for invoice in _quotes_live_at_outage(cursor).filter(order__hold_expires_at__lt=until):
+        booking.order_hold_extend(
+            order=invoice.order,
+            until=until,
+            reason="hold kept: the payment network is not answering",
+            evidence={"chain_id": cursor.chain_id, "unavailable_since": cursor.unavailable_since.isoformat()},
+        )
+
+
+def _holds_move_by_outage(*, cursor: ChainCursor, now: datetime) -> None:
+    """The chain answers again: quotes and holds that were live when it stopped move by the length of the outage,
+    in the transaction that ends it (so that they move once)."""
+    outage = max(now - cursor.unavailable_since, timedelta(0))
+    with transaction.atomic():
+        for live in _quotes_live_at_outage(cursor):
+            order, invoice = lock_invoice(live)  # order first, then invoice
+            invoice.expires_at += outage
+            invoice.monitor_until += outage
+            invoice.save(update_fields=["expires_at", "monitor_until"])
+            booking.order_hold_extend(
+                order=order,
+                until=invoice.expires_at,
+                reason="hold moved by the payment network's outage",
+                evidence={"chain_id": cursor.chain_id, "outage_seconds": int(outage.total_seconds())},
+            )
+        cursor.unavailable_since = None
+        cursor.save(update_fields=["unavailable_since"])
 
 
 def _apply_logs(
     *,
     chain: config.Chain,
     logs: list[TransferLog],
-    by_address: dict[str, Invoice],
-    from_block: int,
+    by_address: dict[str, WatchedAddress],
+    seen: list[Transfer],
     confirmed: int,
     canonical: dict[int, str],
+    block_times: dict[int, int],
     now: datetime,
-) -> None:
-    seen_keys = {(log.tx_hash, log.log_index) for log in logs}
-    # Transfers seen earlier in the re-read range but absent now were removed by a reorganisation.
-    for transfer in Transfer.objects.filter(
-        chain_id=chain.chain_id, status=Transfer.Status.SEEN, block_number__gte=from_block, log_index__gte=0
-    ):
-        if (transfer.tx_hash, transfer.log_index) not in seen_keys:
+) -> int:
+    """Record the transfers of one range. Returns how many could not be stored (each is its own savepoint: one
+    that the database refuses costs only itself)."""
+    returned = {(log.tx_hash, log.log_index) for log in logs}
+    # A transfer seen before and not returned now is gone only when its block was replaced: a provider that
+    # answers less (a lagging or inconsistent node) removes nothing.
+    for transfer in seen:
+        if (transfer.tx_hash, transfer.log_index) in returned:
+            continue
+        replaced_by = canonical.get(transfer.block_number, "")
+        if replaced_by and replaced_by != transfer.block_hash:
             transfer.status = Transfer.Status.REMOVED
             transfer.save(update_fields=["status"])
+    failed = 0
     for log in logs:
-        invoice = by_address.get(log.recipient)
-        is_final = log.block_number <= confirmed and canonical.get(log.block_number) == log.block_hash
-        defaults = {
-            "block_number": log.block_number,
-            "block_hash": log.block_hash,
-            "token_contract": log.token,
-            "from_address": log.sender,
-            "to_address": log.recipient,
-            "amount_units": log.amount,
-            "invoice": invoice,
-            "wrong_asset": invoice is None or log.token != invoice.asset_contract,
-            "first_seen_at": now,
-        }
-        transfer, created = Transfer.objects.get_or_create(
-            chain_id=chain.chain_id, tx_hash=log.tx_hash, log_index=log.log_index, defaults=defaults
-        )
-        if transfer.status == Transfer.Status.CONFIRMED:
-            continue  # credited once, for good
-        changed = created
-        if not created and (transfer.block_hash != log.block_hash or transfer.status == Transfer.Status.REMOVED):
-            for name, value in defaults.items():
-                setattr(transfer, name, value)
-            transfer.status = Transfer.Status.SEEN
-            changed = True
-        if is_final:
-            transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
-            changed = True
-        if changed:
-            transfer.save()
+        try:
+            with transaction.atomic():
+                _record_transfer(
+                    chain=chain,
+                    log=log,
+                    watched=by_address[log.recipient],
+                    confirmed=confirmed,
+                    canonical=canonical,
+                    block_time=block_times.get(log.block_number, 0),
+                    now=now,
+                )
+        except DatabaseError:
+            logger.exception("chain %s: transfer %s#%s not stored", chain.chain_id, log.tx_hash, log.log_index)
+            failed += 1
+    return failed
+
+
+def _record_transfer(
+    *,
+    chain: config.Chain,
+    log: TransferLog,
+    watched: WatchedAddress,
+    confirmed: int,
+    canonical: dict[int, str],
+    block_time: int,
+    now: datetime,
+) -> None:
+    on_canonical_block = canonical.get(log.block_number) == log.block_hash
+    is_final = log.block_number <= confirmed and on_canonical_block
+    defaults = {
+        "block_number": log.block_number,
+        "block_hash": log.block_hash,
+        "token_contract": log.token,
+        "from_address": log.sender,
+        "to_address": log.recipient,
+        "amount_units": log.amount,
+        "invoice_id": watched.invoice_id,
+        "wrong_asset": log.token != watched.asset_contract,
+        "first_seen_at": now,
+    }
+    transfer, created = Transfer.objects.get_or_create(
+        chain_id=chain.chain_id, tx_hash=log.tx_hash, log_index=log.log_index, defaults=defaults
+    )
+    if transfer.status == Transfer.Status.CONFIRMED:
+        return  # credited once, for good
+    changed = created
+    if not created and (transfer.block_hash != log.block_hash or transfer.status == Transfer.Status.REMOVED):
+        for name, value in defaults.items():
+            setattr(transfer, name, value)
+        transfer.status = Transfer.Status.SEEN
+        changed = True
+    if is_final:
+        transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
+        changed = True
+    if on_canonical_block and block_time and transfer.block_time is None:
+        transfer.block_time = _from_timestamp(block_time)
+        changed = True
+    if changed:
+        transfer.save()
 
 
 def _apply_native(
@@ -447,24 +736,18 @@ def _apply_native(
     confirmed: int,
     head: int,
     confirmed_hash: str,
+    confirmed_time: int,
     now: datetime,
 ) -> dict[int, int]:
-    """Native coin: the balance at the confirmed block beyond what was already credited is a new credit; the
-    balance at the head beyond that is pending (returned per native invoice). Native coin sent to a token invoice
-    is recorded as a wrong asset."""
-    credited_by_invoice = {
-        row["invoice"]: int(row["total"] or 0)
-        for row in Transfer.objects.filter(
-            invoice__in=[invoice.pk for invoice in invoices], status=Transfer.Status.CONFIRMED, token_contract=""
-        )
-        .values("invoice")
-        .annotate(total=Sum("amount_units"))
-    }
+    """Native coin, for invoices in the native coin: what the balance at the confirmed block rose beyond the
+    balance last read there is a new credit, bound to that block; an outflow (a sweep) only lowers the balance
+    last read, so it hides no later payment. The balance at the head beyond the confirmed one is pending (returned
+    per invoice). Direct and internal transfers (from a contract) count alike: a balance does not care how."""
     pending_by_invoice: dict[int, int] = {}
     for position, invoice in enumerate(invoices):
         balance_confirmed, balance_head = balances[2 * position], balances[2 * position + 1]
-        credited = credited_by_invoice.get(invoice.pk, 0)
-        if balance_confirmed > credited:
+        previous = int(invoice.native_balance_seen)
+        if balance_confirmed > previous:
             try:
                 with transaction.atomic():
                     Transfer.objects.create(
@@ -473,25 +756,33 @@ def _apply_native(
                         log_index=-1,
                         block_number=confirmed,
                         block_hash=confirmed_hash,
+                        block_time=_from_timestamp(confirmed_time) if confirmed_time else None,
                         to_address=invoice.deposit_address,
-                        amount_units=balance_confirmed - credited,
+                        amount_units=min(balance_confirmed - previous, MAX_TRANSFER_UNITS),
                         invoice=invoice,
                         status=Transfer.Status.CONFIRMED,
-                        wrong_asset=bool(invoice.asset_contract),
                         first_seen_at=now,
                         confirmed_at=now,
                     )
             except IntegrityError:  # this block's balance was already credited
                 pass
-        if invoice.asset_contract:
-            continue
-        pending = max(0, balance_head - max(balance_confirmed, credited))
-        pending_by_invoice[invoice.pk] = pending
+        if balance_confirmed != previous:
+            invoice.native_balance_seen = balance_confirmed
+            invoice.save(update_fields=["native_balance_seen"])
+        pending = max(0, balance_head - balance_confirmed)
+        pending_by_invoice[invoice.pk] = min(pending, MAX_TRANSFER_UNITS)
         seen_block = (invoice.native_seen_block or head) if pending else None
         if seen_block != invoice.native_seen_block:
             invoice.native_seen_block = seen_block
             invoice.save(update_fields=["native_seen_block"])  # its order's page shows the pending coin
     return pending_by_invoice
+
+
+def _from_timestamp(timestamp: int) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(timestamp, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # a node's nonsense is no time at all
+        return None
 
 
 def _chain_sums(invoice_ids: list[int]) -> dict[int, tuple[int, int]]:
@@ -515,6 +806,8 @@ def _unchanged(invoice: Invoice, confirmed: int, pending: int, now: datetime) ->
         return False
     if invoice.status == Invoice.Status.NEW and now >= invoice.expires_at:
         return False
+    if invoice.status == Invoice.Status.PROCESSING and now >= invoice.monitor_until:
+        return False
     return not (invoice.status == Invoice.Status.PROCESSING and not pending)
 
 
@@ -523,19 +816,40 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
     Returns True when the invoice settled now."""
     with transaction.atomic():
         order, invoice = lock_invoice(invoice)
-        was = invoice.status
+        was, confirmed_before = invoice.status, int(invoice.amount_confirmed_units)
         invoice.amount_confirmed_units, invoice.amount_pending_units = confirmed, pending
         due = int(invoice.amount_due_units)
         evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
         if invoice.status == Invoice.Status.SETTLED:
-            pass
+            # Paid again after settlement (beyond what was due, or at all when an admin marked it paid): recorded,
+            # the difference is owed back. It never moves the order.
+            over = confirmed > due or (invoice.marked and confirmed > 0)
+            if confirmed > confirmed_before and over:
+                invoice.paid_over = True
+                booking.order_note(
+                    order=order,
+                    reason="payment after settlement: refund owed",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={**evidence, "received_after_settlement_units": str(confirmed - confirmed_before)},
+                )
         elif invoice.status == Invoice.Status.INVALID:
             if confirmed or pending:
                 invoice.needs_operator = True  # paid to a replaced quote: refund or apply by hand
         elif confirmed >= due:
             invoice.paid_over = confirmed > due
             invoice.paid_partial = False
-            invoice.paid_late = was == Invoice.Status.EXPIRED or _first_seen(invoice, now) > invoice.expires_at
+            invoice.paid_late = _paid_at(invoice, now) > invoice.expires_at
+            if invoice.paid_late and (figures := _late_payment_held(order=order, invoice=invoice, now=now)):
+                # Not settled by itself: an operator decides (mark paid, or refund), with the figures.
+                invoice.status, invoice.needs_operator = Invoice.Status.EXPIRED, True
+                booking.order_note(
+                    order=order,
+                    reason=f"late payment waits for an operator: {figures['why']}",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={**evidence, **figures},
+                )
+                invoice.save()
+                return False
             _settle(
                 order=order,
                 invoice=invoice,
@@ -545,6 +859,16 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 now=now,
             )
             return True
+        elif pending and now >= invoice.monitor_until:
+            # BTCPay's "not confirmed in time": seen, never final within the watch. An operator looks at it.
+            invoice.status, invoice.needs_operator = Invoice.Status.INVALID, True
+            invoice.paid_partial = 0 < confirmed < due
+            booking.order_note(
+                order=order,
+                reason="payment not confirmed in time: invoice invalid, kept for an operator",
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                evidence={**evidence, "pending_units": str(pending)},
+            )
         elif pending:
             invoice.status = Invoice.Status.PROCESSING
             invoice.paid_partial = 0 < confirmed < due
@@ -556,13 +880,46 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
     return False
 
 
-def _first_seen(invoice: Invoice, now: datetime) -> datetime:
-    first = (
-        (invoice.transfers.filter(wrong_asset=False).exclude(status=Transfer.Status.REMOVED).order_by("first_seen_at"))
-        .values_list("first_seen_at", flat=True)
-        .first()
+def _paid_at(invoice: Invoice, now: datetime) -> datetime:
+    """When the invoice was paid in full, by the chain's clock: the latest block time of its confirmed credits (when
+    a block's time is unknown, when the scanner first saw it)."""
+    times = [
+        block_time or first_seen
+        for block_time, first_seen in invoice.transfers.filter(
+            wrong_asset=False, status=Transfer.Status.CONFIRMED
+        ).values_list("block_time", "first_seen_at")
+    ]
+    return max(times, default=now)
+
+
+def _late_payment_held(*, order: Order, invoice: Invoice, now: datetime) -> dict | None:
+    """Why a late first payment must wait for an operator, with the figures; None when it may settle by itself: its
+    lots are still free and the rate moved less than the operator's tolerance since the quote."""
+    if invoice.purpose != Invoice.Purpose.ORDER:
+        return None
+    figures: dict = {"quoted_rate": str(invoice.rate), "quoted_at": invoice.created_at.isoformat()}
+    asset = config.asset(invoice.chain_id, invoice.asset_symbol)
+    try:
+        current = (
+            quote(asset=asset, fiat_amount=invoice.fiat_amount, fiat_currency=invoice.fiat_currency) if asset else None
+        )
+    except PaymentError:
+        current = None
+    if current is None:
+        return {**figures, "why": "the current rate cannot be read"}
+    moved = abs(current.rate - invoice.rate) / invoice.rate * 100
+    tolerance = PaymentSettings.current().late_rate_tolerance_percent
+    figures.update(
+        current_rate=str(current.rate),
+        rate_moved_percent=f"{moved:.2f}",
+        tolerance_percent=str(tolerance),
+        due_now_units=str(current.amount_due_units),
     )
-    return first or now
+    if moved >= tolerance:
+        return {**figures, "why": f"the rate moved {moved:.2f}% since the quote (tolerance {tolerance}%)"}
+    if order.status == OrderStatus.EXPIRED and not booking_selectors.lots_free_again(order=order, now=now):
+        return {**figures, "why": "its lots were taken after the hold expired"}
+    return None
 
 
 def _follow_chain(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
@@ -579,15 +936,20 @@ def _follow_chain(*, order: Order, invoice: Invoice, was: str, evidence: dict, n
             now=now,
         )
     elif (
-        invoice.status in (Invoice.Status.NEW, Invoice.Status.EXPIRED)
+        invoice.status in (Invoice.Status.NEW, Invoice.Status.EXPIRED, Invoice.Status.INVALID)
         and was == Invoice.Status.PROCESSING
         and order.status == OrderStatus.PAYMENT_PROCESSING
     ):
+        # Back to waiting: its hold runs out as any unpaid order's would (booking's sweep expires it).
         booking.order_transition(
             order=order,
             to_status=OrderStatus.AWAITING_PAYMENT,
             actor_kind=OrderEvent.Actor.SYSTEM,
-            reason="transfer no longer on chain (reorganisation)",
+            reason=(
+                "payment not confirmed in time"
+                if invoice.status == Invoice.Status.INVALID
+                else "transfer no longer on chain (reorganisation)"
+            ),
             evidence=evidence,
             now=now,
         )

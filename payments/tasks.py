@@ -21,13 +21,16 @@ def scan_chains() -> list[int]:
     return chain_ids
 
 
-@shared_task(
-    name="payments.scan_chain", autoretry_for=(ChainUnavailable,), retry_backoff=2, retry_backoff_max=60, max_retries=3
-)
+@shared_task(name="payments.scan_chain")
 def scan_chain(chain_id: int) -> int:
+    """Beat's scan of one chain. A chain that does not answer is recorded by the scan (the pages say "check
+    delayed") and beat's next tick is the retry: nothing escapes the task."""
     if not isinstance(chain_id, int) or config.chain(chain_id) is None:
         return 0
-    return len(services.chain_scan(chain_id=chain_id).settled)
+    try:
+        return len(services.chain_scan(chain_id=chain_id).settled)
+    except ChainUnavailable:
+        return 0
 
 
 # After "I've paid": check now, then again with a growing delay until settled or out of monitoring.

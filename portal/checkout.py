@@ -7,6 +7,8 @@ extension asked for without its own. Views and tasks call these functions; the a
 (the booking page gets `order_place` through the URLconf, portal/urls.py).
 """
 
+from datetime import datetime
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
@@ -35,12 +37,15 @@ def order_place(*, request: booking.BookingRequest, policy: BookingPolicy | None
 
 
 @transaction.atomic
-def order_extension_request(*, order: Order, days: int, actor: AbstractBaseUser | None) -> Invoice:
-    """An extension is its own invoice; the order's end moves only once it is paid (booking.order_extend)."""
+def order_extension_request(
+    *, order: Order, days: int, actor: AbstractBaseUser | None, now: datetime | None = None
+) -> Invoice:
+    """An extension is its own invoice, quoted and watched from now; the order's end moves only once it is paid
+    (booking.order_extend)."""
     order = lock_order(order.pk)
     amount = booking.extension_price(order=order, days=days)
     invoice = payments.invoice_create(
-        order=order, fiat_amount=amount, purpose=Invoice.Purpose.EXTENSION, extension_days=days
+        order=order, fiat_amount=amount, purpose=Invoice.Purpose.EXTENSION, extension_days=days, now=now
     )
     booking.order_note(
         order=order,

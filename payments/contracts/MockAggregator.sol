@@ -14,6 +14,7 @@ contract MockAggregator {
     int256 private _answer;
     uint256 private _startedAt;
     uint256 private _updatedAt;
+    uint80 private _answeredInRound;
 
     event AnswerUpdated(int256 indexed current, uint256 indexed roundId, uint256 updatedAt);
 
@@ -36,7 +37,17 @@ contract MockAggregator {
         view
         returns (uint80 roundId, int256 answer, uint256 startedAt, uint256 updatedAt, uint80 answeredInRound)
     {
-        return (_roundId, _answer, _startedAt, _updatedAt, _roundId);
+        return (_roundId, _answer, _startedAt, _updatedAt, _answeredInRound);
+    }
+
+    /// @notice Sets every field of the latest round as given: a stale answer, one carried over from an earlier
+    ///         round (`answeredInRound` < `roundId`), as a misbehaving feed would report (tests only).
+    function setRoundData(uint80 roundId, int256 answer, uint256 updatedAt, uint80 answeredInRound) external {
+        _roundId = roundId;
+        _answer = answer;
+        _startedAt = updatedAt;
+        _updatedAt = updatedAt;
+        _answeredInRound = answeredInRound;
     }
 
     /// @notice Starts a new round with `answer`, timestamped with the current block.
@@ -49,6 +60,7 @@ contract MockAggregator {
         _answer = answer;
         _startedAt = block.timestamp;
         _updatedAt = block.timestamp;
+        _answeredInRound = _roundId;
         emit AnswerUpdated(answer, _roundId, block.timestamp);
     }
 }

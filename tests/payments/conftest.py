@@ -94,3 +94,31 @@ def chain(anvil, settings, tmp_path, db) -> DevChain:
     snapshot = client.snapshot()
     yield client
     client.revert(snapshot)
+
+
+@pytest.fixture
+def proxies(anvil):
+    """Make LimitingProxy instances in front of the session's anvil; all are stopped after the test."""
+    from tests.payments.rpc_proxy import LimitingProxy
+
+    made = []
+
+    def make(**kwargs) -> LimitingProxy:
+        made.append(LimitingProxy(anvil.url, **kwargs))
+        return made[-1]
+
+    yield make
+    for proxy in made:
+        proxy.close()
+
+
+@pytest.fixture
+def use_chains_file(settings, tmp_path):
+    """Point the settings at a chains file with these RPC URLs (and optionally extra allow-listed assets)."""
+
+    def use(*rpc_urls: str, extra_assets: str = "", name: str = "chains") -> None:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(chains_toml(*rpc_urls) + extra_assets)
+        settings.PAYMENTS_CHAINS_FILE = str(path)
+
+    return use

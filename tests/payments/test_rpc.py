@@ -1,12 +1,6 @@
-"""The chain adapter facing unfriendly providers: rate limits and refused getLogs ranges (a real anvil behind a
-small JSON-RPC proxy that misbehaves on purpose)."""
-
-import json
-import threading
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import pytest
+"""The chain adapter facing unfriendly providers: limits, rate limits, refused getLogs ranges, garbage, lagging
+heads (a real anvil behind tests/payments/rpc_proxy.py, a JSON-RPC proxy that enforces common providers' limits
+and misbehaves on purpose)."""
 
 from booking.models import OrderStatus
 from payments import config, services
@@ -17,79 +11,10 @@ from tests.booking.test_pages import place
 from tests.payments.conftest import chains_toml
 
 
-class MisbehavingProxy:
-    """Forwards to anvil, except: `rate_limited` answers HTTP 429; `max_range` refuses wider eth_getLogs."""
-
-    def __init__(self, upstream: str, *, rate_limited: bool = False, max_range: int | None = None) -> None:
-        self.upstream, self.rate_limited, self.max_range = upstream, rate_limited, max_range
-        self.requests = 0
-        self.refused_ranges = 0
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                proxy.requests += 1
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if proxy.rate_limited:
-                    self.send_response(429)
-                    self.end_headers()
-                    return
-                payload = json.loads(body)
-                if (
-                    proxy.max_range
-                    and isinstance(payload, dict)
-                    and payload.get("method") == "eth_getLogs"
-                    and int(payload["params"][0]["toBlock"], 16) - int(payload["params"][0]["fromBlock"], 16) + 1
-                    > proxy.max_range
-                ):
-                    proxy.refused_ranges += 1
-                    answer = {
-                        "jsonrpc": "2.0",
-                        "id": payload["id"],
-                        "error": {"code": -32005, "message": "query returned more than 10000 results"},
-                    }
-                    data = json.dumps(answer).encode()
-                else:
-                    request = urllib.request.Request(
-                        proxy.upstream, data=body, headers={"Content-Type": "application/json"}
-                    )
-                    with urllib.request.urlopen(request, timeout=10) as response:
-                        data = response.read()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def proxies(anvil):
-    made = []
-
-    def make(**kwargs) -> MisbehavingProxy:
-        made.append(MisbehavingProxy(anvil.url, **kwargs))
-        return made[-1]
-
-    yield make
-    for proxy in made:
-        proxy.close()
-
-
 def test_a_rate_limited_provider_is_backed_off_and_the_next_url_answers(
     client, chain, booking_data, proxies, settings, tmp_path
 ):
-    limited = proxies(rate_limited=True)
+    limited = proxies(rate_limit="http")
     path = tmp_path / "limited.toml"
     path.write_text(chains_toml(limited.url, chain.chain.rpc_urls[0]))
     settings.PAYMENTS_CHAINS_FILE = str(path)
@@ -102,6 +27,12 @@ def test_a_rate_limited_provider_is_backed_off_and_the_next_url_answers(
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
     assert limited.requests >= 1  # asked first, answered 429, and the scan went on with the second URL
+
+    # The next scans (any worker) ask the healthy URL first while the limited one cools down.
+    asked = limited.requests
+    chain.mine(1)
+    services.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+    assert limited.requests == asked
 
 
 def test_a_refused_getlogs_range_is_shrunk_until_the_provider_accepts_it(
@@ -120,4 +51,147 @@ def test_a_refused_getlogs_range_is_shrunk_until_the_provider_accepts_it(
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
-    assert narrow.refused_ranges >= 1
+    assert narrow.refused["range"] >= 1
+
+
+def test_a_json_rpc_rate_limit_fails_over_without_shrinking_the_range(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    # Infura answers a rate limit with -32005, the same code as a too-wide eth_getLogs: the words decide.
+    limited, healthy = proxies(rate_limit="rpc", rate_limit_methods=frozenset({"eth_getLogs"})), proxies()
+    use_chains_file(limited.url, healthy.url)
+    order, _ = place(client, booking_data(lots="1"))
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+
+    client_ = ChainClient(config.chain(31337), backoff=0.01)
+    services.chain_scan(chain_id=31337, client=client_)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    assert limited.refused["rpc -32005"] == 1 and any("rate limited" in error for error in client_.errors)
+    first, second = limited.log_queries[0], healthy.log_queries[0]
+    assert (first["fromBlock"], first["toBlock"]) == (second["fromBlock"], second["toBlock"])  # not narrowed
+
+
+def test_a_getlogs_answer_over_the_providers_result_cap_is_asked_again_in_narrower_ranges(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    capped = proxies(max_logs=1)
+    use_chains_file(capped.url)
+    first, _ = place(client, booking_data(lots="1"))
+    second, _ = place(client, booking_data(lots="1", contact_email="b@example.org"))
+    services.chain_scan(chain_id=31337)
+    chain.mine(3)
+    pay_invoice(chain, current_invoice(first))
+    chain.mine(3)
+    pay_invoice(chain, current_invoice(second))
+    chain.mine(3)
+
+    services.chain_scan(chain_id=31337)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == second.status == OrderStatus.PAID
+    assert capped.refused["too many results"] >= 1
+
+
+def test_requests_stay_inside_provider_caps_and_do_not_grow_with_the_invoices(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    strict = proxies(max_batch=1000, max_topics=1000, max_range=2000)
+    use_chains_file(strict.url)
+    order, _ = place(client, booking_data(lots="1"))
+    services.chain_scan(chain_id=31337)
+
+    def one_cycle() -> tuple[int, int, dict]:
+        chain.mine(1)
+        strict.reset_counts()
+        services.chain_scan(chain_id=31337)
+        return strict.requests, strict.largest_request, dict(strict.calls)
+
+    few = one_cycle()
+    for _ in range(60):  # 60 more open invoices, on the same order
+        services.invoice_create(order=order, fiat_amount=current_invoice(order).fiat_amount)
+    many = one_cycle()
+
+    assert few == many and few[0] <= 5
+    assert not strict.refused
+
+
+def test_garbage_from_every_url_is_recorded_as_unavailable_never_raised_from_the_task(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    from payments.models import ChainCursor
+    from payments.tasks import scan_chain
+    from tests.payments.test_detection import order_page
+
+    order, token = place(client, booking_data(lots="1"))
+    use_chains_file(proxies(garbage=True).url, proxies(garbage=True).url)
+
+    assert scan_chain.delay(31337).get() == 0  # no exception escapes the task
+
+    cursor = ChainCursor.objects.get(chain_id=31337)
+    assert cursor.unavailable_since is not None and "JSONDecodeError" in cursor.last_error
+    page = client.get(f"/orders/{order.public_id}/{token}/")
+    assert page.status_code == 200 and "Check delayed" in order_page(client, order, token)
+
+
+def test_a_lagging_node_is_passed_over_and_the_cursor_never_goes_back(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    from payments.chain import ChainUnavailable
+    from payments.models import ChainCursor
+
+    order, _token = place(client, booking_data(lots="1"))
+    chain.mine(30)
+    services.chain_scan(chain_id=31337)
+    before = ChainCursor.objects.get(chain_id=31337).confirmed_block
+    lagging = proxies(lag=20)
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+
+    use_chains_file(lagging.url, chain.chain.rpc_urls[0], name="lagging-first")
+    client_ = ChainClient(config.chain(31337))
+    result = services.chain_scan(chain_id=31337, client=client_)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID and result.confirmed > before
+    assert "lagging" in client_.errors[0]
+
+    # Only the lagging node left: nothing moves back, a waiting order's page says the check is delayed.
+    waiting, waiting_token = place(client, booking_data(lots="1", contact_email="w@example.org"))
+    use_chains_file(lagging.url, name="lagging-only")
+    reached = ChainCursor.objects.get(chain_id=31337).confirmed_block
+    try:
+        services.chain_scan(chain_id=31337)
+    except ChainUnavailable as exc:
+        assert "lagging" in str(exc)
+    else:
+        raise AssertionError("a node behind the cursor answered the scan")
+    cursor = ChainCursor.objects.get(chain_id=31337)
+    assert cursor.confirmed_block == reached and cursor.unavailable_since is not None
+    from tests.payments.test_detection import order_page
+
+    assert "Check delayed" in order_page(client, waiting, waiting_token)
+
+
+def test_batches_are_split_at_the_chains_cap(client, chain, booking_data, proxies, use_chains_file, settings):
+    strict = proxies(max_batch=2)
+    use_chains_file(strict.url)
+    path = settings.PAYMENTS_CHAINS_FILE
+    with open(path) as file:
+        text = file.read().replace("max_block_range = 2000", "max_block_range = 2000\nmax_batch = 2")
+    with open(path, "w") as file:
+        file.write(text)
+    order, token = place(client, booking_data(lots="1"))
+    client.post(f"/orders/{order.public_id}/{token}/asset/", {"asset": "31337:ETH"})
+    invoice = current_invoice(order)
+    assert invoice.asset_symbol == "ETH"
+    pay_invoice(chain, invoice)
+    chain.mine(3)
+
+    services.chain_scan(chain_id=31337)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID and not strict.refused

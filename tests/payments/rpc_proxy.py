@@ -1,0 +1,155 @@
+"""A JSON-RPC proxy in front of anvil that behaves like a hosted provider: it enforces the limits of common
+providers (geth's defaults: 1,000 topics per filter, batches of 1,000 calls, 10,000 logs per eth_getLogs answer;
+an optional block-range cap), and on demand answers rate limits (HTTP 429 or JSON-RPC -32005), garbage, or a
+lagging head. It counts requests and bytes per method, for the tests and bench/chain_scan.py.
+
+It binds 127.0.0.1 on a free port; `close()` stops it."""
+
+import json
+import threading
+import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+RATE_LIMIT_RPC = {"code": -32005, "message": "daily request count exceeded, request rate limited"}
+
+
+def _error(request_id, code: int, message: str) -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+
+
+class LimitingProxy:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        max_range: int | None = None,
+        max_logs: int = 10_000,
+        max_batch: int = 1_000,
+        max_topics: int = 1_000,
+        rate_limit: str | None = None,  # "http": HTTP 429; "rpc": JSON-RPC -32005; None: serve
+        rate_limit_methods: frozenset[str] | None = None,  # only these methods are limited (None: all)
+        garbage: bool = False,  # answer HTTP 200 with a body that is not JSON-RPC
+        lag: int = 0,  # serve a head this many blocks behind the real one
+        stale_log_hashes: int = 0,  # this many eth_getLogs answers carry a block hash that is not canonical
+    ) -> None:
+        self.stale_log_hashes = stale_log_hashes
+        self.upstream = upstream
+        self.max_range, self.max_logs, self.max_batch, self.max_topics = max_range, max_logs, max_batch, max_topics
+        self.rate_limit, self.rate_limit_methods, self.garbage, self.lag = rate_limit, rate_limit_methods, garbage, lag
+        self.requests = 0  # HTTP requests (a batch is one)
+        self.calls = Counter()  # JSON-RPC calls per method
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.refused = Counter()  # why calls were refused
+        self.log_queries: list[dict] = []  # every eth_getLogs filter received
+        self.largest_request = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                status, data = proxy._answer(body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                with proxy._lock:
+                    proxy.bytes_out += len(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests, self.bytes_in, self.bytes_out, self.largest_request = 0, 0, 0, 0
+            self.calls.clear()
+            self.refused.clear()
+            self.log_queries.clear()
+
+    # --- answering ---------------------------------------------------------------------------------------------
+    def _upstream(self, payload) -> object:
+        request = urllib.request.Request(
+            self.upstream, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def _answer(self, body: bytes) -> tuple[int, bytes]:
+        with self._lock:
+            self.requests += 1
+            self.bytes_in += len(body)
+            self.largest_request = max(self.largest_request, len(body))
+        if self.garbage:
+            return 200, b"<html>502 Bad Gateway</html>"
+        payload = json.loads(body)
+        calls = payload if isinstance(payload, list) else [payload]
+        with self._lock:
+            self.calls.update(call.get("method", "?") for call in calls)
+        if self.rate_limit == "http" and self._limited(calls):
+            self.refused["http 429"] += 1
+            return 429, b'{"message": "Too Many Requests"}'
+        if isinstance(payload, list):
+            if len(payload) > self.max_batch:
+                self.refused["batch too large"] += 1
+                return 200, json.dumps(_error(None, -32600, f"batch too large (max {self.max_batch})")).encode()
+            return 200, json.dumps([self._one(call) for call in payload]).encode()
+        return 200, json.dumps(self._one(payload)).encode()
+
+    def _limited(self, calls: list) -> bool:
+        return self.rate_limit_methods is None or any(call.get("method") in self.rate_limit_methods for call in calls)
+
+    def _head(self) -> int:
+        return int(self._upstream({"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []})["result"], 16)
+
+    def _one(self, call: dict) -> dict:
+        method, params, request_id = call.get("method"), call.get("params", []), call.get("id")
+        if method == "eth_getLogs":
+            self.log_queries.append(params[0])
+        if self.rate_limit == "rpc" and self._limited([call]):
+            self.refused["rpc -32005"] += 1
+            return {"jsonrpc": "2.0", "id": request_id, "error": RATE_LIMIT_RPC}
+        if method == "eth_getLogs":
+            query = params[0]
+            topics = [
+                topic
+                for position in query.get("topics", [])
+                for topic in (position if isinstance(position, list) else [position])
+            ]
+            if len(topics) > self.max_topics:
+                self.refused["too many topics"] += 1
+                return _error(request_id, -32602, f"too many topics (max {self.max_topics})")
+            span = int(query["toBlock"], 16) - int(query["fromBlock"], 16) + 1
+            if self.max_range and span > self.max_range:
+                self.refused["range"] += 1
+                return _error(request_id, -32602, f"block range is too wide (max {self.max_range} blocks)")
+        if self.lag:
+            head = max(0, self._head() - self.lag)
+            if method == "eth_blockNumber":
+                return {"jsonrpc": "2.0", "id": request_id, "result": hex(head)}
+            if method in ("eth_getBlockByNumber", "eth_getBalance"):
+                position = 0 if method == "eth_getBlockByNumber" else 1
+                if params[position].startswith("0x") and int(params[position], 16) > head:
+                    if method == "eth_getBalance":
+                        return _error(request_id, -32000, "header not found")
+                    return {"jsonrpc": "2.0", "id": request_id, "result": None}  # a block it does not have
+            if method == "eth_getLogs" and int(params[0]["toBlock"], 16) > head:
+                params = [{**params[0], "toBlock": hex(head)}]  # like geth: silently up to its own head
+        answer = self._upstream({**call, "params": params})
+        if method == "eth_getLogs" and self.stale_log_hashes and answer.get("result"):
+            self.stale_log_hashes -= 1
+            answer["result"] = [{**log, "blockHash": "0x" + "ab" * 32} for log in answer["result"]]
+        if method == "eth_getLogs" and isinstance(answer.get("result"), list) and len(answer["result"]) > self.max_logs:
+            self.refused["too many results"] += 1
+            return _error(request_id, -32005, f"query returned more than {self.max_logs} results")
+        return answer
