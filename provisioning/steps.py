@@ -2,6 +2,12 @@
 
 Each step checks before it acts, so running it again after a crash finishes the job instead of doing it twice.
 Commands are argv lists (quoted by the driver), never strings built from customer input.
+
+Root never acts on a path the customer controls. Everything under the customer's home can be replaced by the
+customer between two runs (`ln -s /etc ~/.binome`), so what is written there is written as the customer
+(`runuser`): a planted symlink then leads only where the customer could go anyway. What must stay out of the
+customer's hands (the pre-flight check and the split-trial kit) is written by root into a root-owned directory
+outside the home (`KIT_ROOT/<user>`), which `~/.binome` links to.
 """
 
 import json
@@ -12,6 +18,7 @@ from nodekit.bundle import script_bytes
 from provisioning.drivers.base import CommandFailed, Connection
 
 ENV_FILE = ".binome-env"
+KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one read-only kit directory per account
 MARKER = "# binome: research window environment"
 
 
@@ -56,6 +63,31 @@ def _user_exists(conn: Connection, username: str) -> bool:
     return conn.run(["id", "-u", username], check=False).exit_status == 0
 
 
+def _as_customer(ctx: StepContext, argv: list[str]) -> list[str]:
+    """argv run with the customer's own uid, gid and groups: for anything that touches their home."""
+    return ["runuser", "-u", ctx.username, "--", *argv]
+
+
+def _kit_dir(ctx: StepContext) -> str:
+    return f"{KIT_ROOT}/{ctx.username}"
+
+
+# Run as the customer: make $1 a real directory (mode 700). A symlink or a file planted in its place is removed,
+# by the customer's own hand, so nothing is ever written through it.
+_REAL_DIRECTORY = 'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -d "$1" ]; }; then rm -f -- "$1"; fi; mkdir -p -m 700 -- "$1"'
+# Run as the customer: add line $3 at the top of rc file $1 unless marker $2 is there. A symlink the customer cannot
+# write through (to a system file, or dangling) is replaced by a file of their own.
+_SOURCE_FROM_RC = (
+    'f="$1"; if [ -L "$f" ] && [ ! -w "$f" ]; then rm -f -- "$f"; fi; touch -- "$f" && '
+    '{ grep -qF -- "$2" "$f" || if [ -s "$f" ]; then sed -i --follow-symlinks "1i $3" "$f"; '
+    'else printf "%s\\n" "$3" > "$f"; fi; }'
+)
+# Run as the customer: ~/.binome ($1) becomes a link to the kit ($2); a directory found there is moved aside.
+_LINK_KIT = (
+    'if [ -d "$1" ] && [ ! -L "$1" ]; then mv -T -- "$1" "$1.moved-$(date +%Y%m%d%H%M%S)"; fi; ln -sfnT -- "$2" "$1"'
+)
+
+
 def connect(conn: Connection, ctx: StepContext) -> str:
     return conn.run(["uname", "-a"]).stdout.strip()
 
@@ -63,17 +95,24 @@ def connect(conn: Connection, ctx: StepContext) -> str:
 def create_user(conn: Connection, ctx: StepContext) -> str:
     if _user_exists(conn, ctx.username):
         conn.run(["usermod", "--unlock", "--expiredate", "", ctx.username], check=False)
-        return f"user {ctx.username} already exists (unlocked)"
+        _close_home(conn, ctx)
+        return f"user {ctx.username} already exists (unlocked, home 700)"
     conn.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", ctx.comment, ctx.username])
     # No password: key login only. Unlock the password-less account so sshd accepts key logins.
     conn.run(["usermod", "--password", "*", ctx.username])
+    _close_home(conn, ctx)
     return f"user {ctx.username} created"
+
+
+def _close_home(conn: Connection, ctx: StepContext) -> None:
+    """Other accounts on the host cannot read the customer's files (useradd's default mode is 755)."""
+    conn.run(_as_customer(ctx, ["chmod", "0700", _home(conn, ctx.username)]))
 
 
 def install_keys(conn: Connection, ctx: StepContext) -> str:
     home = _home(conn, ctx.username)
-    conn.run(["install", "-d", "-m", "700", "-o", ctx.username, "-g", ctx.username, f"{home}/.ssh"])
-    conn.put_file(f"{home}/.ssh/authorized_keys", ctx.authorized_keys.encode(), mode=0o600, owner=ctx.username)
+    conn.run(_as_customer(ctx, ["sh", "-c", _REAL_DIRECTORY, "install_keys", f"{home}/.ssh"]))
+    conn.put_file(f"{home}/.ssh/authorized_keys", ctx.authorized_keys.encode(), mode=0o600, as_user=ctx.username)
     count = len([line for line in ctx.authorized_keys.splitlines() if line.strip()])
     return f"{count} key(s) installed in {home}/.ssh/authorized_keys (700/600, owned by {ctx.username})"
 
@@ -85,17 +124,13 @@ def restrict_gpus(conn: Connection, ctx: StepContext) -> str:
     if ctx.visible_devices_variable == "ROCR_VISIBLE_DEVICES":
         variables["HIP_VISIBLE_DEVICES"] = devices
     env_lines = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
-    conn.put_file(f"{home}/{ENV_FILE}", f"{MARKER}\n{env_lines}".encode(), mode=0o644, owner="root")
+    # The variables are advisory (the customer can unset them), so the file is the customer's own.
+    conn.put_file(f"{home}/{ENV_FILE}", f"{MARKER}\n{env_lines}".encode(), mode=0o644, as_user=ctx.username)
     # Sourced first thing by login shells (.profile) and by the non-interactive shells of `ssh host command`
     # (.bashrc, which Debian's bash reads for sshd before its interactive-only guard).
     source = f'[ -r "$HOME/{ENV_FILE}" ] && . "$HOME/{ENV_FILE}"  {MARKER}'
     for rc in (".bashrc", ".profile"):
-        path = f"{home}/{rc}"
-        script = (
-            f"touch {shlex.quote(path)} && chown {shlex.quote(ctx.username)}: {shlex.quote(path)} && "
-            f"(grep -qF {shlex.quote(MARKER)} {shlex.quote(path)} || sed -i '1i {source}' {shlex.quote(path)})"
-        )
-        conn.run(["sh", "-c", script])
+        conn.run(_as_customer(ctx, ["sh", "-c", _SOURCE_FROM_RC, "restrict_gpus", f"{home}/{rc}", MARKER, source]))
     nodes = [f"/dev/nvidia{index}" for index in ctx.gpu_indices] if ctx.expect_vendor == "nvidia" else []
     present = [node for node in nodes if conn.run(["test", "-e", node], check=False).exit_status == 0]
     if present and conn.run(["sh", "-c", "command -v setfacl"], check=False).exit_status == 0:
@@ -123,12 +158,13 @@ def prepare_image(conn: Connection, ctx: StepContext) -> str:
 
 
 def preflight(conn: Connection, ctx: StepContext) -> str:
-    home = _home(conn, ctx.username)
-    conn.run(["install", "-d", "-m", "755", "-o", ctx.username, "-g", ctx.username, f"{home}/.binome"])
-    script = f"{home}/.binome/preflight.py"
-    conn.put_file(script, script_bytes("preflight"), mode=0o755, owner=ctx.username)
+    home, kit = _home(conn, ctx.username), _kit_dir(ctx)
+    conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", KIT_ROOT, kit])
+    script = f"{kit}/preflight.py"
+    conn.put_file(script, script_bytes("preflight"), mode=0o555)
     # The split-trial kit travels with the access (docs: the guide's "split trial" section).
-    conn.put_file(f"{home}/.binome/split_trial.py", script_bytes("split_trial"), mode=0o755, owner=ctx.username)
+    conn.put_file(f"{kit}/split_trial.py", script_bytes("split_trial"), mode=0o555)
+    conn.run(_as_customer(ctx, ["sh", "-c", _LINK_KIT, "preflight", f"{home}/.binome", kit]))
     devices = ",".join(str(index) for index in ctx.gpu_indices)
     argv = [
         "runuser",
@@ -138,6 +174,7 @@ def preflight(conn: Connection, ctx: StepContext) -> str:
         "env",
         f"{ctx.visible_devices_variable}={devices}",
         "python3",
+        "-I",  # isolated: no PYTHON* variables, no user site, no script directory: the customer shadows nothing
         script,
         "--gpus",
         devices,
@@ -162,7 +199,12 @@ def revoke_keys(conn: Connection, ctx: StepContext) -> str:
     if not _user_exists(conn, ctx.username):
         return f"user {ctx.username} does not exist"
     home = _home(conn, ctx.username)
-    conn.run(["rm", "-f", f"{home}/.ssh/authorized_keys"])
+    # As the customer: a ~/.ssh planted as a symlink is unlinked itself (sshd then finds no keys there).
+    script = (
+        'if [ -L "$1" ]; then rm -f -- "$1"; '
+        'elif [ -d "$1" ]; then chmod u+wx -- "$1"; rm -f -- "$1/authorized_keys"; fi'
+    )
+    conn.run(_as_customer(ctx, ["sh", "-c", script, "revoke_keys", f"{home}/.ssh"]))
     return "authorized keys removed"
 
 
@@ -187,6 +229,7 @@ def keep_or_wipe(conn: Connection, ctx: StepContext) -> str:
         conn.run(["userdel", "--remove", ctx.username])
     except CommandFailed as exc:
         raise StepFailed(f"userdel failed: {exc.result.stderr.strip()[-300:]}") from exc
+    conn.run(["rm", "-rf", "--one-file-system", _kit_dir(ctx)])
     return "user and home directory deleted"
 
 
