@@ -53,6 +53,11 @@ class OperatorSettings(SingletonRow, models.Model):
         _("approve paid orders automatically"), default=False, help_text=_("Off: an operator approves each order.")
     )
     provision_lead_hours = models.PositiveSmallIntegerField(_("provision this many hours before the window"), default=6)
+    key_grace_minutes = models.PositiveIntegerField(
+        _("keys stay valid this many minutes after the window"),
+        default=60,
+        help_text=_("Written into each key's expiry-time: sshd refuses the key after it, even if teardown failed."),
+    )
     wipe_data_on_teardown = models.BooleanField(
         _("delete the customer's home directory at teardown"),
         default=False,
@@ -74,6 +79,7 @@ class ProvisioningRun(models.Model):
     class Kind(models.TextChoices):
         PROVISION = "provision", _("Provision")
         PREFLIGHT = "preflight", _("Re-run the pre-flight check")
+        KEYS = "keys", _("Renew the keys' expiry")
         TEARDOWN = "teardown", _("Teardown")
 
     class Status(models.TextChoices):
@@ -160,6 +166,7 @@ class Access(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     preflight_report = models.JSONField(null=True, blank=True)
     preflight_status = models.CharField(max_length=8, blank=True)
+    keys_expire_at = models.DateTimeField(null=True, blank=True)  # the expiry-time written with the keys
 
     class Meta:
         ordering = ["host__name"]

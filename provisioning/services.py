@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -159,6 +159,11 @@ def preflight_rerun(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun
     return _create_run(order=order, kind=ProvisioningRun.Kind.PREFLIGHT, step_names=steps.PREFLIGHT_STEPS, actor=actor)
 
 
+def access_keys_renew(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
+    """Rewrite the keys with the window's current end in their expiry-time (after an extension)."""
+    return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
+
+
 def teardown_start(
     *, order: Order, actor: AbstractBaseUser | None = None, reason: str = "window ended"
 ) -> ProvisioningRun:
@@ -187,6 +192,7 @@ def _host_spec(host: Host) -> HostSpec:
 
 def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
     hardware = order.hardware_class
+    operator_settings = OperatorSettings.current()
     return steps.StepContext(
         username=access.username,
         comment=f"Binome {order.public_id}",
@@ -197,7 +203,8 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
         expect_vendor=hardware.vendor,
         image_ref=order.environment.image_ref,
         container_runtime=host.container_runtime,
-        wipe_data=OperatorSettings.current().wipe_data_on_teardown,
+        wipe_data=operator_settings.wipe_data_on_teardown,
+        keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
     )
 
 
@@ -272,7 +279,8 @@ def _execute_step(
         if step.host_id not in connections:
             driver = get_driver(step.host.driver)
             connections[step.host_id] = driver.connect(_host_spec(step.host))
-        output = steps.STEPS[step.name](connections[step.host_id], _context(order, access, step.host))
+        context = _context(order, access, step.host)
+        output = steps.STEPS[step.name](connections[step.host_id], context)
     except (DriverError, steps.StepFailed) as exc:
         failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
         ProvisioningStep.objects.filter(pk=step.pk).update(
@@ -285,6 +293,9 @@ def _execute_step(
         access.preflight_status = report.get("summary", {}).get("status", "")
         access.save(update_fields=["preflight_report", "preflight_status"])
         output = f"pre-flight: {report.get('summary', {})}"
+    elif step.name == "install_keys":
+        access.keys_expire_at = context.keys_expire_at
+        access.save(update_fields=["keys_expire_at"])
     ProvisioningStep.objects.filter(pk=step.pk).update(
         status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=output[:20000]
     )
@@ -364,6 +375,7 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "activated": _activate_started(now),
         "warned": _warn_ending(now),
         "torn_down": _tear_down_released(now),
+        "keys_renewed": _renew_moved_keys(now),
         "resumed": _resume_abandoned(now),
     }
 
@@ -438,6 +450,29 @@ def _tear_down_released(now: datetime) -> int:
     for order_id in still_open:
         torn_down += access_release(order_id=order_id, reason="released with access left") is not None
     return torn_down
+
+
+def _renew_moved_keys(now: datetime) -> int:
+    """Windows whose end moved (an extension) since their keys were written: the expiry-time moves with it."""
+    grace = timedelta(minutes=OperatorSettings.current().key_grace_minutes)
+    moved = (
+        Order.objects.filter(
+            status__in=[OrderStatus.READY, OrderStatus.ACTIVE],
+            ends_at__gt=now,
+            accesses__status=Access.Status.READY,
+            accesses__keys_expire_at__lt=F("ends_at") + grace,
+        )
+        .exclude(
+            provisioning_runs__kind=ProvisioningRun.Kind.KEYS,
+            provisioning_runs__status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        )
+        .distinct()[:50]
+    )
+    renewed = 0
+    for order in moved:
+        access_keys_renew(order=order)
+        renewed += 1
+    return renewed
 
 
 def _resume_abandoned(now: datetime) -> int:

@@ -11,14 +11,23 @@ outside the home (`KIT_ROOT/<user>`), which `~/.binome` links to.
 """
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from nodekit.bundle import script_bytes
 from provisioning.drivers.base import CommandFailed, Connection
 
 ENV_FILE = ".binome-env"
 KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one read-only kit directory per account
+# Every key gets `restrict` (no pty, no forwarding of any kind, no ~/.ssh/rc), then what is re-enabled on purpose:
+# a terminal, and local port forwarding to the host's own loopback (Jupyter, TensorBoard), nowhere else.
+# Remote forwarding (-R) is held to one address nobody may bind (port 1 is privileged and sshd binds as the
+# customer): sshd 9.2 has no "none" for permitlisten in authorized_keys. Agent and X11 forwarding stay off.
+KEY_OPTIONS = (
+    'restrict,pty,port-forwarding,permitopen="localhost:*",permitopen="127.0.0.1:*",permitlisten="127.0.0.1:1"'
+)
 MARKER = "# binome: research window environment"
 
 
@@ -34,6 +43,7 @@ class StepContext:
     image_ref: str
     container_runtime: str
     wipe_data: bool
+    keys_expire_at: datetime  # the window's end plus the grace period: sshd refuses the keys after it
 
 
 DRY_RUN_REPORT = {
@@ -109,12 +119,33 @@ def _close_home(conn: Connection, ctx: StepContext) -> None:
     conn.run(_as_customer(ctx, ["chmod", "0700", _home(conn, ctx.username)]))
 
 
+def authorized_keys_lines(authorized_keys: str, expires_at: datetime) -> list[str]:
+    """One restricted line per key: options, then the key type and data (the comment is dropped: it is the
+    customer's text, and nothing the options depend on)."""
+    expiry = expires_at.astimezone(UTC).strftime("%Y%m%d%H%M%SZ")
+    lines = []
+    for line in authorized_keys.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        key_type, key_data = fields[0], fields[1]
+        if not re.fullmatch(r"[a-z0-9@.-]+", key_type) or not re.fullmatch(r"[A-Za-z0-9+/=]+", key_data):
+            raise StepFailed(f"refusing a key line that is not `type base64`: {line[:40]!r}")
+        lines.append(f'{KEY_OPTIONS},expiry-time="{expiry}" {key_type} {key_data}')
+    return lines
+
+
 def install_keys(conn: Connection, ctx: StepContext) -> str:
     home = _home(conn, ctx.username)
+    lines = authorized_keys_lines(ctx.authorized_keys, ctx.keys_expire_at)
     conn.run(_as_customer(ctx, ["sh", "-c", _REAL_DIRECTORY, "install_keys", f"{home}/.ssh"]))
-    conn.put_file(f"{home}/.ssh/authorized_keys", ctx.authorized_keys.encode(), mode=0o600, as_user=ctx.username)
-    count = len([line for line in ctx.authorized_keys.splitlines() if line.strip()])
-    return f"{count} key(s) installed in {home}/.ssh/authorized_keys (700/600, owned by {ctx.username})"
+    content = "".join(f"{line}\n" for line in lines).encode()
+    conn.put_file(f"{home}/.ssh/authorized_keys", content, mode=0o600, as_user=ctx.username)
+    expiry = ctx.keys_expire_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        f"{len(lines)} key(s) installed in {home}/.ssh/authorized_keys (700/600, owned by {ctx.username}), "
+        f"restricted, expiring {expiry}"
+    )
 
 
 def restrict_gpus(conn: Connection, ctx: StepContext) -> str:
@@ -235,6 +266,7 @@ def keep_or_wipe(conn: Connection, ctx: StepContext) -> str:
 
 PROVISION_STEPS = ["connect", "create_user", "install_keys", "restrict_gpus", "prepare_image", "preflight"]
 PREFLIGHT_STEPS = ["connect", "preflight"]
+KEYS_STEPS = ["connect", "install_keys"]  # a window that moved (extension): the keys' expiry moves with it
 TEARDOWN_STEPS = ["connect", "revoke_keys", "stop_processes", "lock_user", "keep_or_wipe"]
 STEPS = {
     function.__name__: function

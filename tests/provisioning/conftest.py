@@ -46,8 +46,17 @@ class SshServer:
     authorized_keys_dir: Path  # <dir>/<user>: extra authorized_keys files, owned by root, mode 644
     process: subprocess.Popen = field(repr=False)
 
-    def login_as(self, user: str, private_key_path: str | os.PathLike, command: str, *, timeout: float = 30):
-        """Run `command` as `user` with the system ssh client, like a researcher would; returns CompletedProcess."""
+    def login_as(
+        self,
+        user: str,
+        private_key_path: str | os.PathLike,
+        command: str | None,
+        *,
+        options: list[str] = (),
+        timeout: float = 30,
+    ):
+        """Run `command` as `user` with the system ssh client, like a researcher would; returns CompletedProcess.
+        `options`: more ssh arguments (`-W host:port` with no command, `-R ...`)."""
         return subprocess.run(
             [
                 "ssh",
@@ -71,9 +80,11 @@ class SshServer:
                 os.fspath(private_key_path),
                 "-p",
                 str(self.port),
+                *options,
                 f"{user}@127.0.0.1",
-                command,
+                *([command] if command is not None else []),
             ],
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -1,10 +1,13 @@
 """Provisioning for real: a host reached over SSH (Debian's sshd on 127.0.0.1), a customer who logs in with their
 own key and finds their GPUs set, a teardown after which the same login is refused."""
 
+from datetime import UTC, timedelta
+
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from booking.models import OrderStatus
+from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from provisioning import services
@@ -156,3 +159,53 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
     finally:
         with get_driver("ssh").connect(sshd.host_spec) as connection:
             remove_user(connection, services.username_for(order))
+
+
+def test_every_key_is_restricted_to_a_terminal_and_local_forwards_to_the_host_itself(
+    provisioned, login_as, admin, sshd
+):
+    order, _token, username, private_key = provisioned
+    keys = admin.run(["cat", f"/home/{username}/.ssh/authorized_keys"]).stdout.splitlines()
+    expiry = (order.ends_at + timedelta(minutes=60)).astimezone(UTC).strftime("%Y%m%d%H%M%SZ")
+    assert keys and all(line.startswith("restrict,pty,port-forwarding,") for line in keys)
+    assert all(f'expiry-time="{expiry}"' in line for line in keys)
+
+    # a local forward to the host's loopback works (Jupyter, TensorBoard): here, to sshd itself
+    local = login_as(username, private_key, None, options=["-W", f"127.0.0.1:{sshd.port}"])
+    assert local.stdout.startswith("SSH-2.0-"), local.stderr
+    # elsewhere it is refused, and so is a remote forward
+    elsewhere = login_as(username, private_key, None, options=["-W", f"127.0.0.2:{sshd.port}"])
+    assert not elsewhere.stdout and "prohibited" in elsewhere.stderr
+    remote = login_as(
+        username, private_key, "true", options=["-o", "ExitOnForwardFailure=yes", "-R", "127.0.0.1:0:127.0.0.1:22"]
+    )
+    assert remote.returncode != 0 and "forwarding failed" in remote.stderr
+
+
+def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_extension_renews_it(
+    provisioned, login_as, admin, django_capture_on_commit_callbacks
+):
+    order, _token, username, private_key = provisioned
+    assert login_as(username, private_key, "true").returncode == 0
+
+    # given the keys written with an expiry-time already past (the window's end plus the grace period)
+    now = timezone.now()
+    Order.objects.filter(pk=order.pk).update(starts_at=now - timedelta(days=3), ends_at=now - timedelta(minutes=61))
+    with django_capture_on_commit_callbacks(execute=True):
+        renewal = services.access_keys_renew(order=order)
+    renewal.refresh_from_db()
+    assert renewal.status == ProvisioningRun.Status.SUCCEEDED, renewal.error
+
+    # then sshd refuses the key, while the account is neither locked nor expired and no teardown ran
+    refused = login_as(username, private_key, "true")
+    assert refused.returncode != 0
+    shadow = admin.run(["getent", "shadow", username]).stdout.split(":")
+    assert not shadow[1].startswith("!") and shadow[7] == ""
+    assert not order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN).exists()
+
+    # when the window is extended, the lifecycle sweep writes the new end into the keys, and the login works again
+    Order.objects.filter(pk=order.pk).update(ends_at=timezone.now() + timedelta(days=7))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.lifecycle_tick()["keys_renewed"] == 1
+    assert login_as(username, private_key, "true").returncode == 0
+    assert services.lifecycle_tick()["keys_renewed"] == 0
