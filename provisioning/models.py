@@ -58,10 +58,10 @@ class OperatorSettings(SingletonRow, models.Model):
         default=60,
         help_text=_("Written into each key's expiry-time: sshd refuses the key after it, even if teardown failed."),
     )
-    wipe_data_on_teardown = models.BooleanField(
-        _("delete the customer's home directory at teardown"),
-        default=False,
-        help_text=_("Off: the user is locked and its files kept for the operators."),
+    wipe_after_days = models.PositiveSmallIntegerField(
+        _("delete the customer's files this many days after the window"),
+        default=7,
+        help_text=_("Announced in the end-of-window e-mails. Until then the account is locked and its files kept."),
     )
 
     class Meta:
@@ -80,6 +80,7 @@ class ProvisioningRun(models.Model):
         PROVISION = "provision", _("Provision")
         PREFLIGHT = "preflight", _("Re-run the pre-flight check")
         KEYS = "keys", _("Renew the keys' expiry")
+        WIPE = "wipe", _("Delete the customer's files")
         TEARDOWN = "teardown", _("Teardown")
 
     class Status(models.TextChoices):
@@ -167,6 +168,7 @@ class Access(models.Model):
     preflight_report = models.JSONField(null=True, blank=True)
     preflight_status = models.CharField(max_length=8, blank=True)
     keys_expire_at = models.DateTimeField(null=True, blank=True)  # the expiry-time written with the keys
+    wiped_at = models.DateTimeField(null=True, blank=True)  # the account and its files deleted from the host
 
     class Meta:
         ordering = ["host__name"]

@@ -203,7 +203,6 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
         expect_vendor=hardware.vendor,
         image_ref=order.environment.image_ref,
         container_runtime=host.container_runtime,
-        wipe_data=operator_settings.wipe_data_on_teardown,
         keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
     )
 
@@ -246,7 +245,7 @@ def run_execute(*, run: ProvisioningRun) -> str:
     connections: dict[int, object] = {}
     try:
         for step in pending:
-            if run.kind != ProvisioningRun.Kind.TEARDOWN and _released(order):
+            if run.kind not in RELEASED_RUN_KINDS and _released(order):
                 failure = f"stopped before {step.name}: the order was {order.get_status_display().lower()}"
                 break
             access = Access.objects.select_related("host").get(order=order, host=step.host)
@@ -343,6 +342,8 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             from provisioning.tasks import send_access_ready
 
             send_access_ready.delay_on_commit(order.pk)
+    elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
+        _accesses_set(order, wiped_at=now)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
         _accesses_set(order, status=Access.Status.REVOKED, revoked_at=now)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
@@ -376,6 +377,7 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "warned": _warn_ending(now),
         "torn_down": _tear_down_released(now),
         "keys_renewed": _renew_moved_keys(now),
+        "wiped": _wipe_due(now),
         "resumed": _resume_abandoned(now),
     }
 
@@ -475,6 +477,39 @@ def _renew_moved_keys(now: datetime) -> int:
     return renewed
 
 
+def wipe_date(order: Order) -> datetime:
+    """When the customer's files are deleted: announced in the end-of-window e-mails."""
+    return order.ends_at + timedelta(days=OperatorSettings.current().wipe_after_days)
+
+
+def access_wipe_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
+    return _create_run(order=order, kind=ProvisioningRun.Kind.WIPE, step_names=steps.WIPE_STEPS, actor=actor)
+
+
+def _wipe_due(now: datetime) -> int:
+    """Accesses revoked more than the announced number of days ago whose files are still on the host. The days
+    count from the later of the window's end and the revocation (an early teardown keeps the announced date)."""
+    grace = timedelta(days=OperatorSettings.current().wipe_after_days)
+    due = (
+        Order.objects.filter(
+            accesses__status=Access.Status.REVOKED,
+            accesses__wiped_at__isnull=True,
+            accesses__revoked_at__lte=now - grace,
+            ends_at__lte=now - grace,
+        )
+        .exclude(
+            provisioning_runs__kind=ProvisioningRun.Kind.WIPE,
+            provisioning_runs__status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        )
+        .distinct()[:50]
+    )
+    started = 0
+    for order in due:
+        access_wipe_start(order=order)
+        started += 1
+    return started
+
+
 def _resume_abandoned(now: datetime) -> int:
     """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting."""
     from provisioning.tasks import execute_run
@@ -491,6 +526,8 @@ def _resume_abandoned(now: datetime) -> int:
 
 
 QUEUED_PATIENCE = timedelta(minutes=5)
+# What still runs once the order is released (every other run stops before its next step).
+RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE)
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:
@@ -499,5 +536,9 @@ def end_warning_send(*, order: Order, kind: str) -> None:
         subject=gettext_lazy("Your Binôme window ends in %(left)s: order %(number)s"),
         subject_values={"left": kind.replace("h", " h")},
         template="provisioning/email/end_warning.txt",
-        context={"kind": kind},
+        context={
+            "kind": kind,
+            "wipe_at": wipe_date(order),
+            "wipe_after_days": OperatorSettings.current().wipe_after_days,
+        },
     )

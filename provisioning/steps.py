@@ -42,7 +42,6 @@ class StepContext:
     expect_vendor: str
     image_ref: str
     container_runtime: str
-    wipe_data: bool
     keys_expire_at: datetime  # the window's end plus the grace period: sshd refuses the keys after it
 
 
@@ -226,6 +225,24 @@ def preflight(conn: Connection, ctx: StepContext) -> str:
     return json.dumps(report)
 
 
+def revoke_devices(conn: Connection, ctx: StepContext) -> str:
+    """Take back what the account was given beside its home: device ACLs and supplementary groups (video, render,
+    sudo: whatever an operator added)."""
+    if not _user_exists(conn, ctx.username):
+        return f"user {ctx.username} does not exist"
+    nodes = [f"/dev/nvidia{index}" for index in ctx.gpu_indices] if ctx.expect_vendor == "nvidia" else []
+    present = [node for node in nodes if conn.run(["test", "-e", node], check=False).exit_status == 0]
+    if present and conn.run(["sh", "-c", "command -v setfacl"], check=False).exit_status == 0:
+        for node in present:
+            conn.run(["setfacl", "-x", f"u:{ctx.username}", node])
+    conn.run(["usermod", "--groups", "", ctx.username])
+    groups = conn.run(["id", "-nG", ctx.username]).stdout.split()
+    if groups != [conn.run(["id", "-gn", ctx.username]).stdout.strip()] and not _dry(conn):
+        raise StepFailed(f"{ctx.username} is still in groups {' '.join(groups)}")
+    acls = f"device ACLs removed from {', '.join(present)}; " if present else ""
+    return f"{acls}supplementary groups removed"
+
+
 def revoke_keys(conn: Connection, ctx: StepContext) -> str:
     if not _user_exists(conn, ctx.username):
         return f"user {ctx.username} does not exist"
@@ -239,9 +256,24 @@ def revoke_keys(conn: Connection, ctx: StepContext) -> str:
     return "authorized keys removed"
 
 
+# Kill every process of user $1 until none is left (a process may fork while the previous ones die); exit 1 with
+# the survivors listed when some remain after about 5 s (one in uninterruptible sleep: the operator retries).
+_KILL_ALL = (
+    'killed=0; for attempt in $(seq 20); do pgrep -u "$1" >/dev/null || { echo "killed=$killed"; exit 0; }; '
+    'pkill -KILL -u "$1" && killed=1; sleep 0.25; done; pgrep -a -u "$1"; exit 1'
+)
+
+
 def stop_processes(conn: Connection, ctx: StepContext) -> str:
-    result = conn.run(["pkill", "-KILL", "-u", ctx.username], check=False)
-    return "processes stopped" if result.exit_status == 0 else "no process was running"
+    if not _user_exists(conn, ctx.username):
+        return f"user {ctx.username} does not exist"
+    result = conn.run(["sh", "-c", _KILL_ALL, "stop_processes", ctx.username], check=False, timeout=60)
+    if result.exit_status != 0:
+        raise StepFailed(f"processes of {ctx.username} survived SIGKILL: {result.stdout.strip()[-500:]}")
+    if _dry(conn):
+        return "processes stopped"
+    stopped = "killed=1" in result.stdout
+    return "processes stopped; none remains" if stopped else "no process was running"
 
 
 def lock_user(conn: Connection, ctx: StepContext) -> str:
@@ -252,10 +284,19 @@ def lock_user(conn: Connection, ctx: StepContext) -> str:
 
 
 def keep_or_wipe(conn: Connection, ctx: StepContext) -> str:
-    if not ctx.wipe_data:
-        return "files kept (operator setting)"
+    """Teardown runs written before the wipe moved to its own run end here: files are kept until then."""
+    return "files kept until the wipe (operator setting: days after the end)"
+
+
+def wipe_data(conn: Connection, ctx: StepContext) -> str:
+    """The account and its files, after the grace period announced to the customer."""
     if not _user_exists(conn, ctx.username):
+        conn.run(["rm", "-rf", "--one-file-system", _kit_dir(ctx)])
         return "already removed"
+    stop_processes(conn, ctx)  # userdel refuses while a process of the user runs
+    # What the account left in the host's shared temporary directories (find follows no link; -xdev stays put).
+    shared_tmp = ["/tmp", "/var/tmp", "/dev/shm"]  # noqa: S108 (deleting the user's files there, not making any)
+    conn.run(["find", *shared_tmp, "-xdev", "-user", ctx.username, "-delete"], check=False)
     try:
         conn.run(["userdel", "--remove", ctx.username])
     except CommandFailed as exc:
@@ -266,8 +307,10 @@ def keep_or_wipe(conn: Connection, ctx: StepContext) -> str:
 
 PROVISION_STEPS = ["connect", "create_user", "install_keys", "restrict_gpus", "prepare_image", "preflight"]
 PREFLIGHT_STEPS = ["connect", "preflight"]
+# Locked first, so that no new session starts while the others are killed; each step checks its own work.
+TEARDOWN_STEPS = ["connect", "lock_user", "stop_processes", "revoke_keys", "revoke_devices"]
+WIPE_STEPS = ["connect", "wipe_data"]
 KEYS_STEPS = ["connect", "install_keys"]  # a window that moved (extension): the keys' expiry moves with it
-TEARDOWN_STEPS = ["connect", "revoke_keys", "stop_processes", "lock_user", "keep_or_wipe"]
 STEPS = {
     function.__name__: function
     for function in (
@@ -280,6 +323,8 @@ STEPS = {
         revoke_keys,
         stop_processes,
         lock_user,
+        revoke_devices,
         keep_or_wipe,
+        wipe_data,
     )
 }

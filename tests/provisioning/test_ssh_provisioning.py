@@ -10,8 +10,8 @@ from django.utils import timezone
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
-from provisioning import services
-from provisioning.models import Access, Host, ProvisioningRun
+from provisioning import services, steps
+from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import remove_user
 
@@ -55,22 +55,63 @@ def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, l
     assert f"ssh -p {access.host.ssh_port} {username}@127.0.0.1" in page.content.decode()
 
 
-def test_after_teardown_the_same_login_is_refused(
-    provisioned, login_as, admin_user, django_capture_on_commit_callbacks
+def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_files_go_after_the_grace_period(
+    provisioned, login_as, admin, admin_user, django_capture_on_commit_callbacks
 ):
     order, _token, username, private_key = provisioned
-    assert login_as(username, private_key, "true").returncode == 0
+    group = f"binome-test-{username}"[:32]
+    admin.run(["groupadd", group])
+    try:
+        # given a customer who left work running in the background, and a group an operator added them to
+        admin.run(["gpasswd", "--add", username, group])
+        left = login_as(username, private_key, "setsid nohup sleep 600 >/dev/null 2>&1 < /dev/null & echo started")
+        assert left.stdout.strip() == "started", left.stderr
+        assert admin.run(["pgrep", "-u", username], check=False).ok
 
-    with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, actor=admin_user, reason="test")
+        # when the access is torn down
+        with django_capture_on_commit_callbacks(execute=True):
+            services.teardown_start(order=order, actor=admin_user, reason="test")
 
-    order.refresh_from_db()
-    assert order.status == OrderStatus.ENDED
-    teardown = order.provisioning_runs.get(kind="teardown")
-    assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
-    refused = login_as(username, private_key, "true")
-    assert refused.returncode != 0
-    assert Access.objects.get(order=order).status == Access.Status.REVOKED
+        # then the login is refused, no process of the user remains, keys and groups are gone, the files are kept
+        order.refresh_from_db()
+        assert order.status == OrderStatus.ENDED
+        teardown = order.provisioning_runs.get(kind="teardown")
+        assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
+        assert teardown.steps.get(name="stop_processes").output == "processes stopped; none remains"
+        assert login_as(username, private_key, "true").returncode != 0
+        assert not admin.run(["pgrep", "-u", username], check=False).ok
+        assert admin.run(["id", "-nG", username]).stdout.split() == [username]
+        assert not admin.run(["test", "-e", f"/home/{username}/.ssh/authorized_keys"], check=False).ok
+        assert admin.run(["test", "-d", f"/home/{username}"], check=False).ok
+        access = Access.objects.get(order=order)
+        assert access.status == Access.Status.REVOKED and access.wiped_at is None
+
+        # and the files are deleted once the announced grace period (7 days by default) has passed
+        assert services.lifecycle_tick(now=order.ends_at + timedelta(days=6))["wiped"] == 0
+        with django_capture_on_commit_callbacks(execute=True):
+            assert services.lifecycle_tick(now=order.ends_at + timedelta(days=7, minutes=1))["wiped"] == 1
+        wipe = order.provisioning_runs.get(kind="wipe")
+        assert wipe.status == ProvisioningRun.Status.SUCCEEDED, wipe.error
+        assert not admin.run(["id", "-u", username], check=False).ok
+        assert not admin.run(["test", "-e", f"/home/{username}"], check=False).ok
+        assert not admin.run(["test", "-e", f"{steps.KIT_ROOT}/{username}"], check=False).ok
+        access.refresh_from_db()
+        assert access.wiped_at is not None
+        assert services.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
+    finally:
+        admin.run(["groupdel", group], check=False)
+
+
+def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, catalog, booking_data, mailoutbox):
+    order, _token = place(client, booking_data(lots="1"))
+    operator_settings = OperatorSettings.current()
+    operator_settings.wipe_after_days = 3
+    operator_settings.save()
+
+    services.end_warning_send(order=order, kind="24h")
+
+    wipe = (order.ends_at + timedelta(days=3)).strftime("%Y-%m-%d %H:%M")
+    assert f"for 3 days after the end, then they are deleted for good on {wipe} UTC" in mailoutbox[-1].body
 
 
 def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
