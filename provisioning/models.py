@@ -169,6 +169,9 @@ class Access(models.Model):
     preflight_status = models.CharField(max_length=8, blank=True)
     keys_expire_at = models.DateTimeField(null=True, blank=True)  # the expiry-time written with the keys
     wiped_at = models.DateTimeField(null=True, blank=True)  # the account and its files deleted from the host
+    # Why an operator handed the machines over although the pre-flight check failed: the customer reads it
+    # beside the report.
+    handover_note = models.TextField(blank=True)
 
     class Meta:
         ordering = ["host__name"]

@@ -116,11 +116,14 @@ def _create_run(*, order: Order, kind: str, step_names: list[str], actor: Abstra
     run = ProvisioningRun.objects.create(order=order, kind=kind, triggered_by=actor)
     position = 0
     for host, gpu_indices in _hosts_of(order) or [(access.host, []) for access in order.accesses.all()]:
-        Access.objects.get_or_create(
+        access, created = Access.objects.get_or_create(
             order=order,
             host=host,
             defaults={"username": username_for(order), "gpu_indices": ",".join(map(str, gpu_indices))},
         )
+        if not created and gpu_indices and access.gpu_indices != ",".join(map(str, gpu_indices)):
+            access.gpu_indices = ",".join(map(str, gpu_indices))  # a lot reassigned on the same host
+            access.save(update_fields=["gpu_indices"])
         for name in step_names:
             ProvisioningStep.objects.create(run=run, host=host, position=position, name=name)
             position += 1
@@ -153,8 +156,38 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser) -> Provisioning
     return run
 
 
+def awaits_preflight_decision(order: Order) -> bool:
+    """The machines were prepared but their pre-flight check failed: an operator re-runs it, reassigns the lots
+    or hands the machines over anyway."""
+    if order.status != OrderStatus.PROVISIONING_FAILED:
+        return False
+    last = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.PROVISION).first()
+    return last is not None and last.status == ProvisioningRun.Status.SUCCEEDED
+
+
+def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
+    """Hand over machines whose pre-flight check failed; the customer reads `reason` beside the report."""
+    reason = reason.strip()
+    if not reason:
+        raise ProvisioningError(
+            _("Say why the machines are handed over despite the failed check: the customer reads it."), field="reason"
+        )
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order.pk)
+        if not awaits_preflight_decision(order):
+            raise ProvisioningError(_("Only an order whose pre-flight check failed waits for this decision."))
+        _accesses_set(order, handover_note=reason)
+        _hand_over(
+            order=order,
+            now=timezone.now(),
+            reason=f"handed over despite the pre-flight check: {reason}",
+            evidence={},
+            **_operator(actor),
+        )
+
+
 def preflight_rerun(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
-    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE) and not awaits_preflight_decision(order):
         raise ProvisioningError(_("The pre-flight check runs on machines that are ready."))
     return _create_run(order=order, kind=ProvisioningRun.Kind.PREFLIGHT, step_names=steps.PREFLIGHT_STEPS, actor=actor)
 
@@ -268,9 +301,9 @@ def _execute_step(
     *, run: ProvisioningRun, step: ProvisioningStep, order: Order, access: Access, connections: dict
 ) -> str:
     """Run one step through the host's connection (opened once per host). Returns the failure, or ""."""
-    ProvisioningRun.objects.filter(pk=run.pk).update(
-        lease_until=timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
-    )
+    # Saved, not updated: the order page shows the run's progress, and a save makes its renderings stale.
+    run.lease_until = timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
+    run.save(update_fields=["lease_until"])
     ProvisioningStep.objects.filter(pk=step.pk).update(
         status=ProvisioningStep.Status.RUNNING, attempts=step.attempts + 1, started_at=timezone.now(), error=""
     )
@@ -315,6 +348,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     ProvisioningRun.objects.filter(pk=run.pk).update(status=status, finished_at=now, error=failure, lease_until=None)
     order = Order.objects.select_for_update().get(pk=order.pk)
     if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
+        failed_checks = _failed_preflights(order)
         if failure:
             order_transition(
                 order=order,
@@ -323,25 +357,19 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 reason="provisioning failed",
                 evidence={"error": failure[:500], "run": run.pk},
             )
-        else:
-            _accesses_set(order, status=Access.Status.READY, ready_at=now)
+        elif failed_checks:  # the hand-over waits for an operator's decision
             order_transition(
                 order=order,
-                to_status=OrderStatus.READY,
+                to_status=OrderStatus.PROVISIONING_FAILED,
                 actor_kind=OrderEvent.Actor.SYSTEM,
-                reason="access ready",
-                evidence={"run": run.pk},
+                reason="pre-flight check failed: waiting for an operator",
+                evidence={"run": run.pk, "failed": failed_checks},
             )
-            if order.starts_at <= now:
-                order_transition(
-                    order=order,
-                    to_status=OrderStatus.ACTIVE,
-                    actor_kind=OrderEvent.Actor.SYSTEM,
-                    reason="window started",
-                )
-            from provisioning.tasks import send_access_ready
-
-            send_access_ready.delay_on_commit(order.pk)
+        else:
+            _hand_over(order=order, now=now, reason="access ready", evidence={"run": run.pk})
+    elif run.kind == ProvisioningRun.Kind.PREFLIGHT and not failure and awaits_preflight_decision(order):
+        if not _failed_preflights(order):
+            _hand_over(order=order, now=now, reason="pre-flight check passed on a re-run", evidence={"run": run.pk})
     elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
         _accesses_set(order, wiped_at=now)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
@@ -351,6 +379,32 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
             )
     return status
+
+
+def _failed_preflights(order: Order) -> dict[str, list[str]]:
+    """Host name → the names of the checks that failed, for the accesses whose pre-flight report is a FAIL."""
+    failed = {}
+    for access in order.accesses.select_related("host"):
+        if access.preflight_status == "FAIL":
+            checks = (access.preflight_report or {}).get("checks") or []
+            failed[access.host.name] = [
+                str(check.get("name")) for check in checks if isinstance(check, dict) and check.get("status") == "FAIL"
+            ]
+    return failed
+
+
+def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **actor) -> None:
+    """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
+    actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
+    _accesses_set(order, status=Access.Status.READY, ready_at=now)
+    order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
+    if order.starts_at <= now:
+        order_transition(
+            order=order, to_status=OrderStatus.ACTIVE, actor_kind=OrderEvent.Actor.SYSTEM, reason="window started"
+        )
+    from provisioning.tasks import send_access_ready
+
+    send_access_ready.delay_on_commit(order.pk)
 
 
 def access_email_send(*, order: Order) -> None:

@@ -26,6 +26,9 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
     services.order_approve(order=order, actor=admin_user)
     with django_capture_on_commit_callbacks(execute=True):
         services.provisioning_start(order=order, actor=admin_user)
+    # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
+    with django_capture_on_commit_callbacks(execute=True):
+        services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
     order.refresh_from_db()
     username = services.username_for(order)
     try:
@@ -135,7 +138,8 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
             services.provisioning_retry(order=order, actor=admin_user)
         order.refresh_from_db()
         run.refresh_from_db()
-        assert order.status == OrderStatus.READY and run.status == ProvisioningRun.Status.SUCCEEDED
+        assert run.status == ProvisioningRun.Status.SUCCEEDED
+        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
         assert [step.attempts for step in run.steps.all()] == [2, 1, 1, 1, 1, 1]  # connect failed once, then each once
     finally:
         remove_user(admin, services.username_for(order))
@@ -196,7 +200,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         }
         assert run.steps.get(name="create_user").output.endswith("created")  # made once, not "already exists"
         order.refresh_from_db()
-        assert order.status == OrderStatus.READY
+        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
     finally:
         with get_driver("ssh").connect(sshd.host_spec) as connection:
             remove_user(connection, services.username_for(order))
