@@ -279,7 +279,9 @@ def random_username(prefix: str = "binome-test") -> str:
 
 
 def remove_user(connection: Connection, user: str) -> None:
-    """userdel -r, retried while the user's last ssh session is still winding down."""
+    """userdel -r, retried while the user's last ssh session is still winding down; and the user's kit directory
+    (provisioning.steps.KIT_ROOT, root-owned, outside the home)."""
+    connection.run(["rm", "-rf", f"/var/lib/binome/{user}"], check=False)
     for _attempt in range(20):
         result = connection.run(["userdel", "--remove", user], check=False)
         # 0: removed; 6: no such user; 12: home not removed (still gone from passwd); 8: user still logged in.

@@ -24,14 +24,14 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
     order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    with django_capture_on_commit_callbacks(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
-    # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
-    with django_capture_on_commit_callbacks(execute=True):
-        services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
-    order.refresh_from_db()
     username = services.username_for(order)
-    try:
+    try:  # from here on the user may exist: removed whatever happens
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_start(order=order, actor=admin_user)
+        # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+        order.refresh_from_db()
         yield order, token, username, private_key
     finally:
         remove_user(admin, username)
