@@ -181,6 +181,9 @@ def prepare_image(conn: Connection, ctx: StepContext) -> str:
             runtime = candidate
     if not runtime:
         return f"no container runtime answers on this host: {ctx.image_ref} not pulled (the customer pulls it)"
+    # An image already in the host's store is used as it is: hosts without a registry get theirs imported.
+    if conn.run([runtime, "image", "inspect", "--format", "{{.Id}}", ctx.image_ref], check=False).exit_status == 0:
+        return f"{runtime}: {ctx.image_ref} already present"
     result = conn.run([runtime, "pull", ctx.image_ref], check=False, timeout=3600)
     if result.exit_status != 0:
         raise StepFailed(f"{runtime} pull {ctx.image_ref} failed: {result.stderr.strip()[-500:]}")

@@ -5,14 +5,12 @@ sees its lot's nodes and not the other lot's."""
 import os
 import secrets
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from provisioning.containers import ContainerSpec, run_argv
 
-ROOT = Path(__file__).resolve().parents[2]
 PROBE = (
     "ls /dev | grep '^nvidia' | tr '\\n' ' '; echo; id -u; ulimit -n; "
     "grep 'Max processes' /proc/self/limits | tr -s ' ' | cut -d' ' -f3; "
@@ -20,15 +18,6 @@ PROBE = (
     "grep ^VERSION_CODENAME /etc/os-release; stat -f -c %T /tmp; stat -c %a $HOME; "
     "touch $HOME/written && echo home-writable; ls /home"
 )
-
-
-@pytest.fixture(scope="session")
-def test_image() -> str:
-    if shutil.which("podman") is None or shutil.which("runc") is None or shutil.which("mmdebstrap") is None:
-        pytest.fail("podman, runc and mmdebstrap are missing: run `make system-deps`", pytrace=False)
-    built = subprocess.run([str(ROOT / "bin" / "test-image")], capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
-    return built.stdout.strip()
 
 
 @pytest.fixture

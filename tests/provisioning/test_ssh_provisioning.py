@@ -42,6 +42,8 @@ def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, l
     run = order.provisioning_runs.get()
     assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
     assert order.status == OrderStatus.READY
+    # the environment's image was already in the host's podman store: used, not pulled (no registry here)
+    assert run.steps.get(name="prepare_image").output.endswith(f"{order.environment.image_ref} already present")
 
     whoami = login_as(
         username, private_key, "whoami; echo CUDA=$CUDA_VISIBLE_DEVICES; stat -c %a ~/.ssh ~/.ssh/authorized_keys"
