@@ -111,11 +111,21 @@ def _hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
     return [(host, sorted(indices)) for host, indices in by_host.values()]
 
 
+def _hosts_for_run(order: Order, kind: str) -> list[tuple[Host, list[int]]]:
+    """The hosts a run works on: those of the order's lots; for a teardown or a wipe, also every host the order
+    ever had an access on (a lot reassigned away from a host leaves an account there)."""
+    hosts = _hosts_of(order)
+    if kind in (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE) or not hosts:
+        known = {host.pk for host, _indices in hosts}
+        hosts += [(access.host, []) for access in order.accesses.select_related("host") if access.host_id not in known]
+    return hosts
+
+
 @transaction.atomic
 def _create_run(*, order: Order, kind: str, step_names: list[str], actor: AbstractBaseUser | None) -> ProvisioningRun:
     run = ProvisioningRun.objects.create(order=order, kind=kind, triggered_by=actor)
     position = 0
-    for host, gpu_indices in _hosts_of(order) or [(access.host, []) for access in order.accesses.all()]:
+    for host, gpu_indices in _hosts_for_run(order, kind):
         access, created = Access.objects.get_or_create(
             order=order,
             host=host,

@@ -499,3 +499,29 @@ def test_the_order_page_shows_which_step_of_the_preparation_is_running(
     steps_in_run = order.provisioning_runs.get().steps.count()
     assert f"Step 5 of {steps_in_run}" in seen[0]
     assert '<progress value="5"' in seen[0]
+
+
+def test_a_teardown_reaches_a_host_the_order_was_reassigned_away_from(
+    client, catalog, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    client.force_login(operator)
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    first = order.allocations.get(released_at__isnull=True).lot
+    # given the order moved to another host after its account was made on the first one
+    Order.objects.filter(pk=order.pk).update(status=OrderStatus.PROVISIONING_FAILED)
+    elsewhere = Lot.objects.filter(hardware_class=order.hardware_class).exclude(host=first.host).first()
+    act(client, order, "reassign", {"from_lot": first.pk, "to_lot": elsewhere.pk})
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+
+    # when it is torn down, then both hosts' accounts are, the first one included
+    act(client, order, "teardown", {"reason": "test"}, callbacks=django_capture_on_commit_callbacks)
+
+    teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
+    assert set(teardown.steps.values_list("host", flat=True)) == {first.host_id, elsewhere.host_id}
+    assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
