@@ -12,7 +12,7 @@ ANVIL_PORT ?= 8545
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
-.PHONY: run test setup system-deps messages contracts screenshots lint format bench clean
+.PHONY: run test test-image setup system-deps messages contracts screenshots lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,9 @@ node_modules/.installed: package.json package-lock.json
 # Debian packages the build and the tests need: gettext (compilemessages), openssh-server, the ssh client and sudo
 # (the provisioning tests run a real sshd on 127.0.0.1 and log in as root and as a sudoer), chromium (the browser
 # journeys: Playwright drives Debian's Chromium, never a downloaded browser), redis-server (the fault tests stop
-# and start a Redis of their own), wrk (the C load generator of `make bench`: a Python client saturates first).
+# and start a Redis of their own), wrk (the C load generator of `make bench`: a Python client saturates first),
+# podman with runc (crun fails on this kernel's cgroup layout) and mmdebstrap (bin/test-image builds the
+# containers' test image from Debian packages: no registry is reachable).
 system-deps:
 	@missing=""; \
 	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
@@ -40,6 +42,9 @@ system-deps:
 	test -x /usr/bin/chromium || missing="$$missing chromium"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v podman >/dev/null || missing="$$missing podman"; \
+	command -v runc >/dev/null || missing="$$missing runc"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed
@@ -49,6 +54,10 @@ messages: locale/fr/LC_MESSAGES/django.mo
 
 setup: system-deps $(VENV)/.installed node_modules/.installed messages
 	@mkdir -p var/static
+
+# The provisioning tests' container image, built once and cached (/var/cache/binome/images, then podman's store).
+test-image: system-deps
+	bin/test-image
 
 run: export DEBUG = 1
 run: export PORT := $(PORT)
@@ -65,7 +74,7 @@ run: setup
 test: export DEBUG = 1
 test: export DATABASE_URL = $(TEST_DATABASE_URL)
 test: export REDIS_URL = $(TEST_REDIS_URL)
-test: setup
+test: setup test-image
 	$(BIN)/ruff check .
 	$(BIN)/python manage.py makemigrations --check --dry-run -v 0
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -95,6 +95,10 @@ def run_trials(sshd, trials: int) -> None:
     celery_app.control.purge()
     seed_demo_catalog()
     cache.clear()
+    # The image is already present (no registry is reachable): the test image under the environment's name.
+    image = subprocess.run([str(ROOT / "bin" / "test-image")], capture_output=True, text=True, check=True).stdout
+    reference = EnvironmentImage.objects.get(slug="pytorch-2-7-cuda-12-8").image_ref
+    subprocess.run(["podman", "tag", image.strip(), reference], check=True, capture_output=True)
     b200 = HardwareClass.objects.get(slug="b200-pair")
     host = Host.objects.create(
         name="loopback", address="127.0.0.1", ssh_port=sshd.port, driver=Host.Driver.SSH, host_key=sshd.host_key_line
@@ -143,6 +147,7 @@ def run_trials(sshd, trials: int) -> None:
         )
         with get_driver("ssh").connect(sshd.host_spec) as connection:
             remove_user(connection, username)
+    subprocess.run(["podman", "untag", image.strip(), reference], check=False, capture_output=True)
     print()
     print(
         "step durations, median s: "

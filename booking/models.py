@@ -297,7 +297,8 @@ ORDER_TRANSITIONS: dict[str, frozenset[str]] = {
     OrderStatus.PAID: frozenset({OrderStatus.APPROVED, OrderStatus.REJECTED, OrderStatus.CANCELLED}),
     OrderStatus.APPROVED: frozenset({OrderStatus.PROVISIONING, OrderStatus.CANCELLED}),
     OrderStatus.PROVISIONING: frozenset({OrderStatus.READY, OrderStatus.PROVISIONING_FAILED, OrderStatus.CANCELLED}),
-    OrderStatus.PROVISIONING_FAILED: frozenset({OrderStatus.PROVISIONING, OrderStatus.CANCELLED}),
+    # READY: the pre-flight check failed and an operator hands the machines over anyway (or it passes on a re-run).
+    OrderStatus.PROVISIONING_FAILED: frozenset({OrderStatus.PROVISIONING, OrderStatus.READY, OrderStatus.CANCELLED}),
     OrderStatus.READY: frozenset(
         {OrderStatus.ACTIVE, OrderStatus.PROVISIONING, OrderStatus.ENDED, OrderStatus.CANCELLED}
     ),

@@ -309,7 +309,20 @@ def _order_context(order: Order, token: str) -> dict:
         else [],
         "now": now,
         "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
+        "progress": _provisioning_progress(order),
     }
+
+
+def _provisioning_progress(order: Order) -> dict | None:
+    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order)."""
+    if order.status != OrderStatus.PROVISIONING:
+        return None
+    run = order.provisioning_runs.filter(kind="provision").first()
+    if run is None:
+        return None
+    statuses = list(run.steps.values_list("status", flat=True))
+    done = statuses.count("done")
+    return {"step": min(done + 1, len(statuses)), "steps": len(statuses)}
 
 
 def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict | None = None) -> HttpResponse:

@@ -13,7 +13,7 @@ class HostAdmin(admin.ModelAdmin):
 
 @admin.register(OperatorSettings)
 class OperatorSettingsAdmin(SingletonAdmin):
-    list_display = ["__str__", "auto_approve", "provision_lead_hours", "wipe_data_on_teardown"]
+    list_display = ["__str__", "auto_approve", "provision_lead_hours", "wipe_after_days"]
 
 
 class StepInline(admin.TabularInline):

@@ -12,8 +12,9 @@ class ProvisioningConfig(AppConfig):
             checks,  # noqa: F401 (registers the production checks)
             services,
         )
-        from provisioning.models import Access, Host
+        from provisioning.models import Access, Host, ProvisioningRun
 
-        # Hosts carry lots (the booking page); accesses are what the order page shows once ready.
-        connect_page_signals(app="provisioning", catalog=(Host,), order_rows=(Access,))
+        # Hosts carry lots (the booking page); accesses are what the order page shows once ready, runs the
+        # progress while they are prepared (a run is saved as each step starts).
+        connect_page_signals(app="provisioning", catalog=(Host,), order_rows=(Access, ProvisioningRun))
         order_status_changed.connect(services.on_order_status_changed, dispatch_uid="provisioning-lifecycle")

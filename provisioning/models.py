@@ -53,10 +53,15 @@ class OperatorSettings(SingletonRow, models.Model):
         _("approve paid orders automatically"), default=False, help_text=_("Off: an operator approves each order.")
     )
     provision_lead_hours = models.PositiveSmallIntegerField(_("provision this many hours before the window"), default=6)
-    wipe_data_on_teardown = models.BooleanField(
-        _("delete the customer's home directory at teardown"),
-        default=False,
-        help_text=_("Off: the user is locked and its files kept for the operators."),
+    key_grace_minutes = models.PositiveIntegerField(
+        _("keys stay valid this many minutes after the window"),
+        default=60,
+        help_text=_("Written into each key's expiry-time: sshd refuses the key after it, even if teardown failed."),
+    )
+    wipe_after_days = models.PositiveSmallIntegerField(
+        _("delete the customer's files this many days after the window"),
+        default=7,
+        help_text=_("Announced in the end-of-window e-mails. Until then the account is locked and its files kept."),
     )
 
     class Meta:
@@ -74,6 +79,8 @@ class ProvisioningRun(models.Model):
     class Kind(models.TextChoices):
         PROVISION = "provision", _("Provision")
         PREFLIGHT = "preflight", _("Re-run the pre-flight check")
+        KEYS = "keys", _("Renew the keys' expiry")
+        WIPE = "wipe", _("Delete the customer's files")
         TEARDOWN = "teardown", _("Teardown")
 
     class Status(models.TextChoices):
@@ -160,6 +167,11 @@ class Access(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     preflight_report = models.JSONField(null=True, blank=True)
     preflight_status = models.CharField(max_length=8, blank=True)
+    keys_expire_at = models.DateTimeField(null=True, blank=True)  # the expiry-time written with the keys
+    wiped_at = models.DateTimeField(null=True, blank=True)  # the account and its files deleted from the host
+    # Why an operator handed the machines over although the pre-flight check failed: the customer reads it
+    # beside the report.
+    handover_note = models.TextField(blank=True)
 
     class Meta:
         ordering = ["host__name"]

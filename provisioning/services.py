@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -111,16 +111,29 @@ def _hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
     return [(host, sorted(indices)) for host, indices in by_host.values()]
 
 
+def _hosts_for_run(order: Order, kind: str) -> list[tuple[Host, list[int]]]:
+    """The hosts a run works on: those of the order's lots; for a teardown or a wipe, also every host the order
+    ever had an access on (a lot reassigned away from a host leaves an account there)."""
+    hosts = _hosts_of(order)
+    if kind in (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE) or not hosts:
+        known = {host.pk for host, _indices in hosts}
+        hosts += [(access.host, []) for access in order.accesses.select_related("host") if access.host_id not in known]
+    return hosts
+
+
 @transaction.atomic
 def _create_run(*, order: Order, kind: str, step_names: list[str], actor: AbstractBaseUser | None) -> ProvisioningRun:
     run = ProvisioningRun.objects.create(order=order, kind=kind, triggered_by=actor)
     position = 0
-    for host, gpu_indices in _hosts_of(order) or [(access.host, []) for access in order.accesses.all()]:
-        Access.objects.get_or_create(
+    for host, gpu_indices in _hosts_for_run(order, kind):
+        access, created = Access.objects.get_or_create(
             order=order,
             host=host,
             defaults={"username": username_for(order), "gpu_indices": ",".join(map(str, gpu_indices))},
         )
+        if not created and gpu_indices and access.gpu_indices != ",".join(map(str, gpu_indices)):
+            access.gpu_indices = ",".join(map(str, gpu_indices))  # a lot reassigned on the same host
+            access.save(update_fields=["gpu_indices"])
         for name in step_names:
             ProvisioningStep.objects.create(run=run, host=host, position=position, name=name)
             position += 1
@@ -153,10 +166,45 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser) -> Provisioning
     return run
 
 
+def awaits_preflight_decision(order: Order) -> bool:
+    """The machines were prepared but their pre-flight check failed: an operator re-runs it, reassigns the lots
+    or hands the machines over anyway."""
+    if order.status != OrderStatus.PROVISIONING_FAILED:
+        return False
+    last = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.PROVISION).first()
+    return last is not None and last.status == ProvisioningRun.Status.SUCCEEDED
+
+
+def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
+    """Hand over machines whose pre-flight check failed; the customer reads `reason` beside the report."""
+    reason = reason.strip()
+    if not reason:
+        raise ProvisioningError(
+            _("Say why the machines are handed over despite the failed check: the customer reads it."), field="reason"
+        )
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order.pk)
+        if not awaits_preflight_decision(order):
+            raise ProvisioningError(_("Only an order whose pre-flight check failed waits for this decision."))
+        _accesses_set(order, handover_note=reason)
+        _hand_over(
+            order=order,
+            now=timezone.now(),
+            reason=f"handed over despite the pre-flight check: {reason}",
+            evidence={},
+            **_operator(actor),
+        )
+
+
 def preflight_rerun(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
-    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE) and not awaits_preflight_decision(order):
         raise ProvisioningError(_("The pre-flight check runs on machines that are ready."))
     return _create_run(order=order, kind=ProvisioningRun.Kind.PREFLIGHT, step_names=steps.PREFLIGHT_STEPS, actor=actor)
+
+
+def access_keys_renew(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
+    """Rewrite the keys with the window's current end in their expiry-time (after an extension)."""
+    return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
 
 
 def teardown_start(
@@ -187,6 +235,7 @@ def _host_spec(host: Host) -> HostSpec:
 
 def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
     hardware = order.hardware_class
+    operator_settings = OperatorSettings.current()
     return steps.StepContext(
         username=access.username,
         comment=f"Binome {order.public_id}",
@@ -197,7 +246,7 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
         expect_vendor=hardware.vendor,
         image_ref=order.environment.image_ref,
         container_runtime=host.container_runtime,
-        wipe_data=OperatorSettings.current().wipe_data_on_teardown,
+        keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
     )
 
 
@@ -239,7 +288,7 @@ def run_execute(*, run: ProvisioningRun) -> str:
     connections: dict[int, object] = {}
     try:
         for step in pending:
-            if run.kind != ProvisioningRun.Kind.TEARDOWN and _released(order):
+            if run.kind not in RELEASED_RUN_KINDS and _released(order):
                 failure = f"stopped before {step.name}: the order was {order.get_status_display().lower()}"
                 break
             access = Access.objects.select_related("host").get(order=order, host=step.host)
@@ -262,9 +311,9 @@ def _execute_step(
     *, run: ProvisioningRun, step: ProvisioningStep, order: Order, access: Access, connections: dict
 ) -> str:
     """Run one step through the host's connection (opened once per host). Returns the failure, or ""."""
-    ProvisioningRun.objects.filter(pk=run.pk).update(
-        lease_until=timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
-    )
+    # Saved, not updated: the order page shows the run's progress, and a save makes its renderings stale.
+    run.lease_until = timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
+    run.save(update_fields=["lease_until"])
     ProvisioningStep.objects.filter(pk=step.pk).update(
         status=ProvisioningStep.Status.RUNNING, attempts=step.attempts + 1, started_at=timezone.now(), error=""
     )
@@ -272,7 +321,8 @@ def _execute_step(
         if step.host_id not in connections:
             driver = get_driver(step.host.driver)
             connections[step.host_id] = driver.connect(_host_spec(step.host))
-        output = steps.STEPS[step.name](connections[step.host_id], _context(order, access, step.host))
+        context = _context(order, access, step.host)
+        output = steps.STEPS[step.name](connections[step.host_id], context)
     except (DriverError, steps.StepFailed) as exc:
         failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
         ProvisioningStep.objects.filter(pk=step.pk).update(
@@ -285,6 +335,9 @@ def _execute_step(
         access.preflight_status = report.get("summary", {}).get("status", "")
         access.save(update_fields=["preflight_report", "preflight_status"])
         output = f"pre-flight: {report.get('summary', {})}"
+    elif step.name == "install_keys":
+        access.keys_expire_at = context.keys_expire_at
+        access.save(update_fields=["keys_expire_at"])
     ProvisioningStep.objects.filter(pk=step.pk).update(
         status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=output[:20000]
     )
@@ -305,6 +358,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     ProvisioningRun.objects.filter(pk=run.pk).update(status=status, finished_at=now, error=failure, lease_until=None)
     order = Order.objects.select_for_update().get(pk=order.pk)
     if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
+        failed_checks = _failed_preflights(order)
         if failure:
             order_transition(
                 order=order,
@@ -313,25 +367,21 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 reason="provisioning failed",
                 evidence={"error": failure[:500], "run": run.pk},
             )
-        else:
-            _accesses_set(order, status=Access.Status.READY, ready_at=now)
+        elif failed_checks:  # the hand-over waits for an operator's decision
             order_transition(
                 order=order,
-                to_status=OrderStatus.READY,
+                to_status=OrderStatus.PROVISIONING_FAILED,
                 actor_kind=OrderEvent.Actor.SYSTEM,
-                reason="access ready",
-                evidence={"run": run.pk},
+                reason="pre-flight check failed: waiting for an operator",
+                evidence={"run": run.pk, "failed": failed_checks},
             )
-            if order.starts_at <= now:
-                order_transition(
-                    order=order,
-                    to_status=OrderStatus.ACTIVE,
-                    actor_kind=OrderEvent.Actor.SYSTEM,
-                    reason="window started",
-                )
-            from provisioning.tasks import send_access_ready
-
-            send_access_ready.delay_on_commit(order.pk)
+        else:
+            _hand_over(order=order, now=now, reason="access ready", evidence={"run": run.pk})
+    elif run.kind == ProvisioningRun.Kind.PREFLIGHT and not failure and awaits_preflight_decision(order):
+        if not _failed_preflights(order):
+            _hand_over(order=order, now=now, reason="pre-flight check passed on a re-run", evidence={"run": run.pk})
+    elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
+        _accesses_set(order, wiped_at=now)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
         _accesses_set(order, status=Access.Status.REVOKED, revoked_at=now)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
@@ -339,6 +389,32 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
             )
     return status
+
+
+def _failed_preflights(order: Order) -> dict[str, list[str]]:
+    """Host name → the names of the checks that failed, for the accesses whose pre-flight report is a FAIL."""
+    failed = {}
+    for access in order.accesses.select_related("host"):
+        if access.preflight_status == "FAIL":
+            checks = (access.preflight_report or {}).get("checks") or []
+            failed[access.host.name] = [
+                str(check.get("name")) for check in checks if isinstance(check, dict) and check.get("status") == "FAIL"
+            ]
+    return failed
+
+
+def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **actor) -> None:
+    """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
+    actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
+    _accesses_set(order, status=Access.Status.READY, ready_at=now)
+    order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
+    if order.starts_at <= now:
+        order_transition(
+            order=order, to_status=OrderStatus.ACTIVE, actor_kind=OrderEvent.Actor.SYSTEM, reason="window started"
+        )
+    from provisioning.tasks import send_access_ready
+
+    send_access_ready.delay_on_commit(order.pk)
 
 
 def access_email_send(*, order: Order) -> None:
@@ -364,6 +440,8 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "activated": _activate_started(now),
         "warned": _warn_ending(now),
         "torn_down": _tear_down_released(now),
+        "keys_renewed": _renew_moved_keys(now),
+        "wiped": _wipe_due(now),
         "resumed": _resume_abandoned(now),
     }
 
@@ -440,6 +518,62 @@ def _tear_down_released(now: datetime) -> int:
     return torn_down
 
 
+def _renew_moved_keys(now: datetime) -> int:
+    """Windows whose end moved (an extension) since their keys were written: the expiry-time moves with it."""
+    grace = timedelta(minutes=OperatorSettings.current().key_grace_minutes)
+    moved = (
+        Order.objects.filter(
+            status__in=[OrderStatus.READY, OrderStatus.ACTIVE],
+            ends_at__gt=now,
+            accesses__status=Access.Status.READY,
+            accesses__keys_expire_at__lt=F("ends_at") + grace,
+        )
+        .exclude(
+            provisioning_runs__kind=ProvisioningRun.Kind.KEYS,
+            provisioning_runs__status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        )
+        .distinct()[:50]
+    )
+    renewed = 0
+    for order in moved:
+        access_keys_renew(order=order)
+        renewed += 1
+    return renewed
+
+
+def wipe_date(order: Order) -> datetime:
+    """When the customer's files are deleted: announced in the end-of-window e-mails."""
+    return order.ends_at + timedelta(days=OperatorSettings.current().wipe_after_days)
+
+
+def access_wipe_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
+    return _create_run(order=order, kind=ProvisioningRun.Kind.WIPE, step_names=steps.WIPE_STEPS, actor=actor)
+
+
+def _wipe_due(now: datetime) -> int:
+    """Accesses revoked more than the announced number of days ago whose files are still on the host. The days
+    count from the later of the window's end and the revocation (an early teardown keeps the announced date)."""
+    grace = timedelta(days=OperatorSettings.current().wipe_after_days)
+    due = (
+        Order.objects.filter(
+            accesses__status=Access.Status.REVOKED,
+            accesses__wiped_at__isnull=True,
+            accesses__revoked_at__lte=now - grace,
+            ends_at__lte=now - grace,
+        )
+        .exclude(
+            provisioning_runs__kind=ProvisioningRun.Kind.WIPE,
+            provisioning_runs__status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        )
+        .distinct()[:50]
+    )
+    started = 0
+    for order in due:
+        access_wipe_start(order=order)
+        started += 1
+    return started
+
+
 def _resume_abandoned(now: datetime) -> int:
     """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting."""
     from provisioning.tasks import execute_run
@@ -456,6 +590,8 @@ def _resume_abandoned(now: datetime) -> int:
 
 
 QUEUED_PATIENCE = timedelta(minutes=5)
+# What still runs once the order is released (every other run stops before its next step).
+RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE)
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:
@@ -464,5 +600,9 @@ def end_warning_send(*, order: Order, kind: str) -> None:
         subject=gettext_lazy("Your Binôme window ends in %(left)s: order %(number)s"),
         subject_values={"left": kind.replace("h", " h")},
         template="provisioning/email/end_warning.txt",
-        context={"kind": kind},
+        context={
+            "kind": kind,
+            "wipe_at": wipe_date(order),
+            "wipe_after_days": OperatorSettings.current().wipe_after_days,
+        },
     )

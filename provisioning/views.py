@@ -95,6 +95,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),
         "free_lots": free_lots,
+        "awaits_decision": services.awaits_preflight_decision(order),
     }
     template = "provisioning/console/order.html#runs" if request.htmx else "provisioning/console/order.html"
     return render(request, template, context)
@@ -112,6 +113,9 @@ ACTIONS = {
     "reject": lambda order, user, reason, post: services.order_reject(order=order, actor=user, reason=reason),
     "retry": lambda order, user, reason, post: services.provisioning_retry(order=order, actor=user),
     "preflight": lambda order, user, reason, post: services.preflight_rerun(order=order, actor=user),
+    "handover": lambda order, user, reason, post: services.provisioning_hand_over(
+        order=order, actor=user, reason=reason
+    ),
     "teardown": lambda order, user, reason, post: services.teardown_start(
         order=order, actor=user, reason=reason or "torn down by an operator"
     ),

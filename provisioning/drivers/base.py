@@ -103,23 +103,35 @@ class Connection(ABC):
         """Run argv (shell-quoted with shlex.join) and wait for it. check=True raises CommandFailed on non-zero exit;
         a command still running after `timeout` seconds is killed and raises DriverError."""
 
-    def put_file(self, remote_path: str, content: bytes, *, mode: int, owner: str | None = None) -> None:
+    def put_file(
+        self, remote_path: str, content: bytes, *, mode: int, owner: str | None = None, as_user: str | None = None
+    ) -> None:
         """Write `content` to `remote_path` atomically: a temp file next to it gets the content, the mode and the
-        owner ("user" or "user:group"), then `mv` puts it in place. The directory must exist."""
+        owner ("user" or "user:group"), then `mv` puts it in place. The directory must exist.
+
+        `as_user`: every command runs as that account (`runuser`), for files in a directory the account controls
+        (a customer's home): root would follow whatever symlink the customer planted there, the account itself
+        can only reach what it could reach anyway. The file is then owned by that account."""
         tmp_path = self._temp_path_for(remote_path)
         if not 0 <= mode <= 0o7777:
             raise ValueError(f"invalid file mode {mode:o}")
+        if owner and as_user:
+            raise ValueError("a file written as_user is owned by that user: owner must not be given too")
+
+        def as_writer(argv: list[str]) -> list[str]:
+            return ["runuser", "-u", as_user, "--", *argv] if as_user else argv
+
         try:
             # umask 077: the content is never readable by others, even before the chmod.
-            self.run(["sh", "-c", 'umask 077 && cat > "$1"', "put_file", tmp_path], stdin=content)
-            self.run(["chmod", f"{mode:04o}", tmp_path])
+            self.run(as_writer(["sh", "-c", 'umask 077 && cat > "$1"', "put_file", tmp_path]), stdin=content)
+            self.run(as_writer(["chmod", f"{mode:04o}", tmp_path]))
             if owner:
                 self.run(["chown", owner, tmp_path])
-            self.run(["mv", "-f", "-T", tmp_path, remote_path])
+            self.run(as_writer(["mv", "-f", "-T", tmp_path, remote_path]))
         except BaseException:
             # Best-effort cleanup: the original error is the one to report.
             with contextlib.suppress(Exception):
-                self.run(["rm", "-f", tmp_path], check=False, timeout=30)
+                self.run(as_writer(["rm", "-f", tmp_path]), check=False, timeout=30)
             raise
 
     @staticmethod

@@ -57,12 +57,17 @@ class DryRunConnection(Connection):
             raise CommandFailed(result, self.host.name)
         return result
 
-    def put_file(self, remote_path: str, content: bytes, *, mode: int, owner: str | None = None) -> None:
+    def put_file(
+        self, remote_path: str, content: bytes, *, mode: int, owner: str | None = None, as_user: str | None = None
+    ) -> None:
         self._temp_path_for(remote_path)  # the same checks as the real thing
         if not 0 <= mode <= 0o7777:
             raise ValueError(f"invalid file mode {mode:o}")
+        if owner and as_user:
+            raise ValueError("a file written as_user is owned by that user: owner must not be given too")
         self.files[remote_path] = bytes(content)
-        self.log.append(f"write: {remote_path} ({len(content)} bytes, mode {mode:04o}, owner {owner or '(unchanged)'})")
+        writer = f"written as {as_user}" if as_user else f"owner {owner or '(unchanged)'}"
+        self.log.append(f"write: {remote_path} ({len(content)} bytes, mode {mode:04o}, {writer})")
 
     def close(self) -> None:
         self.closed = True

@@ -29,6 +29,7 @@ from provisioning.drivers import HostSpec, get_driver
 from provisioning.drivers.base import Connection
 
 SSHD = "/usr/sbin/sshd"
+ROOT = Path(__file__).resolve().parents[2]
 MISSING_PACKAGES_HINT = (
     "run `make system-deps` (it installs Debian's openssh-server, openssh-client and sudo), "
     "or `apt-get install openssh-server openssh-client sudo`"
@@ -46,8 +47,17 @@ class SshServer:
     authorized_keys_dir: Path  # <dir>/<user>: extra authorized_keys files, owned by root, mode 644
     process: subprocess.Popen = field(repr=False)
 
-    def login_as(self, user: str, private_key_path: str | os.PathLike, command: str, *, timeout: float = 30):
-        """Run `command` as `user` with the system ssh client, like a researcher would; returns CompletedProcess."""
+    def login_as(
+        self,
+        user: str,
+        private_key_path: str | os.PathLike,
+        command: str | None,
+        *,
+        options: list[str] = (),
+        timeout: float = 30,
+    ):
+        """Run `command` as `user` with the system ssh client, like a researcher would; returns CompletedProcess.
+        `options`: more ssh arguments (`-W host:port` with no command, `-R ...`)."""
         return subprocess.run(
             [
                 "ssh",
@@ -71,9 +81,11 @@ class SshServer:
                 os.fspath(private_key_path),
                 "-p",
                 str(self.port),
+                *options,
                 f"{user}@127.0.0.1",
-                command,
+                *([command] if command is not None else []),
             ],
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -268,7 +280,9 @@ def random_username(prefix: str = "binome-test") -> str:
 
 
 def remove_user(connection: Connection, user: str) -> None:
-    """userdel -r, retried while the user's last ssh session is still winding down."""
+    """userdel -r, retried while the user's last ssh session is still winding down; and the user's kit directory
+    (provisioning.steps.KIT_ROOT, root-owned, outside the home)."""
+    connection.run(["rm", "-rf", f"/var/lib/binome/{user}"], check=False)
     for _attempt in range(20):
         result = connection.run(["userdel", "--remove", user], check=False)
         # 0: removed; 6: no such user; 12: home not removed (still gone from passwd); 8: user still logged in.
@@ -279,8 +293,34 @@ def remove_user(connection: Connection, user: str) -> None:
         connection.run(["userdel", "--remove", "--force", user], check=False)
 
 
+@pytest.fixture(scope="session")
+def test_image() -> str:
+    """The containers' image, built from Debian packages (bin/test-image: cached, imported into podman once)."""
+    if shutil.which("podman") is None or shutil.which("runc") is None or shutil.which("mmdebstrap") is None:
+        pytest.fail("podman, runc and mmdebstrap are missing: run `make system-deps`", pytrace=False)
+    built = subprocess.run([str(ROOT / "bin" / "test-image")], capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    return built.stdout.strip()
+
+
 @pytest.fixture
-def loopback_host(sshd, catalog, settings):
+def environment_images(test_image, catalog) -> Iterator[list[str]]:
+    """The catalog's environment images present in the host's podman store (the test image under their names:
+    no registry is reachable), so that prepare_image finds them instead of pulling."""
+    from booking.models import EnvironmentImage
+
+    references = sorted(set(EnvironmentImage.objects.values_list("image_ref", flat=True)))
+    for reference in references:
+        subprocess.run(["podman", "tag", test_image, reference], check=True, capture_output=True)
+    try:
+        yield references
+    finally:
+        for reference in references:  # that name only: the test image keeps its own
+            subprocess.run(["podman", "untag", test_image, reference], check=False, capture_output=True)
+
+
+@pytest.fixture
+def loopback_host(sshd, catalog, settings, environment_images):
     """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot the order will get."""
     from booking.models import Lot  # here, not at import: bench/provisioning.py imports this module before Django
     from provisioning.models import Host

@@ -1,5 +1,6 @@
 """The operator console: who may use it, approval, runs on dry-run hosts, the lifecycle of a window."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -12,7 +13,7 @@ from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
-from provisioning import services
+from provisioning import services, steps
 from provisioning.models import Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 
@@ -375,3 +376,175 @@ def test_the_console_speaks_french_to_a_french_operator(client, paid_order, oper
     assert f"{order.public_id} : approbation effectuée." in approved
     for english in ("Flagged payments", "Nothing here.", "Approve<", "History", "Lots × days"):
         assert english not in queue + page + calendar, english
+
+
+def preflight_reporting(status: str):
+    """A pre-flight step that reports `status` (dry-run hosts otherwise report DRY-RUN)."""
+
+    def preflight(conn, ctx):
+        check = {"name": "bf16_matmul", "status": status, "reason": "bf16 matmul differs" if status == "FAIL" else ""}
+        summary = {"status": status, "passed": int(status == "PASS"), "failed": int(status == "FAIL")}
+        return json.dumps({"schema": "binome.preflight/1", "checks": [check], "summary": summary})
+
+    return preflight
+
+
+def act(client, order, action, data=None, callbacks=None):
+    url = reverse("console:action", kwargs={"public_id": order.public_id, "action": action})
+    if callbacks is None:
+        return client.post(url, data or {}, follow=True)
+    with callbacks(execute=True):
+        return client.post(url, data or {}, follow=True)
+
+
+@pytest.fixture
+def failed_preflight(client, paid_order, operator, monkeypatch, django_capture_on_commit_callbacks):
+    """An order provisioned on dry-run hosts whose pre-flight check reported FAIL."""
+    order, token = paid_order
+    client.force_login(operator)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("FAIL"))
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    return order, token
+
+
+def test_a_failed_pre_flight_stops_the_hand_over_until_an_operator_decides(client, failed_preflight, mailoutbox):
+    order, token = failed_preflight
+
+    # the order waits, the customer gets no access details, and the operator sees the report and the choices
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+    assert order.events.last().reason == "pre-flight check failed: waiting for an operator"
+    assert order.provisioning_runs.get().status == ProvisioningRun.Status.SUCCEEDED
+    customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    assert "ssh bn-" not in customer.content.decode()
+    assert not any("machines are ready" in message.subject for message in mailoutbox)
+    console = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
+    assert "bf16 matmul differs" in console
+    for action in ("preflight", "handover", "provision"):
+        assert f"/{action}/" in console
+    assert "Retry the failed run" not in console
+
+
+def test_a_re_run_that_passes_hands_the_machines_over(
+    client, failed_preflight, monkeypatch, django_capture_on_commit_callbacks
+):
+    order, token = failed_preflight
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("FAIL"))
+    act(client, order, "preflight", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED  # still failing: still waiting
+
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "preflight", callbacks=django_capture_on_commit_callbacks)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    assert order.events.last().reason == "pre-flight check passed on a re-run"
+    customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    assert "ssh bn-" in customer.content.decode()
+
+
+def test_handing_over_anyway_needs_a_reason_that_the_customer_reads_beside_the_report(
+    client, failed_preflight, operator, django_capture_on_commit_callbacks
+):
+    order, token = failed_preflight
+    refused = act(client, order, "handover", {"reason": "  "}, callbacks=django_capture_on_commit_callbacks)
+    assert "Say why the machines are handed over" in refused.content.decode()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+
+    note = "bf16 differs by 1e-2 on this driver; fp32 runs are exact. Use fp32 or ask for a new lot."
+    act(client, order, "handover", {"reason": note}, callbacks=django_capture_on_commit_callbacks)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    event = order.events.last()
+    assert event.actor == operator and event.reason.startswith("handed over despite the pre-flight check")
+    client.cookies["django_language"] = "fr"
+    page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})).content
+    text = page.decode()
+    assert "ssh bn-" in text and "bf16 differs by 1e-2 on this driver" in text
+    assert "bien que la vérification préalable ait échoué" in text
+    assert "bf16 matmul differs" in text.split("bien que la vérification préalable ait échoué")[1]
+
+
+def test_after_a_reassignment_the_operator_provisions_again_on_the_new_lot(
+    client, catalog, booking_data, admin_user, operator, monkeypatch, django_capture_on_commit_callbacks
+):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    client.force_login(operator)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("FAIL"))
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+    held = set(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
+    same_host = [  # a lot of the order, and a free lot on the same host (the order keeps its hosts)
+        (lot, free)
+        for lot in Lot.objects.filter(pk__in=held)
+        for free in Lot.objects.filter(hardware_class=order.hardware_class, host=lot.host).exclude(pk__in=held)[:1]
+    ]
+    assert same_host
+    taken, free = same_host[0]
+    act(client, order, "reassign", {"from_lot": taken.pk, "to_lot": free.pk})
+
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    assert order.provisioning_runs.filter(kind=ProvisioningRun.Kind.PROVISION).count() == 2
+    for access in Access.objects.filter(order=order):  # each access has the GPUs of the lots it now holds
+        live = order.allocations.filter(released_at__isnull=True, lot__host=access.host).select_related("lot")
+        assert access.gpu_indices == ",".join(map(str, sorted(i for a in live for i in a.lot.gpu_index_list)))
+    assert str(free.gpu_index_list[0]) in access.gpu_indices.split(",")
+
+
+def test_the_order_page_shows_which_step_of_the_preparation_is_running(
+    client, paid_order, operator, monkeypatch, django_capture_on_commit_callbacks
+):
+    order, token = paid_order
+    client.force_login(operator)
+    seen = []
+    prepare_image = steps.STEPS["prepare_image"]
+
+    def watched(conn, ctx):
+        page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+        seen.append(page.content.decode())
+        return prepare_image(conn, ctx)
+
+    monkeypatch.setitem(steps.STEPS, "prepare_image", watched)
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+
+    steps_in_run = order.provisioning_runs.get().steps.count()
+    assert f"Step 5 of {steps_in_run}" in seen[0]
+    assert '<progress value="5"' in seen[0]
+
+
+def test_a_teardown_reaches_a_host_the_order_was_reassigned_away_from(
+    client, catalog, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    client.force_login(operator)
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    first = order.allocations.get(released_at__isnull=True).lot
+    # given the order moved to another host after its account was made on the first one
+    Order.objects.filter(pk=order.pk).update(status=OrderStatus.PROVISIONING_FAILED)
+    elsewhere = Lot.objects.filter(hardware_class=order.hardware_class).exclude(host=first.host).first()
+    act(client, order, "reassign", {"from_lot": first.pk, "to_lot": elsewhere.pk})
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+
+    # when it is torn down, then both hosts' accounts are, the first one included
+    act(client, order, "teardown", {"reason": "test"}, callbacks=django_capture_on_commit_callbacks)
+
+    teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
+    assert set(teardown.steps.values_list("host", flat=True)) == {first.host_id, elsewhere.host_id}
+    assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}

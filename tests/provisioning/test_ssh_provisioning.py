@@ -1,14 +1,17 @@
 """Provisioning for real: a host reached over SSH (Debian's sshd on 127.0.0.1), a customer who logs in with their
 own key and finds their GPUs set, a teardown after which the same login is refused."""
 
+from datetime import UTC, timedelta
+
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from booking.models import OrderStatus
+from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
-from provisioning import services
-from provisioning.models import Access, Host, ProvisioningRun
+from provisioning import services, steps
+from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import remove_user
 
@@ -21,11 +24,14 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
     order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    with django_capture_on_commit_callbacks(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
-    order.refresh_from_db()
     username = services.username_for(order)
-    try:
+    try:  # from here on the user may exist: removed whatever happens
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_start(order=order, actor=admin_user)
+        # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+        order.refresh_from_db()
         yield order, token, username, private_key
     finally:
         remove_user(admin, username)
@@ -36,6 +42,8 @@ def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, l
     run = order.provisioning_runs.get()
     assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
     assert order.status == OrderStatus.READY
+    # the environment's image was already in the host's podman store: used, not pulled (no registry here)
+    assert run.steps.get(name="prepare_image").output.endswith(f"{order.environment.image_ref} already present")
 
     whoami = login_as(
         username, private_key, "whoami; echo CUDA=$CUDA_VISIBLE_DEVICES; stat -c %a ~/.ssh ~/.ssh/authorized_keys"
@@ -52,22 +60,63 @@ def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, l
     assert f"ssh -p {access.host.ssh_port} {username}@127.0.0.1" in page.content.decode()
 
 
-def test_after_teardown_the_same_login_is_refused(
-    provisioned, login_as, admin_user, django_capture_on_commit_callbacks
+def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_files_go_after_the_grace_period(
+    provisioned, login_as, admin, admin_user, django_capture_on_commit_callbacks
 ):
     order, _token, username, private_key = provisioned
-    assert login_as(username, private_key, "true").returncode == 0
+    group = f"binome-test-{username}"[:32]
+    admin.run(["groupadd", group])
+    try:
+        # given a customer who left work running in the background, and a group an operator added them to
+        admin.run(["gpasswd", "--add", username, group])
+        left = login_as(username, private_key, "setsid nohup sleep 600 >/dev/null 2>&1 < /dev/null & echo started")
+        assert left.stdout.strip() == "started", left.stderr
+        assert admin.run(["pgrep", "-u", username], check=False).ok
 
-    with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, actor=admin_user, reason="test")
+        # when the access is torn down
+        with django_capture_on_commit_callbacks(execute=True):
+            services.teardown_start(order=order, actor=admin_user, reason="test")
 
-    order.refresh_from_db()
-    assert order.status == OrderStatus.ENDED
-    teardown = order.provisioning_runs.get(kind="teardown")
-    assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
-    refused = login_as(username, private_key, "true")
-    assert refused.returncode != 0
-    assert Access.objects.get(order=order).status == Access.Status.REVOKED
+        # then the login is refused, no process of the user remains, keys and groups are gone, the files are kept
+        order.refresh_from_db()
+        assert order.status == OrderStatus.ENDED
+        teardown = order.provisioning_runs.get(kind="teardown")
+        assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
+        assert teardown.steps.get(name="stop_processes").output == "processes stopped; none remains"
+        assert login_as(username, private_key, "true").returncode != 0
+        assert not admin.run(["pgrep", "-u", username], check=False).ok
+        assert admin.run(["id", "-nG", username]).stdout.split() == [username]
+        assert not admin.run(["test", "-e", f"/home/{username}/.ssh/authorized_keys"], check=False).ok
+        assert admin.run(["test", "-d", f"/home/{username}"], check=False).ok
+        access = Access.objects.get(order=order)
+        assert access.status == Access.Status.REVOKED and access.wiped_at is None
+
+        # and the files are deleted once the announced grace period (7 days by default) has passed
+        assert services.lifecycle_tick(now=order.ends_at + timedelta(days=6))["wiped"] == 0
+        with django_capture_on_commit_callbacks(execute=True):
+            assert services.lifecycle_tick(now=order.ends_at + timedelta(days=7, minutes=1))["wiped"] == 1
+        wipe = order.provisioning_runs.get(kind="wipe")
+        assert wipe.status == ProvisioningRun.Status.SUCCEEDED, wipe.error
+        assert not admin.run(["id", "-u", username], check=False).ok
+        assert not admin.run(["test", "-e", f"/home/{username}"], check=False).ok
+        assert not admin.run(["test", "-e", f"{steps.KIT_ROOT}/{username}"], check=False).ok
+        access.refresh_from_db()
+        assert access.wiped_at is not None
+        assert services.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
+    finally:
+        admin.run(["groupdel", group], check=False)
+
+
+def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, catalog, booking_data, mailoutbox):
+    order, _token = place(client, booking_data(lots="1"))
+    operator_settings = OperatorSettings.current()
+    operator_settings.wipe_after_days = 3
+    operator_settings.save()
+
+    services.end_warning_send(order=order, kind="24h")
+
+    wipe = (order.ends_at + timedelta(days=3)).strftime("%Y-%m-%d %H:%M")
+    assert f"for 3 days after the end, then they are deleted for good on {wipe} UTC" in mailoutbox[-1].body
 
 
 def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
@@ -91,7 +140,8 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
             services.provisioning_retry(order=order, actor=admin_user)
         order.refresh_from_db()
         run.refresh_from_db()
-        assert order.status == OrderStatus.READY and run.status == ProvisioningRun.Status.SUCCEEDED
+        assert run.status == ProvisioningRun.Status.SUCCEEDED
+        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
         assert [step.attempts for step in run.steps.all()] == [2, 1, 1, 1, 1, 1]  # connect failed once, then each once
     finally:
         remove_user(admin, services.username_for(order))
@@ -152,7 +202,57 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         }
         assert run.steps.get(name="create_user").output.endswith("created")  # made once, not "already exists"
         order.refresh_from_db()
-        assert order.status == OrderStatus.READY
+        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
     finally:
         with get_driver("ssh").connect(sshd.host_spec) as connection:
             remove_user(connection, services.username_for(order))
+
+
+def test_every_key_is_restricted_to_a_terminal_and_local_forwards_to_the_host_itself(
+    provisioned, login_as, admin, sshd
+):
+    order, _token, username, private_key = provisioned
+    keys = admin.run(["cat", f"/home/{username}/.ssh/authorized_keys"]).stdout.splitlines()
+    expiry = (order.ends_at + timedelta(minutes=60)).astimezone(UTC).strftime("%Y%m%d%H%M%SZ")
+    assert keys and all(line.startswith("restrict,pty,port-forwarding,") for line in keys)
+    assert all(f'expiry-time="{expiry}"' in line for line in keys)
+
+    # a local forward to the host's loopback works (Jupyter, TensorBoard): here, to sshd itself
+    local = login_as(username, private_key, None, options=["-W", f"127.0.0.1:{sshd.port}"])
+    assert local.stdout.startswith("SSH-2.0-"), local.stderr
+    # elsewhere it is refused, and so is a remote forward
+    elsewhere = login_as(username, private_key, None, options=["-W", f"127.0.0.2:{sshd.port}"])
+    assert not elsewhere.stdout and "prohibited" in elsewhere.stderr
+    remote = login_as(
+        username, private_key, "true", options=["-o", "ExitOnForwardFailure=yes", "-R", "127.0.0.1:0:127.0.0.1:22"]
+    )
+    assert remote.returncode != 0 and "forwarding failed" in remote.stderr
+
+
+def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_extension_renews_it(
+    provisioned, login_as, admin, django_capture_on_commit_callbacks
+):
+    order, _token, username, private_key = provisioned
+    assert login_as(username, private_key, "true").returncode == 0
+
+    # given the keys written with an expiry-time already past (the window's end plus the grace period)
+    now = timezone.now()
+    Order.objects.filter(pk=order.pk).update(starts_at=now - timedelta(days=3), ends_at=now - timedelta(minutes=61))
+    with django_capture_on_commit_callbacks(execute=True):
+        renewal = services.access_keys_renew(order=order)
+    renewal.refresh_from_db()
+    assert renewal.status == ProvisioningRun.Status.SUCCEEDED, renewal.error
+
+    # then sshd refuses the key, while the account is neither locked nor expired and no teardown ran
+    refused = login_as(username, private_key, "true")
+    assert refused.returncode != 0
+    shadow = admin.run(["getent", "shadow", username]).stdout.split(":")
+    assert not shadow[1].startswith("!") and shadow[7] == ""
+    assert not order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN).exists()
+
+    # when the window is extended, the lifecycle sweep writes the new end into the keys, and the login works again
+    Order.objects.filter(pk=order.pk).update(ends_at=timezone.now() + timedelta(days=7))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.lifecycle_tick()["keys_renewed"] == 1
+    assert login_as(username, private_key, "true").returncode == 0
+    assert services.lifecycle_tick()["keys_renewed"] == 0
