@@ -137,6 +137,7 @@ ACTION_NAMES = {
     "reject": gettext_lazy("rejection"),
     "retry": gettext_lazy("retry"),
     "preflight": gettext_lazy("pre-flight re-run"),
+    "handover": gettext_lazy("hand-over"),
     "teardown": gettext_lazy("teardown"),
     "provision": gettext_lazy("provisioning"),
     "reassign": gettext_lazy("reassignment"),
