@@ -24,6 +24,7 @@ not cross `fork()`: gunicorn and Celery's prefork pool fork their workers). Expi
 Not for production: the file is local to one machine, and SQLite serialises writers. Production uses Redis.
 """
 
+import fcntl
 import os
 import pickle
 import sqlite3
@@ -85,10 +86,18 @@ class SQLiteCache(BaseCache):
         self._path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: autocommit, each statement its own transaction unless BEGIN says otherwise.
         connection = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        connection.execute("PRAGMA journal_mode = WAL")
         connection.execute("PRAGMA synchronous = NORMAL")
-        for statement in _SCHEMA:
-            connection.execute(statement)
+        # Switching a new file to WAL and creating the table take locks SQLite's busy timeout does not wait for:
+        # processes opening the file at once ("database is locked") take turns on a lock file instead.
+        with open(self._path.with_name(self._path.name + ".lock"), "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    connection.execute("PRAGMA journal_mode = WAL")
+                for statement in _SCHEMA:
+                    connection.execute(statement)
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
         return connection
 
     def _write_transaction(self, statement: str, rows) -> None:
