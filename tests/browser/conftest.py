@@ -16,7 +16,13 @@ from payments.demo import DEMO_USDT_RATE
 from payments.models import OperatorRate
 from tests.payments.conftest import chains_toml
 from tests.processes import beat_argv, process_env_for_tests, stop_process_groups
-from tests.provisioning.conftest import admin, loopback_host, sshd  # noqa: F401 (fixtures of the operator journey)
+from tests.provisioning.conftest import (  # noqa: F401 (fixtures of the operator journey)
+    admin,
+    environment_images,
+    loopback_host,
+    sshd,
+    test_image,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from booking.models import Allocation, Order, OrderSshKey, OrderStatus
-from payments.models import DerivationSlot, Invoice
+from payments.models import ChainCursor, DerivationSlot, Invoice
 from portal.celery import app as celery_app
 from tests.browser.conftest import chain_for_live_server, start_worker_and_beat
 from tests.browser.steps import fill_booking, pay_as_a_wallet, place_order
@@ -139,7 +139,7 @@ def test_the_rpc_node_stopped_during_confirmations(page, live_server, restartabl
         invoice = Invoice.objects.get(order=order)
         order.refresh_from_db()
         assert invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.PAYMENT_PROCESSING
-        assert invoice.check_delayed_since is not None
+        assert ChainCursor.objects.get(chain_id=invoice.chain_id).unavailable_since is not None  # the page's source
 
         node.start()  # the same chain, read back from its state file
         confirm_and_watch_it_paid(page, chain, order)

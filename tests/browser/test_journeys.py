@@ -3,6 +3,7 @@ operator who approves, extends and tears down, the admin who settles a partial p
 state is saved in test-artifacts/ (`make screenshots` copies some into docs/img/)."""
 
 import re
+import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -12,7 +13,7 @@ from playwright.sync_api import expect
 from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
-from provisioning.services import order_approve, username_for
+from provisioning.services import awaits_preflight_decision, order_approve, provisioning_hand_over, username_for
 from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
 from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order
 from tests.provisioning.conftest import remove_user
@@ -105,6 +106,13 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     assert steps.count("Done") == 6, steps
     shot(console, "console-provisioned")
 
+    # No GPU on the test machine: the pre-flight check fails and the hand-over waits for the operator, who reads
+    # the report and hands over anyway, with a reason the researcher reads beside it.
+    console.get_by_text("the hand-over waits for your decision").wait_for(timeout=30000)
+    console.fill("input[name=reason][required]", "Test bench without GPUs: the check cannot pass here")
+    console.click("button:has-text('Hand over anyway')")
+    console.get_by_text("hand-over done").wait_for(timeout=30000)
+
     # The researcher's page shows how to log in and the pre-flight report, without a reload.
     access = Access.objects.get(order=order)
     page.locator("#order-status").get_by_text("How to log in").wait_for(timeout=30000)
@@ -112,6 +120,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     assert access.ssh_command in status and "GPUs 0,1,2,3" in status
     assert "Pre-flight report: FAIL" in status  # no GPU on the test machine: a report with reasons, not a crash
     assert "gpu_visible" in status
+    assert "The operator's note: Test bench without GPUs: the check cannot pass here" in status
     shot(page, "researcher-ready")
 
     # The operator extends the window by 7 days: a new invoice the researcher pays from the same page.
@@ -119,7 +128,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     console.locator("h1 .status", has_text="Ready").wait_for(timeout=30000)  # the page follows the order's status
     console.select_option("select[name=days]", "7")
     console.click("button:has-text('Extend (new invoice)')")
-    console.locator("ul.messages").get_by_text("extend done").wait_for(timeout=30000)
+    console.locator("ul.messages").get_by_text("extension request done").wait_for(timeout=30000)
     page.locator("#order-status").get_by_text("Extension by 7 days").wait_for(timeout=30000)
     pay_as_a_wallet(page, chain)
     chain.mine(3)
@@ -188,7 +197,13 @@ def test_une_chercheuse_reserve_paie_et_trouve_ses_acces_en_francais(
     # An operator approves (the console is the English test's); the page shows, in French, how to log in.
     order_approve(order=order, actor=operator)
     try:
-        page.locator("#order-status").get_by_text("Comment vous connecter").wait_for(timeout=90000)
+        # No GPU here: the pre-flight check fails and the operator hands over anyway, with a reason.
+        deadline = time.monotonic() + 90
+        while not awaits_preflight_decision(order) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            order.refresh_from_db()
+        provisioning_hand_over(order=order, actor=operator, reason="Banc de test sans GPU")
+        page.locator("#order-status").get_by_text("Comment vous connecter").wait_for(timeout=30000)
         status = page.inner_text("#order-status")
         assert Access.objects.get(order=order).ssh_command in status
         assert re.search(r"Rapport de vérification préalable\s*:\s*FAIL", status)
