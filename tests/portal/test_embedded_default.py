@@ -277,9 +277,12 @@ def operator_clicks(operator: Visitor, public_id: str, action: str) -> None:
     """The console's button for `action` on the order's page, as the operator presses it."""
     console_page = f"/console/orders/{public_id}/"
     answer = operator.post(f"{console_page}{action}/", {}, form_page=console_page)
+    from django.utils import translation
+
     from provisioning.views import ACTION_NAMES
 
-    done = f"{public_id}: {ACTION_NAMES[action]} done."
+    with translation.override("en"):  # the operator reads English; another test may have left French active
+        done = f"{public_id}: {ACTION_NAMES[action]} done."
     assert answer.status == 200 and done in answer.body, answer.body[:2000]
 
 
