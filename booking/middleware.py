@@ -6,13 +6,28 @@ CSRF, the user or the messages: this middleware sits right after the security on
 headers) and answers "204 No Content" there. Anything else, a changed block included, goes on to the view.
 """
 
+from functools import lru_cache
+
 from django.http import HttpResponse
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, get_urlconf, resolve
 
 from booking import status_cache
 from booking.views import mark_private, order_detail
 
 NEVER_CACHE = {"Cache-Control": "max-age=0, no-cache, no-store, must-revalidate, private"}
+LONGEST_ORDER_PATH = 256  # "/orders/<number>/<token>/" is about 70 characters; longer paths are not remembered
+
+
+@lru_cache(maxsize=4096)
+def _order_link(path: str, urlconf) -> tuple[str, str] | None:
+    """(order number, token) when `path` is an order page's address, from Django's resolver (booking/urls.py stays
+    the one route). Remembered per path: an open page polls the same address every few seconds, and resolving
+    costs about as much as the rest of the "unchanged" answer."""
+    try:
+        match = resolve(path, urlconf)
+    except Resolver404:
+        return None
+    return (match.kwargs["public_id"], match.kwargs["token"]) if match.func is order_detail else None
 
 
 class UnchangedStatusMiddleware:
@@ -27,13 +42,12 @@ class UnchangedStatusMiddleware:
             and request.META.get("HTTP_HX_REQUEST") == "true"
             and (rendering_id := request.GET.get("v"))
         ):
-            try:
-                match = resolve(request.path_info)
-            except Resolver404:
-                match = None
-            if match is not None and match.func is order_detail:
+            path = request.path_info
+            link = _order_link(path, get_urlconf()) if len(path) <= LONGEST_ORDER_PATH else None
+            if link is not None:
                 request.get_host()  # an unknown host is refused here as everywhere else (400)
-                if status_cache.unchanged(**match.kwargs, rendering_id=rendering_id):
+                public_id, token = link
+                if status_cache.unchanged(public_id=public_id, token=token, rendering_id=rendering_id):
                     # htmx keeps the block the page shows; what never_cache says, without the clock
                     return mark_private(HttpResponse(status=204, headers=NEVER_CACHE))
         return self.get_response(request)
