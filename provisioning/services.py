@@ -518,6 +518,18 @@ def _tear_down_released(now: datetime) -> int:
     return torn_down
 
 
+def _run_under_way(kind: str) -> Exists:
+    """Whether the order has a run of `kind` queued or running: one run's condition, never two runs' (an
+    `exclude()` over two conditions on a multi-valued relation may match them on different runs)."""
+    return Exists(
+        ProvisioningRun.objects.filter(
+            order=OuterRef("pk"),
+            kind=kind,
+            status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        )
+    )
+
+
 def _renew_moved_keys(now: datetime) -> int:
     """Windows whose end moved (an extension) since their keys were written: the expiry-time moves with it."""
     grace = timedelta(minutes=OperatorSettings.current().key_grace_minutes)
@@ -528,10 +540,7 @@ def _renew_moved_keys(now: datetime) -> int:
             accesses__status=Access.Status.READY,
             accesses__keys_expire_at__lt=F("ends_at") + grace,
         )
-        .exclude(
-            provisioning_runs__kind=ProvisioningRun.Kind.KEYS,
-            provisioning_runs__status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
-        )
+        .exclude(_run_under_way(ProvisioningRun.Kind.KEYS))
         .distinct()[:50]
     )
     renewed = 0
@@ -561,10 +570,7 @@ def _wipe_due(now: datetime) -> int:
             accesses__revoked_at__lte=now - grace,
             ends_at__lte=now - grace,
         )
-        .exclude(
-            provisioning_runs__kind=ProvisioningRun.Kind.WIPE,
-            provisioning_runs__status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
-        )
+        .exclude(_run_under_way(ProvisioningRun.Kind.WIPE))
         .distinct()[:50]
     )
     started = 0
