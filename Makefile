@@ -44,6 +44,8 @@ system-deps:
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v podman >/dev/null || missing="$$missing podman"; \
 	command -v runc >/dev/null || missing="$$missing runc"; \
+	test -x /usr/libexec/podman/catatonit || missing="$$missing catatonit"; \
+	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 

@@ -29,6 +29,16 @@ class BundleError(Exception):
     """A script or common.py that cannot be inlined faithfully."""
 
 
+HOST_FILES = ("enter.sh",)
+
+
+def host_file_bytes(name: str) -> bytes:
+    """A file provisioning installs on container hosts as it is (the enter script of SSH sessions)."""
+    if name not in HOST_FILES:
+        raise ValueError(f"no host file {name!r}: one of {', '.join(HOST_FILES)}")
+    return (PACKAGE_DIR / name).read_bytes()
+
+
 @functools.cache
 def script_bytes(name: str) -> bytes:
     """The shipped file for `name` ("preflight" or "split_trial"), UTF-8."""

@@ -280,6 +280,8 @@ CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
 PROVISIONING_SSH_KEY_FILE = env.str("PROVISIONING_SSH_KEY_FILE", default=str(VAR_DIR / "provisioning_ed25519"))
 # A worker holds a run this long between steps; a killed worker's run is resumed by another after it.
 PROVISIONING_LEASE_SECONDS = env.int("PROVISIONING_LEASE_SECONDS", default=120)
+# Where the GPU hosts keep their device nodes. Only the tests change it (mknod stand-ins for /dev/nvidia0..3).
+PROVISIONING_DEVICE_DIR = env.str("PROVISIONING_DEVICE_DIR", default="/dev")
 CELERY_BEAT_SCHEDULE["provisioning.lifecycle_tick"] = {
     "task": "provisioning.lifecycle_tick",
     "schedule": env.float("LIFECYCLE_EVERY_SECONDS", default=30.0),

@@ -247,6 +247,7 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
         image_ref=order.environment.image_ref,
         container_runtime=host.container_runtime,
         keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
+        device_dir=settings.PROVISIONING_DEVICE_DIR,
     )
 
 

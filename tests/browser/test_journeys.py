@@ -14,6 +14,7 @@ from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.services import awaits_preflight_decision, order_approve, provisioning_hand_over, username_for
+from provisioning.steps import PROVISION_STEPS
 from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
 from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order
 from tests.provisioning.conftest import remove_user
@@ -103,7 +104,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     runs = console.locator("#runs")
     runs.get_by_text("Provision · Succeeded").wait_for(timeout=90000)
     steps = runs.locator("table.steps").first.inner_text()
-    assert steps.count("Done") == 6, steps
+    assert steps.count("Done") == len(PROVISION_STEPS), steps
     shot(console, "console-provisioned")
 
     # No GPU on the test machine: the pre-flight check fails and the hand-over waits for the operator, who reads

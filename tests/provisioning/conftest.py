@@ -61,24 +61,7 @@ class SshServer:
         return subprocess.run(
             [
                 "ssh",
-                "-F",
-                "/dev/null",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "StrictHostKeyChecking=yes",
-                "-o",
-                f"UserKnownHostsFile={self.known_hosts_path}",
-                "-o",
-                "GlobalKnownHostsFile=/dev/null",
-                "-o",
-                "IdentitiesOnly=yes",
-                "-o",
-                "IdentityAgent=none",
-                "-o",
-                "ConnectTimeout=10",
-                "-i",
-                os.fspath(private_key_path),
+                *self.client_options(private_key_path),
                 "-p",
                 str(self.port),
                 *options,
@@ -91,6 +74,30 @@ class SshServer:
             timeout=timeout,
             check=False,
         )
+
+    def client_options(self, private_key_path: str | os.PathLike) -> list[str]:
+        """The options of a researcher's OpenSSH client (ssh, scp, sftp) for this server, without the port flag
+        (ssh's is -p, scp's and sftp's -P)."""
+        return [
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "IdentityAgent=none",
+            "-o",
+            "ConnectTimeout=10",
+            "-i",
+            os.fspath(private_key_path),
+        ]
 
     def authorize_admin_key(self, user: str, public_key_line: str) -> None:
         """Let `user` log in with `public_key_line` through the harness's own authorized-keys file for it."""
@@ -118,7 +125,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _sshd_config(directory: Path, port: int, *, per_source_penalties: bool) -> str:
+def _sshd_config(directory: Path, port: int, *, per_source_penalties: bool, containers: bool = False) -> str:
     lines = [
         f"ListenAddress 127.0.0.1:{port}",
         f"PidFile {directory / 'sshd.pid'}",
@@ -139,7 +146,12 @@ def _sshd_config(directory: Path, port: int, *, per_source_penalties: bool) -> s
     ]
     if per_source_penalties:  # OpenSSH >= 9.8 only: would lock the test client out after a few failed logins
         lines.append("PerSourcePenalties no")
-    return "\n".join(lines) + "\n"
+    config = "\n".join(lines) + "\n"
+    if containers:  # a host prepared for containers, as docs/operations.md says: its Match block comes last
+        from provisioning.steps import SSHD_MATCH_BLOCK
+
+        config += SSHD_MATCH_BLOCK
+    return config
 
 
 def _check_config(config_path: Path) -> subprocess.CompletedProcess:
@@ -169,9 +181,17 @@ def sshd() -> Iterator[SshServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def container_sshd() -> Iterator[SshServer]:
+    """An sshd configured as a container host's: customer sessions land in their container."""
+    with running_sshd(containers=True) as server:
+        yield server
+
+
 @contextmanager
-def running_sshd() -> Iterator[SshServer]:
-    """Debian's sshd on 127.0.0.1 at a free port, for the tests and bench/provisioning.py."""
+def running_sshd(*, containers: bool = False) -> Iterator[SshServer]:
+    """Debian's sshd on 127.0.0.1 at a free port, for the tests and bench/provisioning.py. `containers`: with the
+    Match block of a host that runs containers (provisioning.steps.SSHD_MATCH_BLOCK)."""
     if not os.path.exists(SSHD):
         pytest.fail(f"{SSHD} is missing: {MISSING_PACKAGES_HINT}", pytrace=False)
     if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
@@ -196,10 +216,10 @@ def running_sshd() -> Iterator[SshServer]:
 
         for _attempt in range(3):  # the free port may be taken between the probe and sshd's bind
             port = _free_port()
-            config_path.write_text(_sshd_config(directory, port, per_source_penalties=True))
+            config_path.write_text(_sshd_config(directory, port, per_source_penalties=True, containers=containers))
             check = _check_config(config_path)
             if check.returncode != 0 and "PerSourcePenalties" in check.stderr:
-                config_path.write_text(_sshd_config(directory, port, per_source_penalties=False))
+                config_path.write_text(_sshd_config(directory, port, per_source_penalties=False, containers=containers))
                 check = _check_config(config_path)
             if check.returncode != 0:
                 pytest.fail(f"sshd -t rejected the test configuration:\n{check.stderr}", pytrace=False)
@@ -280,9 +300,10 @@ def random_username(prefix: str = "binome-test") -> str:
 
 
 def remove_user(connection: Connection, user: str) -> None:
-    """userdel -r, retried while the user's last ssh session is still winding down; and the user's kit directory
-    (provisioning.steps.KIT_ROOT, root-owned, outside the home)."""
-    connection.run(["rm", "-rf", f"/var/lib/binome/{user}"], check=False)
+    """userdel -r, retried while the user's last ssh session is still winding down; and what provisioning made
+    for the user outside the home: the container, the kit directory and the root-owned keys file."""
+    connection.run(["podman", "rm", "--force", "--time", "1", f"binome-{user}"], check=False, timeout=60)
+    connection.run(["rm", "-rf", f"/var/lib/binome/{user}", f"/etc/binome/authorized_keys/{user}"], check=False)
     for _attempt in range(20):
         result = connection.run(["userdel", "--remove", user], check=False)
         # 0: removed; 6: no such user; 12: home not removed (still gone from passwd); 8: user still logged in.
@@ -319,21 +340,47 @@ def environment_images(test_image, catalog) -> Iterator[list[str]]:
             subprocess.run(["podman", "untag", test_image, reference], check=False, capture_output=True)
 
 
-@pytest.fixture
-def loopback_host(sshd, catalog, settings, environment_images):
-    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot the order will get."""
+@pytest.fixture(scope="session")
+def fake_gpus() -> Iterator[Path]:
+    """Four character devices standing in for /dev/nvidia0..3 (major 195, mode 666, as the NVIDIA driver's)."""
+    directory = Path(f"/run/binome-test-gpus-{secrets.token_hex(4)}")
+    directory.mkdir(mode=0o755)
+    for index in range(4):
+        os.mknod(directory / f"nvidia{index}", 0o666 | 0o020000, os.makedev(195, index))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loopback", runtime: str = ""):
+    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot an order gets, 2,3 another."""
     from booking.models import Lot  # here, not at import: bench/provisioning.py imports this module before Django
     from provisioning.models import Host
 
-    settings.PROVISIONING_SSH_KEY_FILE = str(sshd.host_spec.client_key_path)
+    settings.PROVISIONING_SSH_KEY_FILE = str(server.host_spec.client_key_path)
     host = Host.objects.create(
-        name="loopback",
+        name=name,
         address="127.0.0.1",
-        ssh_port=sshd.port,
+        ssh_port=server.port,
         driver=Host.Driver.SSH,
-        admin_user=sshd.host_spec.username,
-        host_key=sshd.host_key_line,
+        admin_user=server.host_spec.username,
+        host_key=server.host_key_line,
+        container_runtime=runtime,
     )
     Lot.objects.filter(hardware_class=catalog["b200-pair"]).update(status=Lot.Status.MAINTENANCE)
-    Lot.objects.create(name="loopback · GPUs 0,1", hardware_class=catalog["b200-pair"], host=host, gpu_indices="0,1")
+    Lot.objects.create(name=f"{name} · GPUs 0,1", hardware_class=catalog["b200-pair"], host=host, gpu_indices="0,1")
     return host
+
+
+@pytest.fixture
+def loopback_host(sshd, catalog, settings, environment_images):
+    """A host without a container runtime set: the customer's account is the environment."""
+    return make_loopback_host(sshd, catalog, settings)
+
+
+@pytest.fixture
+def container_host(container_sshd, catalog, settings, environment_images, fake_gpus):
+    """A host that runs each order in a podman container (runc), its GPUs the mknod stand-ins of `fake_gpus`."""
+    settings.PROVISIONING_DEVICE_DIR = str(fake_gpus)
+    return make_loopback_host(container_sshd, catalog, settings, name="containers", runtime="podman")

@@ -15,6 +15,7 @@ from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from provisioning import services, steps
 from provisioning.models import Access, LifecycleNotice, OperatorSettings, ProvisioningRun
+from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
 
 pytestmark = pytest.mark.django_db
@@ -90,7 +91,7 @@ def test_provisioning_on_a_dry_run_host_records_every_step_and_says_so(
     run = order.provisioning_runs.get()
     assert run.status == ProvisioningRun.Status.SUCCEEDED
     assert {step.status for step in run.steps.all()} == {"done"}
-    assert run.steps.count() == 6 * Access.objects.filter(order=order).count()
+    assert run.steps.count() == len(PROVISION_STEPS) * Access.objects.filter(order=order).count()
     assert Access.objects.filter(order=order, status=Access.Status.READY, preflight_status="DRY-RUN").exists()
     page = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
     assert "dry-run driver: nothing was run on a real machine" in page
@@ -520,8 +521,9 @@ def test_the_order_page_shows_which_step_of_the_preparation_is_running(
     act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
 
     steps_in_run = order.provisioning_runs.get().steps.count()
-    assert f"Step 5 of {steps_in_run}" in seen[0]
-    assert '<progress value="5"' in seen[0]
+    position = steps.PROVISION_STEPS.index("prepare_image") + 1
+    assert f"Step {position} of {steps_in_run}" in seen[0]
+    assert f'<progress value="{position}"' in seen[0]
 
 
 def test_a_teardown_reaches_a_host_the_order_was_reassigned_away_from(

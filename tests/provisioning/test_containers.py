@@ -21,19 +21,6 @@ PROBE = (
 
 
 @pytest.fixture
-def fake_gpus():
-    """Four character devices standing in for /dev/nvidia0..3 (major 195, as the NVIDIA driver's)."""
-    directory = Path(f"/run/binome-test-gpus-{secrets.token_hex(4)}")
-    directory.mkdir(mode=0o755)
-    for index in range(4):
-        os.mknod(directory / f"nvidia{index}", 0o666 | 0o020000, os.makedev(195, index))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
 def homes():
     """Two customers' homes on the host (700, owned by their uids)."""
     made = []
@@ -57,6 +44,7 @@ def test_each_lot_s_container_sees_only_its_own_gpus_as_its_customer_without_pri
         spec = ContainerSpec(
             name=f"binome-test-{uid}-{secrets.token_hex(3)}",
             image=test_image,
+            username=f"binome-test-{uid}",
             uid=uid,
             gid=uid,
             home=str(home),

@@ -12,6 +12,7 @@ from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from provisioning import services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
+from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import remove_user
 
@@ -142,14 +143,14 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
         run.refresh_from_db()
         assert run.status == ProvisioningRun.Status.SUCCEEDED
         assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
-        assert [step.attempts for step in run.steps.all()] == [2, 1, 1, 1, 1, 1]  # connect failed once, then each once
+        assert [step.attempts for step in run.steps.all()] == [2] + [1] * (len(PROVISION_STEPS) - 1)  # connect twice
     finally:
         remove_user(admin, services.username_for(order))
 
 
 @pytest.mark.integration
 def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_step_done_once(
-    loopback_host, booking_data, keypair, admin_user, start_celery_worker, tmp_path, sshd
+    loopback_host, booking_data, keypair, admin_user, start_celery_worker, tmp_path, sshd, fake_gpus
 ):
     import os
     import signal
@@ -160,8 +161,12 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
     from provisioning.drivers import get_driver
 
     # A container runtime that takes its time, so the worker can be killed while it pulls.
-    slow_runtime = tmp_path / "slow-podman"
-    slow_runtime.write_text('#!/bin/sh\nsleep 4\necho pulled "$2"\n')
+    (tmp_path / "slow").mkdir()
+    slow_runtime = tmp_path / "slow" / "podman"  # podman itself, but its image is never there and a pull is slow
+    slow_runtime.write_text(
+        '#!/bin/sh\ncase "$1 $2" in "image inspect") exit 1 ;; esac\n'
+        '[ "$1" = pull ] && { sleep 4; echo pulled "$2"; exit 0; }\nexec podman "$@"\n'
+    )
     slow_runtime.chmod(0o755)
     Host.objects.filter(pk=loopback_host.pk).update(container_runtime=str(slow_runtime))
     _private, public_key = keypair("customer")
@@ -169,7 +174,11 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
     order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    worker_env = {"PROVISIONING_SSH_KEY_FILE": str(sshd.host_spec.client_key_path), "PROVISIONING_LEASE_SECONDS": "3"}
+    worker_env = {
+        "PROVISIONING_SSH_KEY_FILE": str(sshd.host_spec.client_key_path),
+        "PROVISIONING_LEASE_SECONDS": "3",
+        "PROVISIONING_DEVICE_DIR": str(fake_gpus),
+    }
     first = start_celery_worker(**worker_env)
     try:
         run = services.provisioning_start(order=order, actor=admin_user)  # committed: the worker picks it up
@@ -194,10 +203,12 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         attempts = {step.name: step.attempts for step in run.steps.all()}
         assert attempts == {
             "connect": 1,
+            "prepare_host": 1,
             "create_user": 1,
             "install_keys": 1,
             "restrict_gpus": 1,
             "prepare_image": 2,
+            "start_container": 1,
             "preflight": 1,
         }
         assert run.steps.get(name="create_user").output.endswith("created")  # made once, not "already exists"
