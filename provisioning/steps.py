@@ -164,6 +164,18 @@ _FILE_STATES = (
 )
 
 
+def _install_root_files(conn: Connection, wanted: dict[str, tuple[bytes, int]]) -> list[str]:
+    """Root's own files (outside any customer's reach) with this content and mode, owned by root: those that
+    differ are rewritten, in one round trip to read them all. Returns the paths written."""
+    states = conn.run(["sh", "-c", _FILE_STATES, "install", *wanted]).stdout.splitlines()
+    written = []
+    for (path, (content, mode)), state in zip(wanted.items(), states + [""] * len(wanted), strict=False):
+        if state != f"{mode:o}:root {hashlib.sha256(content).hexdigest()}":
+            conn.put_file(path, content, mode=mode, owner="root:root")
+            written.append(path)
+    return written
+
+
 def prepare_host(conn: Connection, ctx: StepContext) -> str:
     """On a host that runs containers: the runtime answers, and the enter script, its sudo rule, the group and the
     root-owned keys directory are in place (a file that differs from the portal's version is rewritten)."""
@@ -176,17 +188,14 @@ def prepare_host(conn: Connection, ctx: StepContext) -> str:
     directories = ["/etc/binome", KEYS_DIR, KIT_ROOT, posixpath.dirname(ENTER_SCRIPT)]
     make = 'groupadd --force "$1" && shift && install -d -m 755 -o root -g root "$@"'
     conn.run(["sh", "-c", make, "prepare_host", CUSTOMER_GROUP, *directories])
-    wanted = {
-        RUNTIME_FILE: (f"{runtime}\n".encode(), 0o644),
-        ENTER_SCRIPT: (host_file_bytes("enter.sh"), 0o755),
-        SUDOERS_FILE: (SUDOERS.encode(), 0o440),
-    }
-    states = conn.run(["sh", "-c", _FILE_STATES, "prepare_host", *wanted]).stdout.splitlines()
-    written = []
-    for (path, (content, mode)), state in zip(wanted.items(), states + [""] * len(wanted), strict=False):
-        if state != f"{mode:o}:root {hashlib.sha256(content).hexdigest()}":
-            conn.put_file(path, content, mode=mode, owner="root:root")
-            written.append(path)
+    written = _install_root_files(
+        conn,
+        {
+            RUNTIME_FILE: (f"{runtime}\n".encode(), 0o644),
+            ENTER_SCRIPT: (host_file_bytes("enter.sh"), 0o755),
+            SUDOERS_FILE: (SUDOERS.encode(), 0o440),
+        },
+    )
     if SUDOERS_FILE in written:
         checked = conn.run(["visudo", "--check", "--quiet", "--file", SUDOERS_FILE], check=False)
         if checked.exit_status != 0 and not _dry(conn):
@@ -311,11 +320,8 @@ def _account(conn: Connection, ctx: StepContext) -> tuple[int, int, str]:
 def _container_spec(conn: Connection, ctx: StepContext) -> containers.ContainerSpec:
     uid, gid, home = _account(conn, ctx)
     nvidia = ctx.expect_vendor == "nvidia"
-    cdi = (
-        nvidia
-        and ctx.device_dir == "/dev"
-        and any(conn.run(["test", "-e", path], check=False).exit_status == 0 for path in CDI_SPECS)
-    )
+    any_exists = 'for f; do [ -e "$f" ] && exit 0; done; exit 1'
+    cdi = nvidia and ctx.device_dir == "/dev" and conn.run(["sh", "-c", any_exists, "cdi", *CDI_SPECS], check=False).ok
     spec = containers.ContainerSpec(
         name=ctx.container_name,
         image=ctx.image_ref,
@@ -392,11 +398,12 @@ def _ensure_running(conn: Connection, ctx: StepContext) -> None:
 
 
 def preflight(conn: Connection, ctx: StepContext) -> str:
-    home, kit = _home(conn, ctx.username), _kit_dir(ctx)
+    uid, gid, home = _account(conn, ctx)
+    kit = _kit_dir(ctx)
     conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", KIT_ROOT, kit])
-    conn.put_file(f"{kit}/preflight.py", script_bytes("preflight"), mode=0o555)
     # The split-trial kit travels with the access (docs: the guide's "split trial" section).
-    conn.put_file(f"{kit}/split_trial.py", script_bytes("split_trial"), mode=0o555)
+    kit_files = {"preflight.py": script_bytes("preflight"), "split_trial.py": script_bytes("split_trial")}
+    _install_root_files(conn, {f"{kit}/{name}": (content, 0o555) for name, content in kit_files.items()})
     check = ["--expect-arch", ctx.expect_arch, "--expect-vendor", ctx.expect_vendor]
     if ctx.in_container:
         # Inside the container, with the image's own Python and PyTorch, on the lot's GPUs (numbered from 0
@@ -404,7 +411,6 @@ def preflight(conn: Connection, ctx: StepContext) -> str:
         conn.run(_as_customer(ctx, ["sh", "-c", _LINK_KIT, "preflight", f"{home}/.binome", containers.KIT_MOUNT]))
         _ensure_running(conn, ctx)
         local = ",".join(str(position) for position in range(len(ctx.gpu_indices)))
-        uid, gid, _home_dir = _account(conn, ctx)
         script = f"{containers.KIT_MOUNT}/preflight.py"
         argv = _container(ctx, "exec", "--user", f"{uid}:{gid}", "--workdir", home, ctx.container_name)
         argv += ["python3", "-I", script, "--gpus", local, *check]

@@ -8,7 +8,6 @@ same code path works for root and for a sudoer.
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 import secrets
 import shlex
@@ -121,18 +120,16 @@ class Connection(ABC):
         def as_writer(argv: list[str]) -> list[str]:
             return ["runuser", "-u", as_user, "--", *argv] if as_user else argv
 
-        try:
-            # umask 077: the content is never readable by others, even before the chmod.
-            self.run(as_writer(["sh", "-c", 'umask 077 && cat > "$1"', "put_file", tmp_path]), stdin=content)
-            self.run(as_writer(["chmod", f"{mode:04o}", tmp_path]))
-            if owner:
-                self.run(["chown", owner, tmp_path])
-            self.run(as_writer(["mv", "-f", "-T", tmp_path, remote_path]))
-        except BaseException:
-            # Best-effort cleanup: the original error is the one to report.
-            with contextlib.suppress(Exception):
-                self.run(as_writer(["rm", "-f", tmp_path]), check=False, timeout=30)
-            raise
+        # One round trip: umask 077 (the content is never readable by others, even before the chmod), the mode,
+        # the owner when one is given, then the move into place; the temp file is removed if any of it fails.
+        script = (
+            'umask 077 && cat > "$1" && chmod "$2" "$1" && { [ -z "$3" ] || chown "$3" "$1"; } '
+            '&& mv -f -T "$1" "$4" || { status=$?; rm -f "$1"; exit $status; }'
+        )
+        self.run(
+            as_writer(["sh", "-c", script, "put_file", tmp_path, f"{mode:04o}", owner or "", remote_path]),
+            stdin=content,
+        )
 
     @staticmethod
     def _temp_path_for(remote_path: str) -> str:
