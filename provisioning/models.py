@@ -183,6 +183,11 @@ class Access(models.Model):
         return f"{self.username}@{self.host}"
 
     @property
+    def lands_in_container(self) -> bool:
+        """Whether the login lands in the order's container (the host runs containers) or in the account."""
+        return bool(self.host.container_runtime)
+
+    @property
     def ssh_command(self) -> str:
         port = f" -p {self.host.ssh_port}" if self.host.ssh_port != 22 else ""
         return f"ssh{port} {self.username}@{self.host.address}"

@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from django.urls import reverse
 
 from booking.models import Lot
 from payments.selectors import current_invoice
@@ -24,12 +25,13 @@ pytestmark = pytest.mark.django_db
 
 def _provision(client, booking_data, keypair, admin_user, callbacks, name):
     private_key, public_key = keypair(name)
-    order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
+    order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
     with callbacks(execute=True):
         services.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
+    order.token = token  # the order page's key, for the tests that read it
     return order, services.username_for(order), private_key
 
 
@@ -188,3 +190,17 @@ def test_after_teardown_the_login_is_refused_the_container_is_gone_and_nothing_o
         ).stdout.strip()
         == "true"
     )
+
+
+def test_the_order_page_tells_the_researcher_they_land_in_a_container_of_their_image(
+    client, two_customers, admin_user, django_capture_on_commit_callbacks
+):
+    order, _username, _key = two_customers[0]
+    with django_capture_on_commit_callbacks(execute=True):  # no GPU here: the operator hands over anyway
+        services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+    url = reverse("booking:order", kwargs={"public_id": order.public_id, "token": order.token})
+    english = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert f"You land in a container of {order.environment.name}" in english
+    assert "set at login" not in english  # the host-account wording is for hosts without containers
+    french = client.get(url, HTTP_ACCEPT_LANGUAGE="fr").content.decode()
+    assert f"Vous arrivez dans un conteneur {order.environment.name}" in french
