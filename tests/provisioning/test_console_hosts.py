@@ -153,3 +153,16 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
     host = Host.objects.get(name="gpu-new")
     assert (str(host.cpus_per_lot), host.memory_per_lot_gib, host.shm_size_gib) == ("12.50", 200, 32)
     assert host.isolation_mode == Host.Isolation.UNCHECKED and host.offers_lots
+
+
+def test_the_hosts_pages_speak_french(client, operator, catalog):
+    client.force_login(operator)
+    client.cookies["django_language"] = "fr"
+
+    hosts = client.get(reverse("console:hosts")).content.decode()
+    response = client.post(reverse("console:host-check", kwargs={"name": "b200-node-01"}), follow=True)
+
+    assert "Hôtes" in hosts and "Simulation (démo, non sondé)" in hosts and "Pourquoi" in hosts
+    page = response.content.decode()
+    assert "b200-node-01 utilise le pilote de simulation : rien n’a été sondé." in page
+    assert "Vérifier l’hôte" in page and "sans limite" in page
