@@ -670,3 +670,29 @@ def host_check(
                 )
     logger.info("host %s checked: %s", host.name, finding.mode)
     return HostCheck(finding=finding, orders_left_unisolated=left)
+
+
+HOST_CHECK_INTERVAL = timedelta(hours=6)
+
+
+def hosts_check_due(*, now: datetime | None = None, limit: int = 10) -> dict[str, int]:
+    """The beat's re-check of the fleet, so that a host's mode follows it without an operator: active SSH hosts
+    never checked or last checked more than HOST_CHECK_INTERVAL ago, oldest first, a capped batch. Safe to run
+    twice at once (the finding is written under the host's row lock). A host that cannot be reached keeps its
+    finding and is only logged."""
+    now = now or timezone.now()
+    due = (
+        Host.objects.filter(is_active=True, driver=Host.Driver.SSH)
+        .filter(Q(isolation_checked_at__isnull=True) | Q(isolation_checked_at__lt=now - HOST_CHECK_INTERVAL))
+        .order_by(F("isolation_checked_at").asc(nulls_first=True), "name")[:limit]
+    )
+    counts = {"checked": 0, "unreachable": 0}
+    for host in due:
+        try:
+            host_check(host=host, now=now)
+        except ProvisioningError as exc:
+            logger.warning("host %s not checked: %s", host.name, exc.message)
+            counts["unreachable"] += 1
+        else:
+            counts["checked"] += 1
+    return counts

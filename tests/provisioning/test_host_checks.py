@@ -209,3 +209,22 @@ def _any_window():
 
     policy = BookingPolicy.current()
     return window_for(start_date=earliest_start_date(policy=policy), days=7, policy=policy)
+
+
+def test_the_beat_checks_ssh_hosts_never_checked_or_checked_long_ago(probed_host, catalog):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    assert services.hosts_check_due() == {"checked": 1, "unreachable": 0}
+    probed_host.refresh_from_db()
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+    assert services.hosts_check_due() == {"checked": 0, "unreachable": 0}  # checked just now
+    # Dry-run hosts are never probed by the beat: they keep their label.
+    assert not Host.objects.filter(driver=Host.Driver.DRY_RUN, isolation_checked_at__isnull=False).exists()
+
+    later = timezone.now() + services.HOST_CHECK_INTERVAL + timedelta(minutes=1)
+    Host.objects.filter(pk=probed_host.pk).update(ssh_port=1)  # unreachable now: it keeps its finding
+    assert services.hosts_check_due(now=later) == {"checked": 0, "unreachable": 1}
+    probed_host.refresh_from_db()
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
