@@ -1,7 +1,9 @@
 """Django admin: raw data. The catalog is editable; orders are read here and changed only through services."""
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import BooleanField, ExpressionWrapper
+from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from booking.models import (
@@ -15,6 +17,7 @@ from booking.models import (
     OrderSshKey,
     Price,
 )
+from booking.selectors import OFFERED_LOT, offered_lots
 from portal.singleton import SingletonAdmin
 
 
@@ -72,10 +75,29 @@ class EnvironmentImageAdmin(admin.ModelAdmin):
 
 @admin.register(Lot)
 class LotAdmin(admin.ModelAdmin):
-    list_display = ["name", "hardware_class", "host", "gpu_indices", "status"]
+    list_display = ["name", "hardware_class", "host", "gpu_indices", "status", "offered"]
     list_filter = ["hardware_class", "status", "host"]
     list_select_related = ["hardware_class", "host"]
     search_fields = ["name", "host__name"]
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).annotate(is_offered=ExpressionWrapper(OFFERED_LOT, BooleanField()))
+
+    @admin.display(boolean=True, description=_("offered to customers"), ordering="is_offered")
+    def offered(self, lot: Lot) -> bool:
+        return lot.is_offered
+
+    def save_model(self, request: HttpRequest, obj: Lot, form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if obj.status == Lot.Status.ACTIVE and not offered_lots().filter(pk=obj.pk).exists():
+            # The host's isolation (provisioning's "check host") decides; say why and what to do.
+            message = _(
+                "%(lot)s is active but not offered to customers: its host %(host)s is in the isolation mode "
+                "“%(mode)s”. Make the host isolated (a container runtime, GPU device nodes closed to others, or a "
+                "single lot), then check it again in the console's Hosts page."
+            )
+            values = {"lot": obj.name, "host": obj.host.name, "mode": obj.host.get_isolation_mode_display()}
+            messages.warning(request, message % values)
 
 
 @admin.register(BookingPolicy)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from booking.models import (
@@ -72,6 +72,18 @@ def price_for(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
     return None
 
 
+# A lot is offered when it is active and its host's isolation holds (provisioning records it on the host, as
+# `offers_lots`; in the exclusive mode only the host's `exclusive_lot` is offered). Booking reads the two fields
+# through the relation and knows nothing of how they are found.
+OFFERED_LOT = Q(status=Lot.Status.ACTIVE, host__offers_lots=True) & (
+    Q(host__exclusive_lot__isnull=True) | Q(host__exclusive_lot=F("pk"))
+)
+
+
+def offered_lots() -> QuerySet[Lot]:
+    return Lot.objects.filter(OFFERED_LOT)
+
+
 def _overlapping_live_allocations(*, held_from: datetime, held_until: datetime) -> QuerySet[Allocation]:
     return Allocation.objects.filter(
         lot=OuterRef("pk"), released_at__isnull=True, starts_at__lt=held_until, ends_at__gt=held_from
@@ -88,7 +100,8 @@ def availability_for_window(*, window: Window) -> dict[int, Availability]:
     """Free and total active lots per hardware class id for the window, in one aggregated query."""
     busy = Exists(_overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until))
     rows = (
-        Lot.objects.filter(status=Lot.Status.ACTIVE, hardware_class__is_active=True)
+        offered_lots()
+        .filter(hardware_class__is_active=True)
         .order_by()
         .values("hardware_class_id")
         .annotate(total=Count("pk"), free=Count("pk", filter=~Q(busy)))
@@ -100,7 +113,8 @@ def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -
     """Up to `limit` free lots of the class for the window, spread across hosts in a stable order."""
     busy = _overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until)
     return list(
-        Lot.objects.filter(hardware_class=hardware_class, status=Lot.Status.ACTIVE)
+        offered_lots()
+        .filter(hardware_class=hardware_class)
         .filter(~Exists(busy))
         .order_by("host__name", "name")
         .values_list("pk", flat=True)[:limit]
@@ -108,7 +122,7 @@ def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -
 
 
 def active_lot_count(*, hardware_class: HardwareClass) -> int:
-    return Lot.objects.filter(hardware_class=hardware_class, status=Lot.Status.ACTIVE).count()
+    return offered_lots().filter(hardware_class=hardware_class).count()
 
 
 def next_start_dates(
@@ -125,9 +139,8 @@ def next_start_dates(
 
     Two queries: the active lots, and their live allocations in the horizon; the sweep over days is in memory.
     """
-    lot_ids = set(
-        Lot.objects.filter(hardware_class=hardware_class, status=Lot.Status.ACTIVE).values_list("pk", flat=True)
-    )
+    offered = offered_lots().filter(hardware_class=hardware_class)
+    lot_ids = set(offered.values_list("pk", flat=True))
     if len(lot_ids) < lot_count:
         return []
     first = max(after, earliest_start_date(policy=policy, now=now))
@@ -138,8 +151,7 @@ def next_start_dates(
     horizon_until = window_for(start_date=last, days=days, policy=policy).held_until
     periods = list(
         Allocation.objects.filter(
-            lot__hardware_class=hardware_class,
-            lot__status=Lot.Status.ACTIVE,
+            lot__in=offered.values("pk"),
             released_at__isnull=True,
             starts_at__lt=horizon_until,
             ends_at__gt=horizon_from,

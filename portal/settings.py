@@ -286,6 +286,11 @@ CELERY_BEAT_SCHEDULE["provisioning.lifecycle_tick"] = {
     "task": "provisioning.lifecycle_tick",
     "schedule": env.float("LIFECYCLE_EVERY_SECONDS", default=30.0),
 }
+# Each host's isolation is checked again this often (and a new host within one period), see docs/operations.md.
+CELERY_BEAT_SCHEDULE["provisioning.check_hosts"] = {
+    "task": "provisioning.check_hosts",
+    "schedule": env.float("HOST_CHECK_EVERY_SECONDS", default=600.0),
+}
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 # --- Security -------------------------------------------------------------------------------------------------

@@ -1,14 +1,39 @@
 from django.contrib import admin
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
 
 from portal.singleton import SingletonAdmin
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.views import report_host_check
 
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ["name", "address", "ssh_port", "driver", "admin_user", "is_active"]
-    list_filter = ["driver", "is_active"]
+    list_display = ["name", "address", "ssh_port", "driver", "isolation_mode", "isolation_checked_at", "is_active"]
+    list_filter = ["driver", "isolation_mode", "is_active"]
     search_fields = ["name", "address"]
+    actions = ["check_hosts"]
+    fieldsets = [
+        (
+            None,
+            {"fields": ["name", "address", "ssh_port", "driver", "admin_user", "use_sudo", "host_key", "is_active"]},
+        ),
+        (
+            _("Each lot's container"),
+            {"fields": ["container_runtime", "cpus_per_lot", "memory_per_lot_gib", "shm_size_gib"]},
+        ),
+        (
+            _("Isolation (found by checking the host)"),
+            {"fields": ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]},
+        ),
+        (None, {"fields": ["notes"]}),
+    ]
+    readonly_fields = ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]
+
+    @admin.action(description=_("Check the selected hosts' isolation"), permissions=["change"])
+    def check_hosts(self, request: HttpRequest, queryset) -> None:
+        for host in queryset[:50]:  # each check is an SSH session: a bounded batch per click
+            report_host_check(request, host)
 
 
 @admin.register(OperatorSettings)

@@ -37,6 +37,8 @@ class ContainerSpec:
     kit_dir: str = ""  # root-owned, on the host: mounted read-only at KIT_MOUNT (the pre-flight check, the kit)
 
 
+# What a host's container runtime setting may be: podman or docker, by name or absolute path (root runs it).
+RUNTIME_PATTERN = r"(/[A-Za-z0-9._-]+)*/?(podman|docker)"
 KIT_MOUNT = "/opt/binome"
 SPEC_LABEL = "binome.spec"
 

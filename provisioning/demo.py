@@ -114,7 +114,12 @@ def seed_demo_catalog() -> dict[str, int]:
             )
         for host_name, gpu_groups in hosts.items():
             host, _created = Host.objects.get_or_create(
-                name=host_name, defaults={"address": f"{host_name}.demo.invalid", "driver": Host.Driver.DRY_RUN}
+                name=host_name,
+                defaults={
+                    "address": f"{host_name}.demo.invalid",
+                    "driver": Host.Driver.DRY_RUN,
+                    "isolation_mode": Host.Isolation.DRY_RUN,  # never probed: labelled as such, not as isolated
+                },
             )
             for gpu_indices in gpu_groups:
                 Lot.objects.get_or_create(

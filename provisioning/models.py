@@ -1,12 +1,44 @@
-from django.core.validators import MaxValueValidator, MinValueValidator
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from portal.singleton import SingletonRow
+from provisioning.containers import RUNTIME_PATTERN
+
+MAX_CPUS_PER_LOT = 1024
+MAX_MEMORY_PER_LOT_GIB = 16384  # 16 TiB: more than any host of the fleet, less than what overflows podman
+MAX_SHM_GIB = 1024
+
+
+class Isolation(models.TextChoices):
+    """How a host keeps one lot's customer away from another's GPUs and files (docs/operations.md)."""
+
+    UNCHECKED = "unchecked", _("Not checked yet")
+    CONTAINER = "container", _("Container per order")
+    EXCLUSIVE = "exclusive", _("One lot on the host")
+    DEVICE_PERMISSIONS = "device_permissions", _("GPU device permissions")
+    NOT_ISOLATED = "not_isolated", _("Not isolated")
+    DRY_RUN = "dry_run", _("Dry run (demo, not probed)")
+
+
+# The modes in which a host's lots are offered. UNCHECKED is among them so that a host added before its first check
+# (and every host on the day this was deployed) keeps working; the console shows such hosts as to be checked.
+OFFERING_MODES = [
+    Isolation.UNCHECKED,
+    Isolation.CONTAINER,
+    Isolation.EXCLUSIVE,
+    Isolation.DEVICE_PERMISSIONS,
+    Isolation.DRY_RUN,
+]
 
 
 class Host(models.Model):
     """A GPU node of the fleet, reached by a provisioning driver. Lots (booking) live on hosts."""
+
+    Isolation = Isolation
 
     class Driver(models.TextChoices):
         DRY_RUN = "dry_run", _("Dry run (demo: records what it would do)")
@@ -26,7 +58,17 @@ class Host(models.Model):
         _("container runtime"),
         max_length=200,
         blank=True,
-        help_text=_("Command that pulls images (podman or docker); empty: whichever the host has."),
+        validators=[
+            RegexValidator(
+                f"^{RUNTIME_PATTERN}$",
+                _("Give podman or docker, as a name or an absolute path."),
+            )
+        ],
+        help_text=_(
+            "podman or docker: each order runs in a container of its image and SSH sessions land inside it (the "
+            "host's sshd needs the block of docs/operations.md). Empty: the customer's account on the host is the "
+            "environment."
+        ),
     )
     host_key = models.CharField(
         _("pinned host key"),
@@ -36,14 +78,85 @@ class Host(models.Model):
     )
     is_active = models.BooleanField(_("active"), default=True)
     notes = models.TextField(_("notes"), blank=True)
+    # Each lot's container gets this share of the host (podman --cpus / --memory / --shm-size).
+    cpus_per_lot = models.DecimalField(
+        _("CPUs per lot"),
+        max_digits=6,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(MAX_CPUS_PER_LOT))],
+        help_text=_("CPUs each lot's container may use, e.g. 16 or 7.5; empty or 0: not limited."),
+    )
+    memory_per_lot_gib = models.PositiveIntegerField(
+        _("memory per lot (GiB)"),
+        default=0,
+        validators=[MaxValueValidator(MAX_MEMORY_PER_LOT_GIB)],
+        help_text=_("Memory each lot's container may use, in GiB; 0: not limited."),
+    )
+    shm_size_gib = models.PositiveSmallIntegerField(
+        _("shared memory per lot (GiB)"),
+        default=8,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_SHM_GIB)],
+        help_text=_("Size of each container's /dev/shm, where PyTorch data loaders pass batches."),
+    )
+    # What the last "check host" found (provisioning/host_checks.py). offers_lots is computed by the database from
+    # the mode: booking filters its lots on it (and on exclusive_lot) without knowing what the modes are.
+    isolation_mode = models.CharField(
+        _("isolation"), max_length=20, choices=Isolation.choices, default=Isolation.UNCHECKED
+    )
+    isolation_checked_at = models.DateTimeField(_("isolation checked at"), null=True, blank=True)
+    isolation_report = models.TextField(_("isolation check report"), blank=True)
+    exclusive_lot = models.ForeignKey(
+        "booking.Lot",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("exclusive lot"),
+        help_text=_("In the exclusive mode, the host's one lot: no other lot of the host is offered."),
+    )
+    offers_lots = models.GeneratedField(
+        expression=models.Case(
+            models.When(isolation_mode__in=OFFERING_MODES, then=models.Value(True)),
+            default=models.Value(False),
+        ),
+        output_field=models.BooleanField(),
+        db_persist=True,
+        verbose_name=_("offers lots"),
+    )
 
     class Meta:
         ordering = ["name"]
         verbose_name = _("host")
         verbose_name_plural = _("hosts")
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(cpus_per_lot__isnull=True)
+                | models.Q(cpus_per_lot__gte=0, cpus_per_lot__lte=MAX_CPUS_PER_LOT),
+                name="host_cpus_per_lot_in_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(memory_per_lot_gib__lte=MAX_MEMORY_PER_LOT_GIB), name="host_memory_per_lot_in_range"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(shm_size_gib__gte=1, shm_size_gib__lte=MAX_SHM_GIB), name="host_shm_size_in_range"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        # /dev/shm is memory the container's cgroup pays for: a share smaller than it is a container that dies
+        # when its data loaders fill it.
+        if self.memory_per_lot_gib and self.shm_size_gib and self.shm_size_gib > self.memory_per_lot_gib:
+            raise ValidationError(
+                {
+                    "shm_size_gib": _("Shared memory cannot be larger than the memory share of a lot (%(memory)s GiB).")
+                    % {"memory": self.memory_per_lot_gib}
+                }
+            )
 
 
 class OperatorSettings(SingletonRow, models.Model):

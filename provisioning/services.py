@@ -8,6 +8,7 @@ run interrupted anywhere resumes cleanly. Provisioning reacts to the order's tra
 
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -23,7 +24,7 @@ from booking.mail import send_to_order_contact
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus, Vendor
 from booking.rules import BookingError
 from booking.services import order_note, order_transition
-from provisioning import steps
+from provisioning import host_checks, selectors, steps
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import DriverError, HostSpec
 from provisioning.models import Access, Host, LifecycleNotice, OperatorSettings, ProvisioningRun, ProvisioningStep
@@ -236,11 +237,12 @@ def _host_spec(host: Host) -> HostSpec:
 def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
     hardware = order.hardware_class
     operator_settings = OperatorSettings.current()
+    gpu_indices = [int(index) for index in access.gpu_indices.split(",") if index]
     return steps.StepContext(
         username=access.username,
         comment=f"Binome {order.public_id}",
         authorized_keys="".join(f"{key.public_key}\n" for key in order.ssh_keys.all()),
-        gpu_indices=[int(index) for index in access.gpu_indices.split(",") if index],
+        gpu_indices=gpu_indices,
         visible_devices_variable="ROCR_VISIBLE_DEVICES" if hardware.vendor == Vendor.AMD else "CUDA_VISIBLE_DEVICES",
         expect_arch=hardware.architecture,
         expect_vendor=hardware.vendor,
@@ -248,6 +250,7 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
         container_runtime=host.container_runtime,
         keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
         device_dir=settings.PROVISIONING_DEVICE_DIR,
+        **selectors.container_limits(host, lots=max(1, len(gpu_indices) // max(1, hardware.cards_per_lot))),
     )
 
 
@@ -613,3 +616,86 @@ def end_warning_send(*, order: Order, kind: str) -> None:
             "wipe_after_days": OperatorSettings.current().wipe_after_days,
         },
     )
+
+
+# --- hosts: isolation ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    finding: host_checks.Finding
+    orders_left_unisolated: list[Order]  # booked orders on a host that just stopped being isolated
+
+
+def host_check(
+    *, host: Host, actor: AbstractBaseUser | None = None, device_dir: str = "/dev", now: datetime | None = None
+) -> HostCheck:
+    """Probe the host through its driver and record its isolation mode. A host found not isolated stops offering
+    its lots; orders already booked on it are not cancelled but noted for an operator. A host that cannot be
+    reached keeps its last finding (ProvisioningError): unreachable is not evidence either way."""
+    lots = list(host.lots.select_related("hardware_class").order_by("name"))
+    devices = [
+        host_checks.LotDevices(
+            name=lot.name,
+            vendor=lot.hardware_class.vendor,
+            gpu_indices=tuple(lot.gpu_index_list),
+            active=lot.status == lot.Status.ACTIVE,
+        )
+        for lot in lots
+    ]
+    try:
+        with get_driver(host.driver).connect(_host_spec(host)) as connection:
+            finding = host_checks.probe(connection, lots=devices, runtime=host.container_runtime, device_dir=device_dir)
+    except DriverError as exc:
+        raise ProvisioningError(
+            _("Could not check %(host)s: %(error)s") % {"host": host.name, "error": exc.message}
+        ) from exc
+    now = now or timezone.now()
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        was_offering = host.offers_lots
+        host.isolation_mode = finding.mode
+        host.isolation_checked_at = now
+        host.isolation_report = finding.report
+        host.exclusive_lot = next((lot for lot in lots if lot.name == finding.exclusive_lot), None)
+        host.save(update_fields=["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"])
+        host.refresh_from_db(fields=["offers_lots"])
+        left = []
+        if was_offering and not host.offers_lots:
+            left = list(selectors.orders_booked_on(host=host))
+            for order in left:
+                order_note(
+                    order=order,
+                    reason=f"host {host.name} found not isolated: the order is kept; reassign its lots or restore "
+                    "isolation before its window",
+                    evidence={"host": host.name, "isolation_report": finding.report[:2000]},
+                    **_operator(actor),
+                )
+    logger.info("host %s checked: %s", host.name, finding.mode)
+    return HostCheck(finding=finding, orders_left_unisolated=left)
+
+
+HOST_CHECK_INTERVAL = timedelta(hours=6)
+
+
+def hosts_check_due(*, now: datetime | None = None, limit: int = 10) -> dict[str, int]:
+    """The beat's re-check of the fleet, so that a host's mode follows it without an operator: active SSH hosts
+    never checked or last checked more than HOST_CHECK_INTERVAL ago, oldest first, a capped batch. Safe to run
+    twice at once (the finding is written under the host's row lock). A host that cannot be reached keeps its
+    finding and is only logged."""
+    now = now or timezone.now()
+    due = (
+        Host.objects.filter(is_active=True, driver=Host.Driver.SSH)
+        .filter(Q(isolation_checked_at__isnull=True) | Q(isolation_checked_at__lt=now - HOST_CHECK_INTERVAL))
+        .order_by(F("isolation_checked_at").asc(nulls_first=True), "name")[:limit]
+    )
+    counts = {"checked": 0, "unreachable": 0}
+    for host in due:
+        try:
+            host_check(host=host, now=now)
+        except ProvisioningError as exc:
+            logger.warning("host %s not checked: %s", host.name, exc.message)
+            counts["unreachable"] += 1
+        else:
+            counts["checked"] += 1
+    return counts

@@ -148,7 +148,7 @@ def connect(conn: Connection, ctx: StepContext) -> str:
 def _runtime(ctx: StepContext) -> str:
     """The host's container runtime as set by the operator, checked for form: it is run by root."""
     runtime = ctx.container_runtime
-    if not re.fullmatch(r"(/[A-Za-z0-9._-]+)*/?(podman|docker)", runtime):
+    if not re.fullmatch(containers.RUNTIME_PATTERN, runtime):
         raise StepFailed(f"the host's container runtime must be podman or docker (a name or a path): {runtime[:80]!r}")
     return runtime
 
@@ -440,7 +440,7 @@ def remove_container(conn: Connection, ctx: StepContext) -> str:
     runtimes += [path for path in found.stdout.split() if path.startswith("/")]
     removed = []
     for runtime in dict.fromkeys(runtimes):
-        if not re.fullmatch(r"(/[A-Za-z0-9._-]+)*/?(podman|docker)", runtime):
+        if not re.fullmatch(containers.RUNTIME_PATTERN, runtime):
             continue
         name = ctx.container_name
         exists = containers.container_command(runtime, "container", "inspect", "--format", "{{.Id}}", name)

@@ -35,3 +35,8 @@ def send_end_warning(order_id: int, kind: str) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None and kind in {kind for kind, _before in services.WARNINGS}:
         services.end_warning_send(order=order, kind=kind)
+
+
+@shared_task(name="provisioning.check_hosts")
+def check_hosts() -> dict:
+    return services.hosts_check_due()

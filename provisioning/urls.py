@@ -7,6 +7,9 @@ app_name = "console"
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("calendar/", views.calendar, name="calendar"),
+    path("hosts/", views.hosts, name="hosts"),
+    path("hosts/<slug:name>/", views.host_detail, name="host"),
+    path("hosts/<slug:name>/check/", views.host_check, name="host-check"),
     path("orders/<str:public_id>/", views.order_detail, name="order"),
     path("orders/<str:public_id>/<slug:action>/", views.order_action, name="action"),
 ]

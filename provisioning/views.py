@@ -22,7 +22,8 @@ from booking.selectors import free_lot_ids, window_for
 from payments.models import Invoice
 from portal import checkout
 from portal.numbers import whole_number
-from provisioning import services
+from provisioning import selectors, services
+from provisioning.models import Host
 
 OPERATE = "booking.operate_orders"
 
@@ -66,7 +67,8 @@ def queue(request: HttpRequest) -> HttpResponse:
     flagged = list(
         Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100]
     ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
-    context = {"sections": sections, "flagged": flagged, "now": now}
+    unisolated = list(selectors.orders_on_unisolated_hosts())
+    context = {"sections": sections, "flagged": flagged, "unisolated": unisolated, "now": now}
     template = "provisioning/console/queue.html#queue" if request.htmx else "provisioning/console/queue.html"
     return render(request, template, context)
 
@@ -201,3 +203,64 @@ def calendar(request: HttpRequest) -> HttpResponse:
             cells.append(cell)
         rows.append({"lot": lot, "cells": cells})
     return render(request, "provisioning/console/calendar.html", {"days": days, "rows": rows})
+
+
+# --- hosts ---------------------------------------------------------------------------------------------------
+
+
+@require_GET
+@operator_required
+def hosts(request: HttpRequest) -> HttpResponse:
+    context = {
+        "hosts": list(selectors.hosts_for_console().select_related("exclusive_lot")),
+        "flagged_orders": list(selectors.orders_on_unisolated_hosts()),
+    }
+    return render(request, "provisioning/console/hosts.html", context)
+
+
+@require_GET
+@operator_required
+def host_detail(request: HttpRequest, name: str) -> HttpResponse:
+    host = get_object_or_404(Host.objects.select_related("exclusive_lot"), name=name)
+    context = {
+        "host": host,
+        "limits": selectors.container_limits(host),
+        "lots": list(host.lots.select_related("hardware_class").order_by("name")),
+        "booked_orders": list(selectors.orders_booked_on(host=host)[:100]),
+    }
+    return render(request, "provisioning/console/host.html", context)
+
+
+@require_POST
+@operator_required
+def host_check(request: HttpRequest, name: str) -> HttpResponse:
+    report_host_check(request, get_object_or_404(Host, name=name))
+    return redirect("console:host", name=name)
+
+
+def report_host_check(request: HttpRequest, host: Host) -> None:
+    """Check the host's isolation and tell the operator what was found (console and admin action)."""
+    try:
+        check = services.host_check(host=host, actor=request.user)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+        return
+    mode = Host.Isolation(check.finding.mode)
+    values = {"host": host.name, "mode": mode.label}
+    if mode == Host.Isolation.NOT_ISOLATED:
+        message = _(
+            "%(host)s is not isolated: its lots are not offered to customers. Install podman or docker on it, "
+            "remove world access to its GPU device nodes, or keep a single lot on it, then check it again."
+        )
+        messages.warning(request, message % values)
+    elif mode == Host.Isolation.DRY_RUN:
+        messages.info(request, _("%(host)s uses the dry-run driver: nothing was probed.") % values)
+    else:
+        messages.success(request, _("%(host)s: %(mode)s; its lots are offered.") % values)
+    if check.orders_left_unisolated:
+        orders = ", ".join(order.public_id for order in check.orders_left_unisolated)
+        message = _(
+            "Booked orders stay on %(host)s and are not cancelled: %(orders)s. Reassign their lots or restore "
+            "isolation before their window."
+        )
+        messages.warning(request, message % {"host": host.name, "orders": orders})

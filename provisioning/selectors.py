@@ -1,0 +1,57 @@
+"""Reads of provisioning: what a host gives each lot's container, and the fleet as the console shows it."""
+
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+
+from booking.models import Allocation, Order, OrderStatus
+from provisioning.models import Host
+
+# Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
+BOOKED_STATUSES = [
+    OrderStatus.PAID,
+    OrderStatus.APPROVED,
+    OrderStatus.PROVISIONING,
+    OrderStatus.PROVISIONING_FAILED,
+    OrderStatus.READY,
+    OrderStatus.ACTIVE,
+]
+
+
+def container_limits(host: Host, *, lots: int = 1) -> dict[str, str]:
+    """The host's share for a container holding `lots` of its lots, in the form podman's (and docker's) --cpus,
+    --memory and --shm-size take; "" where the host sets no limit."""
+    cpus = host.cpus_per_lot
+    return {
+        "cpus": format((cpus * lots).normalize(), "f") if cpus else "",
+        "memory": f"{host.memory_per_lot_gib * lots}g" if host.memory_per_lot_gib else "",
+        "shm_size": f"{host.shm_size_gib * lots}g" if host.shm_size_gib else "",
+    }
+
+
+def hosts_for_console() -> QuerySet[Host]:
+    """Every host with its number of lots and of booked orders still holding them, in one query."""
+    booked = Allocation.objects.filter(
+        lot__host=OuterRef("pk"), released_at__isnull=True, order__status__in=BOOKED_STATUSES
+    )
+    return Host.objects.annotate(lot_count=Count("lots", distinct=True), has_booked_orders=Exists(booked)).order_by(
+        "name"
+    )
+
+
+def orders_booked_on(*, host: Host) -> QuerySet[Order]:
+    """The booked orders that hold one of the host's lots."""
+    return (
+        Order.objects.filter(
+            status__in=BOOKED_STATUSES,
+            allocations__lot__host=host,
+            allocations__released_at__isnull=True,
+        )
+        .distinct()
+        .order_by("starts_at")
+    )
+
+
+def orders_on_unisolated_hosts(*, limit: int = 100) -> QuerySet[Order]:
+    """Booked orders on a host whose last check found it not isolated: the console flags them for an operator
+    (they are not cancelled)."""
+    on_unisolated = Q(allocations__lot__host__offers_lots=False, allocations__released_at__isnull=True)
+    return Order.objects.filter(on_unisolated, status__in=BOOKED_STATUSES).distinct().order_by("starts_at")[:limit]

@@ -1,0 +1,168 @@
+"""The console's hosts: which isolation mode each host is in and why, "check host" from the console and the admin,
+and what an operator is told when a host's lots are refused."""
+
+# ruff: noqa: F401, F811 (the fixtures `operator` and `probed_host` come from the modules that define them)
+import pytest
+from django.urls import reverse
+
+from booking.models import Lot
+from provisioning.models import Host
+from provisioning.services import host_check
+from tests.provisioning.test_console import operator
+from tests.provisioning.test_host_checks import NO_RUNTIME, probed_host
+
+pytestmark = pytest.mark.django_db
+
+
+def test_operators_see_each_host_s_mode_and_why(client, operator, catalog, django_assert_max_num_queries):
+    client.force_login(operator)
+
+    with django_assert_max_num_queries(8):
+        page = client.get(reverse("console:hosts")).content.decode()
+
+    assert page.count("Dry run (demo, not probed)") == Host.objects.count()
+    detail = client.get(reverse("console:host", kwargs={"name": "b200-node-01"})).content.decode()
+    assert "Dry run (demo, not probed)" in detail and "Check host" in detail
+    assert "/dev/shm 8g" in detail  # noqa: S108 and "not limited" in detail
+
+
+def test_only_operators_reach_the_hosts_pages_and_the_check(client, catalog, django_user_model):
+    check_url = reverse("console:host-check", kwargs={"name": "b200-node-01"})
+    assert client.get(reverse("console:hosts")).status_code == 302
+    staff = django_user_model.objects.create_user("sam", password="a-long-staff-password", is_staff=True)
+    client.force_login(staff)
+
+    assert client.get(reverse("console:hosts")).status_code == 403
+    assert client.post(check_url).status_code == 403
+    assert Host.objects.get(name="b200-node-01").isolation_checked_at is None
+
+
+def test_checking_a_shared_host_without_runtime_refuses_its_lots_and_says_what_to_do(
+    client,
+    operator,
+    probed_host,
+):
+    # No runtime, two active lots, and this machine has no /dev/nvidia* nodes: nothing keeps customers apart.
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
+    client.force_login(operator)
+
+    response = client.post(reverse("console:host-check", kwargs={"name": "probed"}), follow=True)
+
+    page = response.content.decode()
+    assert "probed is not isolated: its lots are not offered to customers" in page
+    assert "Install podman or docker on it" in page
+    assert "/dev/nvidia0: missing" in page  # the report, on the host's page
+    hosts_page = client.get(reverse("console:hosts")).content.decode()
+    assert "Not isolated" in hosts_page and "its lots are not offered" in hosts_page
+
+
+def test_the_lot_admin_says_why_an_active_lot_is_not_offered(
+    client,
+    admin_user,
+    probed_host,
+):
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
+    probed_host.refresh_from_db()
+    host_check(host=probed_host)
+    lot = probed_host.lots.first()
+    client.force_login(admin_user)
+
+    changelist = client.get(reverse("admin:booking_lot_changelist")).content.decode()
+    response = client.post(
+        reverse("admin:booking_lot_change", args=[lot.pk]),
+        {
+            "name": lot.name,
+            "hardware_class": lot.hardware_class_id,
+            "host": lot.host_id,
+            "gpu_indices": "0,1",
+            "status": Lot.Status.ACTIVE,
+        },
+        follow=True,
+    )
+
+    assert 'alt="False"' in changelist
+    assert "is active but not offered to customers: its host probed is in the isolation mode" in (
+        response.content.decode()
+    )
+
+
+def test_the_admin_action_checks_the_selected_hosts(client, admin_user, catalog):
+    host = Host.objects.get(name="b200-node-01")
+    client.force_login(admin_user)
+
+    response = client.post(
+        reverse("admin:provisioning_host_changelist"),
+        {"action": "check_hosts", "_selected_action": [host.pk]},
+        follow=True,
+    )
+
+    host.refresh_from_db()
+    assert host.isolation_checked_at is not None and "nothing was probed" in host.isolation_report
+    assert "B200-node-01 uses the dry-run driver: nothing was probed." in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("cpus_per_lot", "-2", "greater than or equal to 0"),
+        ("cpus_per_lot", "1e9", "no more than 6 digits"),
+        ("cpus_per_lot", "2000", "less than or equal to 1024"),
+        ("cpus_per_lot", "lots", "Enter a number"),
+        ("memory_per_lot_gib", "99999999", "less than or equal to 16384"),
+        ("memory_per_lot_gib", "-1", "greater than or equal to 0"),
+        ("shm_size_gib", "0", "greater than or equal to 1"),
+        ("shm_size_gib", "64", "cannot be larger than the memory share of a lot (32 GiB)"),
+    ],
+)
+def test_the_host_form_refuses_hostile_shares(client, admin_user, field, value, error):
+    client.force_login(admin_user)
+    data = {
+        "name": "gpu-new",
+        "address": "gpu-new.invalid",
+        "ssh_port": "22",
+        "driver": Host.Driver.DRY_RUN,
+        "admin_user": "root",
+        "is_active": "on",
+        "memory_per_lot_gib": "32",
+        "shm_size_gib": "8",
+    }
+    data[field] = value
+
+    response = client.post(reverse("admin:provisioning_host_add"), data)
+
+    assert response.status_code == 200 and error in response.content.decode()
+    assert not Host.objects.filter(name="gpu-new").exists()
+
+
+def test_the_host_form_keeps_sane_shares(client, admin_user):
+    client.force_login(admin_user)
+    data = {
+        "name": "gpu-new",
+        "address": "gpu-new.invalid",
+        "ssh_port": "22",
+        "driver": Host.Driver.SSH,
+        "admin_user": "root",
+        "cpus_per_lot": "12.5",
+        "memory_per_lot_gib": "200",
+        "shm_size_gib": "32",
+    }
+
+    response = client.post(reverse("admin:provisioning_host_add"), data)
+
+    assert response.status_code == 302
+    host = Host.objects.get(name="gpu-new")
+    assert (str(host.cpus_per_lot), host.memory_per_lot_gib, host.shm_size_gib) == ("12.50", 200, 32)
+    assert host.isolation_mode == Host.Isolation.UNCHECKED and host.offers_lots
+
+
+def test_the_hosts_pages_speak_french(client, operator, catalog):
+    client.force_login(operator)
+    client.cookies["django_language"] = "fr"
+
+    hosts = client.get(reverse("console:hosts")).content.decode()
+    response = client.post(reverse("console:host-check", kwargs={"name": "b200-node-01"}), follow=True)
+
+    assert "Hôtes" in hosts and "Simulation (démo, non sondé)" in hosts and "Pourquoi" in hosts
+    page = response.content.decode()
+    assert "b200-node-01 utilise le pilote de simulation : rien n’a été sondé." in page
+    assert "Vérifier l’hôte" in page and "sans limite" in page

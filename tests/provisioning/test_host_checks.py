@@ -1,0 +1,227 @@
+""" "Check host": the isolation probe against the real sshd on loopback (podman, and mknod stand-ins for the GPU
+device nodes), what the host records, and what booking then offers."""
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from booking.models import Lot, Order, OrderEvent, OrderStatus
+from booking.selectors import free_lot_ids, offered_lots
+from provisioning import host_checks, services
+from provisioning.drivers import get_driver
+from provisioning.models import Host
+from tests.provisioning.conftest import make_loopback_host
+
+pytestmark = pytest.mark.django_db
+
+NO_RUNTIME = "/nonexistent/podman"  # a host setting naming a runtime that is not there: no runtime answers
+
+
+def fake_gpus(directory: Path, count: int = 4, mode: int = 0o660) -> Path:
+    """Character devices standing in for /dev/nvidia0..count-1 (NVIDIA's major number), with `mode`."""
+    directory.mkdir(exist_ok=True)
+    for index in range(count):
+        path = directory / f"nvidia{index}"
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(195, index))
+        path.chmod(mode)  # not through mknod's mode: the umask would cut it
+    return directory
+
+
+@pytest.fixture
+def probed_host(sshd, catalog, settings):
+    """An SSH host on the test sshd with two B200 lots (GPUs 0,1 and 2,3), the only B200 lots offered."""
+    host = make_loopback_host(sshd, catalog, settings, name="probed")
+    Lot.objects.create(name="probed · GPUs 2,3", hardware_class=catalog["b200-pair"], host=host, gpu_indices="2,3")
+    return host
+
+
+def check(host: Host, **kwargs) -> services.HostCheck:
+    result = services.host_check(host=host, **kwargs)
+    host.refresh_from_db()
+    return result
+
+
+def test_a_host_where_podman_answers_is_isolated_by_containers(probed_host):
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime="podman")
+    result = check(probed_host)
+
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+    assert probed_host.offers_lots and probed_host.isolation_checked_at is not None
+    assert "podman info: ok" in probed_host.isolation_report
+    assert result.orders_left_unisolated == []
+    assert offered_lots().filter(host=probed_host).count() == 2
+
+
+def test_a_runtime_the_host_is_not_set_to_use_does_not_count_and_the_report_says_to_set_it(probed_host):
+    check(probed_host)  # podman answers on this machine, but the host's setting is empty: orders run in accounts
+
+    assert probed_host.isolation_mode != Host.Isolation.CONTAINER
+    assert "podman answers, but the host's container runtime is not set" in probed_host.isolation_report
+
+
+def test_without_a_runtime_closed_device_nodes_isolate_several_lots(probed_host, tmp_path):
+    devices = fake_gpus(tmp_path / "dev", mode=0o660)
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
+    probed_host.refresh_from_db()
+
+    check(probed_host, device_dir=str(devices))
+
+    assert probed_host.isolation_mode == Host.Isolation.DEVICE_PERMISSIONS
+    assert f"{NO_RUNTIME} info: no answer" in probed_host.isolation_report
+    assert f"{devices}/nvidia3: not world-accessible (mode 0660, root:root)" in probed_host.isolation_report
+    assert offered_lots().filter(host=probed_host).count() == 2
+
+
+def test_one_world_accessible_card_leaves_a_shared_host_not_isolated_and_its_lots_not_offered(
+    probed_host, tmp_path, catalog, booking_data, client
+):
+    devices = fake_gpus(tmp_path / "dev", mode=0o660)
+    (devices / "nvidia2").chmod(0o666)
+    (devices / "nvidia3").unlink()
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
+    probed_host.refresh_from_db()
+
+    check(probed_host, device_dir=str(devices))
+
+    assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
+    report = probed_host.isolation_report
+    assert f"{devices}/nvidia2: world-accessible (mode 0666" in report and f"{devices}/nvidia3: missing" in report
+    assert "install podman" in report
+    assert not offered_lots().filter(host=probed_host).exists()
+    # The customer's booking page sees no free B200 lot: the host's lots are not offered.
+    response = client.post("/book/", booking_data(lots="1"))
+    assert response.status_code != 302 and not Order.objects.exists()
+
+
+def test_a_host_with_one_active_lot_and_no_runtime_is_exclusive_and_offers_that_lot_only(probed_host, tmp_path):
+    devices = fake_gpus(tmp_path / "dev", mode=0o666)  # world-accessible: only exclusivity can isolate
+    second = probed_host.lots.get(gpu_indices="2,3")
+    Lot.objects.filter(pk=second.pk).update(status=Lot.Status.MAINTENANCE)
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
+    probed_host.refresh_from_db()
+
+    check(probed_host, device_dir=str(devices))
+
+    assert probed_host.isolation_mode == Host.Isolation.EXCLUSIVE
+    assert probed_host.exclusive_lot.gpu_indices == "0,1"
+    # A second lot made active after the check is not offered: the host's exclusivity was for the first one.
+    Lot.objects.filter(pk=second.pk).update(status=Lot.Status.ACTIVE)
+    assert list(offered_lots().filter(host=probed_host)) == [probed_host.exclusive_lot]
+
+
+def test_a_booked_order_on_a_host_found_not_isolated_is_kept_and_flagged(
+    probed_host, tmp_path, client, booking_data, admin_user
+):
+    from payments.selectors import current_invoice
+    from payments.services import invoice_mark_paid
+    from tests.booking.test_pages import place
+
+    order, _token = place(client, booking_data(lots="1"))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    devices = fake_gpus(tmp_path / "dev", mode=0o666)
+    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
+    probed_host.refresh_from_db()
+
+    result = check(probed_host, device_dir=str(devices))
+    again = check(probed_host, device_dir=str(devices))
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID  # not cancelled
+    assert result.orders_left_unisolated == [order] and again.orders_left_unisolated == []  # noted once
+    notes = OrderEvent.objects.filter(order=order, reason__contains="found not isolated")
+    assert notes.count() == 1 and "reassign" in notes.get().reason
+    client.force_login(admin_user)
+    queue = client.get(reverse("console:queue")).content.decode()
+    hosts = client.get(reverse("console:hosts")).content.decode()
+    assert "Booked on a host that is not isolated" in queue and order.public_id in queue
+    assert "booked orders on it" in hosts and order.public_id in hosts
+
+
+def test_an_unreachable_host_keeps_its_last_finding(probed_host, sshd):
+    check(probed_host)
+    checked_at = probed_host.isolation_checked_at
+    Host.objects.filter(pk=probed_host.pk).update(ssh_port=1)  # nothing listens there
+    probed_host.refresh_from_db()
+
+    with pytest.raises(services.ProvisioningError, match="Could not check probed: connection refused"):
+        services.host_check(host=probed_host)
+
+    probed_host.refresh_from_db()
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER and probed_host.isolation_checked_at == checked_at
+
+
+def test_a_dry_run_host_is_labelled_as_not_probed_and_keeps_the_demo_working(catalog, client, booking_data):
+    host = Host.objects.filter(driver=Host.Driver.DRY_RUN).first()
+    assert host.isolation_mode == Host.Isolation.DRY_RUN  # as the demo seeds it
+
+    check(host)
+
+    assert host.isolation_mode == Host.Isolation.DRY_RUN and host.offers_lots
+    assert "nothing was probed" in host.isolation_report
+    assert free_lot_ids(hardware_class=catalog["b200-pair"], window=_any_window(), limit=10)
+
+
+def test_device_paths_name_the_lot_s_cards_only():
+    nvidia = host_checks.LotDevices(name="a", vendor="nvidia", gpu_indices=(2, 3))
+    amd = host_checks.LotDevices(name="b", vendor="amd", gpu_indices=(0, 1))
+
+    assert host_checks.device_paths(nvidia, "/d") == ["/d/nvidia2", "/d/nvidia3"]
+    assert host_checks.device_paths(amd) == ["/dev/dri/renderD128", "/dev/dri/renderD129"]
+
+
+def test_a_hostile_stat_answer_counts_as_not_isolated(sshd):
+    """What the host answers is parsed, not trusted: an unparsable mode is treated as open."""
+
+    class LyingConnection:
+        is_dry_run = False
+
+        def __init__(self, real):
+            self.real = real
+
+        def run(self, argv, **kwargs):
+            result = self.real.run(argv, **kwargs)
+            if argv[0] == "stat":
+                from dataclasses import replace
+
+                return replace(result, stdout="character special file|rw-rw-rw-|root|root|/dev/nvidia0\n")
+            return result
+
+    lots = [
+        host_checks.LotDevices(name="a", vendor="nvidia", gpu_indices=(0,)),
+        host_checks.LotDevices(name="b", vendor="nvidia", gpu_indices=(1,)),
+    ]
+    with get_driver("ssh").connect(sshd.host_spec) as connection:
+        finding = host_checks.probe(LyingConnection(connection), lots=lots, runtime=NO_RUNTIME)
+
+    assert finding.mode == Host.Isolation.NOT_ISOLATED
+    assert "/dev/nvidia0: world-accessible (mode 7777" in finding.report
+
+
+def _any_window():
+    from booking.models import BookingPolicy
+    from booking.selectors import earliest_start_date, window_for
+
+    policy = BookingPolicy.current()
+    return window_for(start_date=earliest_start_date(policy=policy), days=7, policy=policy)
+
+
+def test_the_beat_checks_ssh_hosts_never_checked_or_checked_long_ago(probed_host, catalog):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    assert services.hosts_check_due() == {"checked": 1, "unreachable": 0}
+    probed_host.refresh_from_db()
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+    assert services.hosts_check_due() == {"checked": 0, "unreachable": 0}  # checked just now
+    # Dry-run hosts are never probed by the beat: they keep their label.
+    assert not Host.objects.filter(driver=Host.Driver.DRY_RUN, isolation_checked_at__isnull=False).exists()
+
+    later = timezone.now() + services.HOST_CHECK_INTERVAL + timedelta(minutes=1)
+    Host.objects.filter(pk=probed_host.pk).update(ssh_port=1)  # unreachable now: it keeps its finding
+    assert services.hosts_check_due(now=later) == {"checked": 0, "unreachable": 1}
+    probed_host.refresh_from_db()
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
