@@ -3,8 +3,9 @@
 `ChainClient` reads what the scanner needs, in a fixed number of round trips whatever the number of invoices:
 the head, the confirmed block, ERC-20 Transfer logs to a set of deposit addresses, native balances (one batched
 request), block hashes (one batched request). It rotates to the next RPC URL when one fails, backs off when
-rate-limited, shrinks an eth_getLogs range that a provider refuses, and raises `ChainUnavailable` when nothing
-answers. Every round trip is counted (`calls`), for bench/chain_scan.py.
+rate-limited, shrinks an eth_getLogs range that a provider refuses (a single block that still overflows is read per
+contract, then by recipient), and raises `ChainUnavailable` when nothing answers. Every round trip is counted
+(`calls`), for bench/chain_scan.py.
 
 `DevChain` adds what the demo and the tests do on a local development chain (anvil): deploy the project's own
 contracts, mint, transfer from an unlocked account, mine. It sends transactions from the node's unlocked
@@ -182,6 +183,10 @@ def parse_transfer_log(entry: object, *, tokens: frozenset[str]) -> TransferLog 
     )
 
 
+def _address_topic(address: str) -> str:
+    return "0x" + "0" * 24 + address.lower().removeprefix("0x")
+
+
 class ChainClient:
     def __init__(self, chain: Chain, *, timeout: float = 5.0, backoff: float = 0.25) -> None:
         self.chain = chain
@@ -201,6 +206,8 @@ class ChainClient:
         # lagging node would return fewer logs and no blocks beyond its own head.
         self._required_head: int | None = None
         self._verified: set[int] = set()
+        # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
+        self.unread: list[tuple[int, str, str]] = []
 
     # --- transport: failover, backoff, one counted round trip per call ----------------------------------------
     def _send(self, send, method: str) -> object:
@@ -333,28 +340,74 @@ class ChainClient:
             return min(number, head)
         return max(0, head - self.chain.confirmations + 1)
 
-    def log_ranges(self, *, from_block: int, to_block: int, tokens: frozenset[str]):
+    def log_ranges(self, *, from_block: int, to_block: int, tokens: frozenset[str], recipients: frozenset[str]):
         """Transfer logs of the allow-listed `tokens` in [from_block, to_block], one range at a time, as
         `LogRange`s: the request filters by contract address and the Transfer topic only, so its size does not
         depend on how many deposit addresses are watched; the caller matches recipients. A range refused by the
-        provider is halved and asked again; the narrower span is kept for the following ranges."""
-        if not tokens or from_block > to_block:
+        provider is halved and asked again, and widens again (doubling) once a range is answered. A single block
+        that is still refused is read per contract, then by recipient (`_crowded_block`). Without tokens the ranges
+        are still yielded, empty, for the caller to read their blocks."""
+        if from_block > to_block:
             return
-        addresses = sorted(tokens)
-        start, span = from_block, max(1, self.chain.max_block_range)
+        widest = max(1, self.chain.max_block_range)
+        start, span = from_block, widest
         while start <= to_block:
             end = min(to_block, start + span - 1)
-            query = {"fromBlock": hex(start), "toBlock": hex(end), "address": addresses, "topics": [TRANSFER_TOPIC]}
             try:
-                raw = self.request("eth_getLogs", [query], _log_list)
+                raw = self._logs(start, end, sorted(tokens)) if tokens else []
             except RangeRefused:
-                if span == 1:
-                    raise ChainUnavailable(f"chain {self.chain.chain_id}: getLogs refused a single block") from None
-                span = max(1, span // 2)
-                continue
+                if span > 1:
+                    span = max(1, span // 2)
+                    continue
+                raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
             logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
             yield LogRange(start=start, end=end, logs=logs, skipped=len(raw) - len(logs))
-            start = end + 1
+            start, span = end + 1, min(widest, span * 2)
+
+    def _logs(self, start: int, end: int, addresses: list[str], topics: list | None = None) -> list:
+        query = {
+            "fromBlock": hex(start),
+            "toBlock": hex(end),
+            "address": addresses,
+            "topics": topics or [TRANSFER_TOPIC],
+        }
+        return self.request("eth_getLogs", [query], _log_list)
+
+    def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
+        """The logs of one block that holds more than a provider returns at once (anyone can fill a block with
+        Transfer logs of a listed contract for a few dollars): each contract alone; a contract that still overflows,
+        by its transfers to the watched addresses, at most MAX_TOPICS − 2 recipient topics a request, halving a
+        group that still overflows. Only a single watched address that received more than the cap in this block is
+        left unread (logged as an error): the block is passed, and every other payment in it is credited."""
+        raw: list = []
+        for token in sorted(tokens):
+            try:
+                raw += self._logs(number, number, [token])
+                continue
+            except RangeRefused:
+                pass
+            watched = sorted(recipients)
+            size = MAX_TOPICS - 2  # the filter's entries, the Transfer topic and the wildcard sender included
+            groups = [watched[offset : offset + size] for offset in range(0, len(watched), size)]
+            while groups:
+                group = groups.pop()
+                try:
+                    raw += self._logs(
+                        number, number, [token], [TRANSFER_TOPIC, None, [_address_topic(a) for a in group]]
+                    )
+                except RangeRefused:
+                    if len(group) > 1:
+                        groups += [group[: len(group) // 2], group[len(group) // 2 :]]
+                        continue
+                    self.unread.append((number, token, group[0]))
+                    logger.error(
+                        "chain %s: block %s holds more transfers of %s to %s than the provider returns: not read",
+                        self.chain.chain_id,
+                        number,
+                        token,
+                        group[0],
+                    )
+        return raw
 
     def balances(self, queries: list[tuple[str, int | str]]) -> list[int]:
         """Native balances for (address, block) pairs, in batched round trips."""

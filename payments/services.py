@@ -327,6 +327,7 @@ class ScanResult:
     ranges: int = 0
     failed_invoices: int = 0
     rpc_calls: int = 0
+    unread: int = 0  # (block, contract, address) left unread in blocks crowded beyond the provider's cap
     settled: list[int] = field(default_factory=list)
 
 
@@ -444,7 +445,10 @@ def _scan(
     result.invoices = len(by_address)
     watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
     start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
-    for log_range in client.log_ranges(from_block=start, to_block=head, tokens=frozenset(chain.token_contracts)):
+    ranges = client.log_ranges(
+        from_block=start, to_block=head, tokens=frozenset(chain.token_contracts), recipients=frozenset(by_address)
+    )
+    for log_range in ranges:
         matched = [log for log in log_range.logs if log.recipient in by_address]
         seen = list(
             Transfer.objects.filter(
@@ -488,6 +492,7 @@ def _scan(
         result.ranges += 1
         result.logs += len(matched)
         result.skipped_logs += skipped
+    result.unread = len(client.unread)
     invoices = _invoices_to_review(chain.chain_id, now)
     natives = [invoice for invoice in invoices if not invoice.asset_contract]
     native_pending: dict[int, int] = {}
