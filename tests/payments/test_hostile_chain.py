@@ -7,9 +7,11 @@ block can also hold more logs than a provider returns at once."""
 
 import time
 
+import pytest
+
 from booking.models import OrderStatus
 from payments import services
-from payments.chain import TRANSFER_TOPIC, checksum
+from payments.chain import TRANSFER_TOPIC, checksum, parse_block
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
@@ -229,3 +231,33 @@ def test_an_address_flooded_beyond_the_providers_cap_in_one_block_is_logged_and_
     assert honest.status == OrderStatus.PAID
     assert result.unread == 1 and "than the provider returns: not read" in caplog.text
     assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block == result.confirmed
+
+
+def test_transactions_to_a_deposit_address_that_are_not_well_formed_are_skipped_and_counted():
+    deposit, stranger = "0x" + "11" * 20, "0x" + "22" * 20
+    good = {"hash": "0x" + "aa" * 32, "from": stranger, "to": deposit, "value": hex(10**18)}
+    block = {
+        "number": "0x10",
+        "hash": "0x" + "bb" * 32,
+        "timestamp": "0x5",
+        "transactions": [
+            good,
+            {**good, "to": stranger},  # not ours: not looked at
+            {**good, "to": None},  # a contract creation
+            {**good, "value": "0x0"},  # pays nothing
+            {**good, "value": hex(2**200)},  # more than any coin's supply
+            {**good, "value": "1e18"},  # not a quantity
+            {**good, "hash": "0x1234"},
+            {**good, "from": None},
+        ],
+    }
+
+    read = parse_block(block, number=16, recipients=frozenset({deposit}))
+
+    assert read.blocks == {16: ("0x" + "bb" * 32, 5)} and read.skipped == 4
+    assert [(transfer.tx_hash, transfer.log_index, transfer.amount) for transfer in read.transfers] == [
+        ("0x" + "aa" * 32, -1, 10**18)
+    ]
+    for answer in (None, {**block, "number": "0x11"}, {**block, "transactions": ["0x" + "aa" * 32]}):
+        with pytest.raises(ValueError):  # that URL failed: the next one is asked
+            parse_block(answer, number=16, recipients=frozenset({deposit}))
