@@ -1,10 +1,11 @@
 """The chain adapter: the only module that imports web3.
 
 `ChainClient` reads what the scanner needs, in a fixed number of round trips whatever the number of invoices:
-the head, the confirmed block, ERC-20 Transfer logs to a set of deposit addresses, native balances (one batched
-request), block hashes (one batched request). It rotates to the next RPC URL when one fails, backs off when
-rate-limited, shrinks an eth_getLogs range that a provider refuses, and raises `ChainUnavailable` when nothing
-answers. Every round trip is counted (`calls`), for bench/chain_scan.py.
+the head, the confirmed block, ERC-20 Transfer logs of the allow-listed contracts, the blocks of a range with their
+transactions (native coin paid to deposit addresses is matched in Python), a bounded batch of native balances. It
+rotates to the next RPC URL when one fails, backs off when rate-limited, shrinks an eth_getLogs range that a
+provider refuses (a single block that still overflows is read per contract, then by recipient), and raises
+`ChainUnavailable` when nothing answers. Every round trip is counted (`calls`), for bench/chain_scan.py.
 
 `DevChain` adds what the demo and the tests do on a local development chain (anvil): deploy the project's own
 contracts, mint, transfer from an unlocked account, mine. It sends transactions from the node's unlocked
@@ -41,6 +42,9 @@ CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts" / "build"
 # What common providers accept (geth's defaults; hosted providers are often stricter on ranges, set per chain).
 MAX_BATCH = 1000  # calls in one JSON-RPC batch
 MAX_TOPICS = 1000  # topics in one eth_getLogs filter
+# Blocks asked with their transactions in one batch: a mainnet block is 100-300 kB that way, so a catch-up over
+# thousands of blocks goes in answers of a few tens of megabytes at most.
+FULL_BLOCKS_PER_BATCH = 100
 # An amount no real token reaches (2^128 base units is 3.4e20 coins of 18 decimals): anything above is refused, so
 # that no sum of credits can approach the 78 digits an amount column holds.
 MAX_TRANSFER_UNITS = 2**128 - 1
@@ -49,6 +53,8 @@ _HASH = re.compile(r"0x[0-9a-f]{64}")
 _QUANTITY = re.compile(r"0x[0-9a-f]{1,16}")
 _ADDRESS_TOPIC = re.compile(r"0x0{24}[0-9a-f]{40}")
 _WORD = re.compile(r"0x[0-9a-f]{64}")
+_ADDRESS = re.compile(r"0x[0-9a-f]{40}")
+_VALUE = re.compile(r"0x[0-9a-f]{1,64}")
 
 # How providers word their refusals. A rate limit is recognised first: Infura answers both a rate limit and a
 # too-wide eth_getLogs with code -32005.
@@ -108,6 +114,9 @@ def classify_error(error: dict, method: str) -> str:
 
 @dataclass(frozen=True)
 class TransferLog:
+    """A credit read on chain: an ERC-20 Transfer log, or the native coin carried by a transaction (`token` "" and
+    `log_index` -1: a transaction carries one value)."""
+
     tx_hash: str
     log_index: int
     block_number: int
@@ -125,6 +134,16 @@ class LogRange:
     start: int
     end: int
     logs: list[TransferLog]
+    skipped: int
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    """The canonical (hash, timestamp) of every block of [start, end], the native coin its transactions carried to
+    the watched addresses, and how many such transactions were skipped as malformed."""
+
+    blocks: dict[int, tuple[str, int]]
+    transfers: list[TransferLog]
     skipped: int
 
 
@@ -182,6 +201,63 @@ def parse_transfer_log(entry: object, *, tokens: frozenset[str]) -> TransferLog 
     )
 
 
+def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> BlockRange:
+    """A block asked with its transactions: its hash and time, and the native coin its transactions sent to
+    `recipients`. A block that is not one (missing, another number, transactions as bare hashes) raises ValueError:
+    the URL that answered it failed, the next is asked. A transaction to a recipient that is malformed (a value out
+    of range, a bad hash) is skipped and counted; transactions to anyone else are not looked at.
+
+    A value sent to a deposit address cannot have failed: the address holds no code, so nothing runs that could
+    revert, and a transaction without the gas a plain transfer needs is never included in a block."""
+    if not isinstance(block, dict):
+        raise ValueError(f"block {number} missing")
+    block_hash, timestamp = _block_ref(block)
+    if _quantity(block.get("number")) != number:
+        raise ValueError(f"asked for block {number}, answered another")
+    transactions = block.get("transactions")
+    if not isinstance(transactions, list) or not all(isinstance(tx, dict) for tx in transactions):
+        raise ValueError(f"block {number} without its transactions")
+    transfers, skipped = [], 0
+    for tx in transactions:
+        recipient = tx.get("to")
+        if not isinstance(recipient, str) or recipient.lower() not in recipients:
+            continue
+        value, tx_hash, sender = tx.get("value"), tx.get("hash"), tx.get("from")
+        if not (isinstance(value, str) and _VALUE.fullmatch(value.lower())):
+            skipped += 1
+            continue
+        amount = int(value, 16)
+        if amount == 0:
+            continue  # a call that pays nothing
+        valid = (
+            amount <= MAX_TRANSFER_UNITS
+            and isinstance(tx_hash, str)
+            and _HASH.fullmatch(tx_hash.lower())
+            and isinstance(sender, str)
+            and _ADDRESS.fullmatch(sender.lower())
+        )
+        if not valid:
+            skipped += 1
+            continue
+        transfers.append(
+            TransferLog(
+                tx_hash=tx_hash.lower(),
+                log_index=-1,
+                block_number=number,
+                block_hash=block_hash,
+                token="",
+                sender=sender.lower(),
+                recipient=recipient.lower(),
+                amount=amount,
+            )
+        )
+    return BlockRange(blocks={number: (block_hash, timestamp)}, transfers=transfers, skipped=skipped)
+
+
+def _address_topic(address: str) -> str:
+    return "0x" + "0" * 24 + address.lower().removeprefix("0x")
+
+
 class ChainClient:
     def __init__(self, chain: Chain, *, timeout: float = 5.0, backoff: float = 0.25) -> None:
         self.chain = chain
@@ -201,6 +277,8 @@ class ChainClient:
         # lagging node would return fewer logs and no blocks beyond its own head.
         self._required_head: int | None = None
         self._verified: set[int] = set()
+        # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
+        self.unread: list[tuple[int, str, str]] = []
 
     # --- transport: failover, backoff, one counted round trip per call ----------------------------------------
     def _send(self, send, method: str) -> object:
@@ -333,46 +411,104 @@ class ChainClient:
             return min(number, head)
         return max(0, head - self.chain.confirmations + 1)
 
-    def log_ranges(self, *, from_block: int, to_block: int, tokens: frozenset[str]):
+    def log_ranges(self, *, from_block: int, to_block: int, tokens: frozenset[str], recipients: frozenset[str]):
         """Transfer logs of the allow-listed `tokens` in [from_block, to_block], one range at a time, as
         `LogRange`s: the request filters by contract address and the Transfer topic only, so its size does not
         depend on how many deposit addresses are watched; the caller matches recipients. A range refused by the
-        provider is halved and asked again; the narrower span is kept for the following ranges."""
-        if not tokens or from_block > to_block:
+        provider is halved and asked again, and widens again (doubling) once a range is answered. A single block
+        that is still refused is read per contract, then by recipient (`_crowded_block`). Without tokens the ranges
+        are still yielded, empty, for the caller to read their blocks."""
+        if from_block > to_block:
             return
-        addresses = sorted(tokens)
-        start, span = from_block, max(1, self.chain.max_block_range)
+        widest = max(1, self.chain.max_block_range)
+        start, span = from_block, widest
         while start <= to_block:
             end = min(to_block, start + span - 1)
-            query = {"fromBlock": hex(start), "toBlock": hex(end), "address": addresses, "topics": [TRANSFER_TOPIC]}
             try:
-                raw = self.request("eth_getLogs", [query], _log_list)
+                raw = self._logs(start, end, sorted(tokens)) if tokens else []
             except RangeRefused:
-                if span == 1:
-                    raise ChainUnavailable(f"chain {self.chain.chain_id}: getLogs refused a single block") from None
-                span = max(1, span // 2)
-                continue
+                if span > 1:
+                    span = max(1, span // 2)
+                    continue
+                raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
             logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
             yield LogRange(start=start, end=end, logs=logs, skipped=len(raw) - len(logs))
-            start = end + 1
+            start, span = end + 1, min(widest, span * 2)
 
-    def balances(self, queries: list[tuple[str, int | str]]) -> list[int]:
-        """Native balances for (address, block) pairs, in batched round trips."""
-        return self.batch(
-            [
-                ("eth_getBalance", [address, hex(block) if isinstance(block, int) else block])
-                for address, block in queries
-            ],
-            _quantity_any,
-        )
+    def _logs(self, start: int, end: int, addresses: list[str], topics: list | None = None) -> list:
+        query = {
+            "fromBlock": hex(start),
+            "toBlock": hex(end),
+            "address": addresses,
+            "topics": topics or [TRANSFER_TOPIC],
+        }
+        return self.request("eth_getLogs", [query], _log_list)
 
-    def native_balances(self, addresses: list[str], *, confirmed: int, head: int) -> tuple[list[int], tuple[str, int]]:
-        """Each address's balance at the confirmed block and at the head (two per address, in order), and the
-        confirmed block's (hash, timestamp), in batched round trips."""
-        calls = [("eth_getBlockByNumber", [hex(confirmed), False])]
-        calls += [("eth_getBalance", [address, hex(block)]) for address in addresses for block in (confirmed, head)]
+    def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
+        """The logs of one block that holds more than a provider returns at once (anyone can fill a block with
+        Transfer logs of a listed contract for a few dollars): each contract alone; a contract that still overflows,
+        by its transfers to the watched addresses, at most MAX_TOPICS − 2 recipient topics a request, halving a
+        group that still overflows. Only a single watched address that received more than the cap in this block is
+        left unread (logged as an error): the block is passed, and every other payment in it is credited."""
+        raw: list = []
+        for token in sorted(tokens):
+            try:
+                raw += self._logs(number, number, [token])
+                continue
+            except RangeRefused:
+                pass
+            watched = sorted(recipients)
+            size = MAX_TOPICS - 2  # the filter's entries, the Transfer topic and the wildcard sender included
+            groups = [watched[offset : offset + size] for offset in range(0, len(watched), size)]
+            while groups:
+                group = groups.pop()
+                try:
+                    raw += self._logs(
+                        number, number, [token], [TRANSFER_TOPIC, None, [_address_topic(a) for a in group]]
+                    )
+                except RangeRefused:
+                    if len(group) > 1:
+                        groups += [group[: len(group) // 2], group[len(group) // 2 :]]
+                        continue
+                    self.unread.append((number, token, group[0]))
+                    logger.error(
+                        "chain %s: block %s holds more transfers of %s to %s than the provider returns: not read",
+                        self.chain.chain_id,
+                        number,
+                        token,
+                        group[0],
+                    )
+        return raw
+
+    def block_range(self, *, start: int, end: int, recipients: frozenset[str]) -> BlockRange:
+        """The blocks of [start, end] with their transactions, in batches of FULL_BLOCKS_PER_BATCH: their canonical
+        hashes and times, and the native coin sent to `recipients` (matched here; the requests do not depend on
+        how many addresses are watched)."""
+        numbers = list(range(start, end + 1))
+        parsers = [
+            lambda block, number=number: parse_block(block, number=number, recipients=recipients) for number in numbers
+        ]
+        blocks, transfers, skipped = {}, [], 0
+        size = max(1, min(FULL_BLOCKS_PER_BATCH, self.chain.max_batch))
+        for offset in range(0, len(numbers), size):
+            part = numbers[offset : offset + size]
+            for read in self.batch(
+                [("eth_getBlockByNumber", [hex(number), True]) for number in part], parsers[offset : offset + size]
+            ):
+                blocks.update(read.blocks)
+                transfers += read.transfers
+                skipped += read.skipped
+        return BlockRange(blocks=blocks, transfers=transfers, skipped=skipped)
+
+    def native_balances(self, addresses: list[str], *, block: int) -> tuple[tuple[str, int], list[tuple[int, int]]]:
+        """The (hash, timestamp) of `block`, and each address's (balance, nonce) there, in one batched round trip
+        (more past MAX_BATCH calls)."""
+        calls = [("eth_getBlockByNumber", [hex(block), False])]
+        for address in addresses:
+            calls += [("eth_getBalance", [address, hex(block)]), ("eth_getTransactionCount", [address, hex(block)])]
         results = self.batch(calls, [_block_ref] + [_quantity_any] * (len(calls) - 1))
-        return results[1:], results[0]
+        pairs = [(results[1 + 2 * position], results[2 + 2 * position]) for position in range(len(addresses))]
+        return results[0], pairs
 
     def blocks(self, numbers: list[int]) -> dict[int, tuple[str, int]]:
         """The canonical (hash, timestamp) of each block (("", 0) for a block the node does not have), in batched

@@ -65,10 +65,9 @@ class Invoice(models.Model):
     # What the chain says, recomputed by every scan from the Transfer rows.
     amount_confirmed_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     amount_pending_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
-    native_seen_block = models.PositiveBigIntegerField(null=True, blank=True)
-    # The native balance at the confirmed block when last read: what rises beyond it is a payment, and an outflow
-    # (a sweep) lowers it, so later payments are not hidden by what left.
-    native_balance_seen = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
+    # When the native balance was last reconciled with the credits (coin paid by a contract has no transaction
+    # of its own to read); "I've paid" clears it, to be read first.
+    native_checked_at = models.DateTimeField(null=True, blank=True)
 
     # BTCPay Server's exception flags.
     paid_partial = models.BooleanField(_("partially paid"), default=False)
@@ -122,7 +121,8 @@ class Invoice(models.Model):
 
 
 class Transfer(models.Model):
-    """A credit seen on chain to a deposit address: an ERC-20 Transfer log, or a native balance increase.
+    """A credit seen on chain to a deposit address: an ERC-20 Transfer log, the native coin of a transaction
+    (log_index -1), or native coin that no transaction explains, found by reconciling the balance.
 
     Credited once: (chain_id, tx_hash, log_index) is unique. Native credits found through balances have no
     transaction of their own: tx_hash is "balance:<address>:<block>" and log_index -1.

@@ -91,7 +91,7 @@ def payment_view(order: Order, *, invoice: Invoice | None = None) -> PaymentView
     chain = config.chain(invoice.chain_id)
     transfers = list(invoice.transfers.exclude(status=Transfer.Status.REMOVED).order_by("block_number", "log_index"))
     seen = [t.block_number for t in transfers if t.status == Transfer.Status.SEEN and not t.wrong_asset]
-    seen_block = min(seen) if seen else invoice.native_seen_block
+    seen_block = min(seen) if seen else None
     required = chain.confirmations if chain else 0
     confirmations = 0
     if seen_block is not None and invoice.last_seen_head:

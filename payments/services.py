@@ -13,8 +13,8 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import DatabaseError, IntegrityError, transaction
-from django.db.models import Exists, Min, OuterRef, Q, Sum
+from django.db import DatabaseError, transaction
+from django.db.models import Exists, F, Min, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -135,9 +135,9 @@ USED_ADDRESS_SKIPS = 10
 
 
 def _new_deposit_address(asset: config.Asset) -> tuple[int, str]:
-    """The next child address. For the native coin, which is detected by balance, an address that already holds
-    coin or has sent a transaction is never issued: its index is skipped (and logged), since that balance or a
-    later outflow would read as payments."""
+    """The next child address. For the native coin an address that already holds coin or has sent a transaction is
+    never issued: its index is skipped (and logged), since that coin would read as a payment when its balance is
+    reconciled, and an address that has sent cannot be reconciled (`_native_balance_checks`)."""
     for _attempt in range(USED_ADDRESS_SKIPS):
         index = DerivationSlot.objects.create().pk
         address = deposit_address(settings.PAYMENTS_XPUB, index)
@@ -269,7 +269,8 @@ def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime 
         order, invoice = lock_invoice(invoice)
         invoice.customer_paid_at = now
         invoice.customer_tx_hint = tx_hint.lower() or invoice.customer_tx_hint
-        invoice.save(update_fields=["customer_paid_at", "customer_tx_hint"])
+        invoice.native_checked_at = None  # a native balance no transaction explains is read first
+        invoice.save(update_fields=["customer_paid_at", "customer_tx_hint", "native_checked_at"])
         booking.order_note(
             order=order,
             reason="customer says they paid",
@@ -327,6 +328,8 @@ class ScanResult:
     ranges: int = 0
     failed_invoices: int = 0
     rpc_calls: int = 0
+    unread: int = 0  # (block, contract, address) left unread in blocks crowded beyond the provider's cap
+    balance_checks: int = 0  # native balances read for payments no transaction explains
     settled: list[int] = field(default_factory=list)
 
 
@@ -360,15 +363,14 @@ def _watched_addresses(chain_id: int, now: datetime) -> dict[str, WatchedAddress
 
 def _invoices_to_review(chain_id: int, now: datetime) -> list[Invoice]:
     """The watched invoices a cycle may have to move, loaded whole: those with a transfer, a deadline reached, a
-    transfer being confirmed, amounts to take back, a delayed check, or in the native coin (read by balance). An
-    invoice waiting with nothing seen costs nothing more than its address."""
+    transfer being confirmed, amounts to take back, or a delayed check. An invoice waiting with nothing seen costs
+    nothing more than its address."""
     has_transfer = Exists(Transfer.objects.filter(invoice=OuterRef("pk")))
     return list(
         Invoice.objects.filter(_watched(now), chain_id=chain_id).filter(
             has_transfer
             | Q(status=Invoice.Status.NEW, expires_at__lte=now)
             | Q(status=Invoice.Status.PROCESSING)
-            | Q(asset_contract="")
             | Q(check_delayed_since__isnull=False)
             | Q(amount_confirmed_units__gt=0)
             | Q(amount_pending_units__gt=0)
@@ -443,22 +445,34 @@ def _scan(
     by_address = _watched_addresses(chain.chain_id, now)
     result.invoices = len(by_address)
     watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
+    recipients = frozenset(by_address)
+    # The chain's native coin is read from the transactions of each block (all blocks of the range, with their
+    # transactions, in one batch): then the hashes of all of them are known too.
+    reads_blocks = any(asset.is_native for asset in chain.assets)
     start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
-    for log_range in client.log_ranges(from_block=start, to_block=head, tokens=frozenset(chain.token_contracts)):
+    ranges = client.log_ranges(
+        from_block=start, to_block=head, tokens=frozenset(chain.token_contracts), recipients=recipients
+    )
+    for log_range in ranges:
         matched = [log for log in log_range.logs if log.recipient in by_address]
+        skipped = log_range.skipped
         seen = list(
             Transfer.objects.filter(
                 chain_id=chain.chain_id,
                 status=Transfer.Status.SEEN,
-                log_index__gte=0,
                 block_number__range=(log_range.start, log_range.end),
             )
         )
-        # Canonical hashes: of the blocks whose transfers may become final, and of the blocks of transfers seen
-        # before (a block replaced under one means it was removed by a reorganisation).
-        blocks = {log.block_number for log in matched if log.block_number <= confirmed}
-        blocks |= {transfer.block_number for transfer in seen}
-        read = client.blocks(sorted(blocks)) if blocks else {}
+        if reads_blocks:
+            block_range = client.block_range(start=log_range.start, end=log_range.end, recipients=recipients)
+            read, skipped = block_range.blocks, skipped + block_range.skipped
+            matched += block_range.transfers
+        else:
+            # Canonical hashes: of the blocks whose transfers may become final, and of the blocks of transfers
+            # seen before (a block replaced under one means it was removed by a reorganisation).
+            blocks = {log.block_number for log in matched if log.block_number <= confirmed}
+            blocks |= {transfer.block_number for transfer in seen}
+            read = client.blocks(sorted(blocks)) if blocks else {}
         canonical = {number: block_hash for number, (block_hash, _time) in read.items()}
         block_times = {number: timestamp for number, (_hash, timestamp) in read.items()}
         with transaction.atomic():
@@ -472,14 +486,14 @@ def _scan(
                 block_times=block_times,
                 now=now,
             )
-            skipped = log_range.skipped + failed
+            skipped += failed
             if not _cursor_advance(
                 cursor=cursor, to_block=min(log_range.end, confirmed), skipped=skipped, watched=watched
             ):
                 return  # another scan took the chain over
         if skipped:
             logger.warning(
-                "chain %s: %s log(s) in blocks %s-%s skipped (malformed or not storable)",
+                "chain %s: %s log(s) or transaction(s) in blocks %s-%s skipped (malformed or not storable)",
                 chain.chain_id,
                 skipped,
                 log_range.start,
@@ -488,25 +502,10 @@ def _scan(
         result.ranges += 1
         result.logs += len(matched)
         result.skipped_logs += skipped
+    result.unread = len(client.unread)
+    result.balance_checks = _native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now)
     invoices = _invoices_to_review(chain.chain_id, now)
-    natives = [invoice for invoice in invoices if not invoice.asset_contract]
-    native_pending: dict[int, int] = {}
-    if natives:
-        balances, (confirmed_hash, confirmed_time) = client.native_balances(
-            [invoice.deposit_address for invoice in natives], confirmed=confirmed, head=head
-        )
-        with transaction.atomic():
-            native_pending = _apply_native(
-                chain=chain,
-                invoices=natives,
-                balances=balances,
-                confirmed=confirmed,
-                head=head,
-                confirmed_hash=confirmed_hash,
-                confirmed_time=confirmed_time,
-                now=now,
-            )
-    result.settled = _move_invoices(invoices=invoices, native_pending=native_pending, head=head, result=result, now=now)
+    result.settled = _move_invoices(invoices=invoices, head=head, result=result, now=now)
     _mark_checked(cursor=cursor, invoices=invoices, head=head, now=now)
 
 
@@ -519,9 +518,9 @@ def _first_block_to_read(*, chain: config.Chain, cursor: ChainCursor, confirmed:
 
 
 def _lowest_seen_block(*, chain_id: int, watched) -> int | None:
-    return Transfer.objects.filter(
-        chain_id=chain_id, status=Transfer.Status.SEEN, log_index__gte=0, invoice__in=watched
-    ).aggregate(lowest=Min("block_number"))["lowest"]
+    return Transfer.objects.filter(chain_id=chain_id, status=Transfer.Status.SEEN, invoice__in=watched).aggregate(
+        lowest=Min("block_number")
+    )["lowest"]
 
 
 def _cursor_advance(*, cursor: ChainCursor, to_block: int, skipped: int, watched) -> bool:
@@ -540,16 +539,12 @@ def _cursor_advance(*, cursor: ChainCursor, to_block: int, skipped: int, watched
     return True
 
 
-def _move_invoices(
-    *, invoices: list[Invoice], native_pending: dict[int, int], head: int, result: ScanResult, now: datetime
-) -> list[int]:
+def _move_invoices(*, invoices: list[Invoice], head: int, result: ScanResult, now: datetime) -> list[int]:
     """Move each invoice whose amounts or deadlines changed, each in its own transaction. Returns those settled."""
     settled = []
     sums = _chain_sums([invoice.pk for invoice in invoices])
     for invoice in invoices:
         confirmed_units, pending_units = sums.get(invoice.pk, (0, 0))
-        if not invoice.asset_contract:
-            pending_units = native_pending.get(invoice.pk, 0)
         if _unchanged(invoice, confirmed_units, pending_units, now):
             continue
         try:
@@ -567,13 +562,13 @@ def _mark_checked(*, cursor: ChainCursor, invoices: list[Invoice], head: int, no
     """Note on each invoice that it was checked at this head, and on the cursor that the chain answered."""
     # Read again: the moves above ran on their own copies.
     shown = Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).filter(
-        Q(status=Invoice.Status.PROCESSING) | Q(native_seen_block__isnull=False) | Q(check_delayed_since__isnull=False)
+        Q(status=Invoice.Status.PROCESSING) | Q(check_delayed_since__isnull=False)
     )
     for invoice in shown:
         # What the order page shows: the confirmations counted from the head while a transfer is being
         # confirmed, and "check delayed". Those invoices are saved (their orders' pages change, through the
         # signal); the others need nothing: when the chain was last read is the cursor's `last_scan_at`.
-        pending = invoice.status == Invoice.Status.PROCESSING or invoice.native_seen_block is not None
+        pending = invoice.status == Invoice.Status.PROCESSING
         if invoice.check_delayed_since is not None or (pending and invoice.last_seen_head != head):
             invoice.last_checked_at, invoice.last_seen_head, invoice.check_delayed_since = now, head, None
             invoice.save(update_fields=["last_checked_at", "last_seen_head", "check_delayed_since"])
@@ -728,54 +723,65 @@ def _record_transfer(
         transfer.save()
 
 
-def _apply_native(
-    *,
-    chain: config.Chain,
-    invoices: list[Invoice],
-    balances: list[int],
-    confirmed: int,
-    head: int,
-    confirmed_hash: str,
-    confirmed_time: int,
-    now: datetime,
-) -> dict[int, int]:
-    """Native coin, for invoices in the native coin: what the balance at the confirmed block rose beyond the
-    balance last read there is a new credit, bound to that block; an outflow (a sweep) only lowers the balance
-    last read, so it hides no later payment. The balance at the head beyond the confirmed one is pending (returned
-    per invoice). Direct and internal transfers (from a contract) count alike: a balance does not care how."""
-    pending_by_invoice: dict[int, int] = {}
-    for position, invoice in enumerate(invoices):
-        balance_confirmed, balance_head = balances[2 * position], balances[2 * position + 1]
-        previous = int(invoice.native_balance_seen)
-        if balance_confirmed > previous:
-            try:
-                with transaction.atomic():
-                    Transfer.objects.create(
-                        chain_id=chain.chain_id,
-                        tx_hash=f"balance:{invoice.deposit_address}:{confirmed}",
-                        log_index=-1,
-                        block_number=confirmed,
-                        block_hash=confirmed_hash,
-                        block_time=_from_timestamp(confirmed_time) if confirmed_time else None,
-                        to_address=invoice.deposit_address,
-                        amount_units=min(balance_confirmed - previous, MAX_TRANSFER_UNITS),
-                        invoice=invoice,
-                        status=Transfer.Status.CONFIRMED,
-                        first_seen_at=now,
-                        confirmed_at=now,
-                    )
-            except IntegrityError:  # this block's balance was already credited
-                pass
-        if balance_confirmed != previous:
-            invoice.native_balance_seen = balance_confirmed
-            invoice.save(update_fields=["native_balance_seen"])
-        pending = max(0, balance_head - balance_confirmed)
-        pending_by_invoice[invoice.pk] = min(pending, MAX_TRANSFER_UNITS)
-        seen_block = (invoice.native_seen_block or head) if pending else None
-        if seen_block != invoice.native_seen_block:
-            invoice.native_seen_block = seen_block
-            invoice.save(update_fields=["native_seen_block"])  # its order's page shows the pending coin
-    return pending_by_invoice
+# Native-coin invoices whose balance is read in one cycle, for coin that no transaction explains.
+NATIVE_BALANCE_CHECKS_PER_CYCLE = 50
+
+
+def _native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
+    """Native coin can arrive without a transaction to the address: a contract pays it on (an exchange's batch
+    payout, a smart-contract wallet). Each cycle reads, at the confirmed block, the balance and nonce of at most
+    NATIVE_BALANCE_CHECKS_PER_CYCLE open native-coin invoices: those whose customer said "I've paid" since their
+    last check first (the click clears it), then those checked longest ago. Where the address never sent a
+    transaction (nonce 0: no sweep, no fee, nothing left it), its balance is exactly what it received; what
+    exceeds the credits already recorded up to that block is credited, bound to that block. An address that has
+    sent a transaction (swept while a payment was awaited) is not reconciled this way: its direct payments still
+    count. Returns how many balances were read."""
+    invoices = list(
+        Invoice.objects.filter(
+            chain_id=chain.chain_id,
+            asset_contract="",
+            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
+            monitor_until__gt=now,
+        )
+        .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
+        .only("pk", "deposit_address")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
+    )
+    if not invoices:
+        return 0
+    addresses = [invoice.deposit_address for invoice in invoices]
+    (block_hash, block_time), readings = client.native_balances(addresses, block=confirmed)
+    credited = dict(
+        Transfer.objects.filter(
+            chain_id=chain.chain_id, token_contract="", to_address__in=addresses, block_number__lte=confirmed
+        )
+        .exclude(status=Transfer.Status.REMOVED)
+        .values("to_address")
+        .annotate(total=Sum("amount_units"))
+        .values_list("to_address", "total")
+    )
+    with transaction.atomic():
+        for invoice, (balance, nonce) in zip(invoices, readings, strict=True):
+            unexplained = balance - int(credited.get(invoice.deposit_address) or 0)
+            if nonce or unexplained <= 0 or not block_hash:
+                continue
+            Transfer.objects.get_or_create(
+                chain_id=chain.chain_id,
+                tx_hash=f"balance:{invoice.deposit_address}:{confirmed}",
+                log_index=-1,
+                defaults={
+                    "block_number": confirmed,
+                    "block_hash": block_hash,
+                    "block_time": _from_timestamp(block_time) if block_time else None,
+                    "to_address": invoice.deposit_address,
+                    "amount_units": min(unexplained, MAX_TRANSFER_UNITS),
+                    "invoice": invoice,
+                    "status": Transfer.Status.CONFIRMED,
+                    "first_seen_at": now,
+                    "confirmed_at": now,
+                },
+            )
+        Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(native_checked_at=now)
+    return len(invoices)
 
 
 def _from_timestamp(timestamp: int) -> datetime | None:

@@ -95,7 +95,9 @@ def test_the_page_link_is_a_valid_eip681_request_a_wallet_can_pay(client, chain,
     assert order.status == OrderStatus.PAID
 
 
-def test_the_native_coin_is_priced_by_the_rate_feed_and_detected_through_balances(client, chain, booking_data):
+def test_the_native_coin_is_priced_by_the_rate_feed_and_detected_in_the_blocks_transactions(
+    client, chain, booking_data
+):
     order, token = place(client, booking_data(lots="1"))
     client.post(
         reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),

@@ -2,17 +2,21 @@
 for a cent. No log can stop the scan, and an honest payment is still credited (anvil, PostgreSQL).
 
 HostileEmitter (payments/contracts) emits what no honest token would. Deployed by the test, it is either a
-stranger (not allow-listed: the node never returns its logs) or, to reach the parser, allow-listed as `dHOST`."""
+stranger (not allow-listed: the node never returns its logs) or, to reach the parser, allow-listed as `dHOST`. A
+block can also hold more logs than a provider returns at once."""
 
 import time
 
+import pytest
+
 from booking.models import OrderStatus
 from payments import services
-from payments.chain import TRANSFER_TOPIC
+from payments.chain import TRANSFER_TOPIC, checksum, parse_block
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
+from tests.payments.test_many_invoices import crowd_invoices
 
 CHAIN_ID = 31337
 
@@ -21,10 +25,10 @@ def deploy_hostile(chain) -> str:
     return chain.deploy("HostileEmitter", sender=chain.accounts()[5])
 
 
-def allow_list(use_chains_file, chain, contract: str) -> None:
+def allow_list(use_chains_file, chain, contract: str, *, rpc_url: str = "") -> None:
     """The hostile contract as an allow-listed token: its logs reach the scanner's parser."""
     use_chains_file(
-        chain.chain.rpc_urls[0],
+        rpc_url or chain.chain.rpc_urls[0],
         extra_assets=f'\n  [[chains.assets]]\n  symbol = "dHOST"\n  contract = "{contract}"\n  decimals = 6\n'
         '  pegged_to = "EUR"\n',
         name="hostile",
@@ -125,3 +129,135 @@ def test_a_block_of_5000_spam_logs_costs_nothing_to_an_honest_payment(client, ch
     assert Transfer.objects.get(token_contract=hostile).wrong_asset
     assert Invoice.objects.get(pk=invoice.pk).amount_confirmed_units == invoice.amount_due_units
     assert elapsed < 2, f"a scan through 5,000 spam logs took {elapsed:.2f} s"
+
+
+def in_one_block(chain, transactions: list[dict]) -> None:
+    """Mine `transactions` (sent from anvil's unlocked accounts) together in one block."""
+    chain.request("evm_setAutomine", [False])
+    try:
+        hashes = [chain.request("eth_sendTransaction", [transaction]) for transaction in transactions]
+        chain.mine(1)
+    finally:
+        chain.request("evm_setAutomine", [True])
+    receipts = [chain.request("eth_getTransactionReceipt", [tx_hash]) for tx_hash in hashes]
+    assert len({receipt["blockNumber"] for receipt in receipts}) == 1
+    assert all(int(receipt["status"], 16) == 1 for receipt in receipts)
+
+
+def token_payment(chain, invoice: Invoice) -> dict:
+    """The transaction that pays `invoice` in its token, from a payer minted what is due, to send in a block."""
+    payer, due = chain.accounts()[1], int(invoice.amount_due_units)
+    chain.mint(invoice.asset_contract, payer, due, sender=payer)
+    data = chain._call_data("DemoStablecoin", "transfer", checksum(invoice.deposit_address), due)
+    return {"from": payer, "to": invoice.asset_contract, "gas": hex(200_000), "data": data}
+
+
+def test_a_block_with_more_logs_than_the_provider_returns_still_credits_the_payments_in_it(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """A provider answers at most `max_logs` logs (10,000 at geth's defaults; 1,000 here, to keep the block small):
+    the block is read per contract, then by the watched recipients (more than 998 of them: two requests, each within
+    the 1,000-topic cap), and the scan moves past it."""
+    strict = proxies(max_range=2000, max_logs=1000)
+    hostile = deploy_hostile(chain)
+    allow_list(use_chains_file, chain, hostile, rpc_url=strict.url)
+    in_token, _ = place(client, booking_data(lots="1"))
+    in_spammed, _ = place(client, booking_data(lots="1", contact_email="spammed@example.org"))
+    token_invoice = current_invoice(in_token)
+    spammed_invoice = services.invoice_change_asset(order=in_spammed, asset_key=f"{CHAIN_ID}:dHOST")
+    crowd_invoices(token_invoice, 1200)  # more watched addresses than one filter may name
+    spammer = chain.accounts()[5]
+    in_one_block(
+        chain,
+        [
+            # 1,500 logs of the allow-listed dHOST to strangers, ...
+            {
+                "from": spammer,
+                "to": hostile,
+                "gas": hex(15_000_000),
+                "data": chain._call_data("HostileEmitter", "spam", "0x" + "00" * 19 + "01", 1500, 1),
+            },
+            # ... the payment in dHOST of one order among them, ...
+            {
+                "from": spammer,
+                "to": hostile,
+                "gas": hex(200_000),
+                "data": chain._call_data(
+                    "HostileEmitter",
+                    "spam",
+                    checksum(spammed_invoice.deposit_address),
+                    1,
+                    int(spammed_invoice.amount_due_units),
+                ),
+            },
+            # ... and an honest payment in another token, in the same block.
+            token_payment(chain, token_invoice),
+        ],
+    )
+    chain.mine(2)
+
+    result = scan()
+
+    in_token.refresh_from_db()
+    in_spammed.refresh_from_db()
+    assert in_token.status == OrderStatus.PAID and in_spammed.status == OrderStatus.PAID
+    assert result.unread == 0 and result.logs == 2
+    assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block == result.confirmed
+    assert strict.refused["too many results"] >= 2 and "too many topics" not in strict.refused
+    filtered = [query for query in strict.log_queries if len(query["topics"]) == 3]
+    assert len(filtered) == 2 and all(len(query["topics"][2]) <= 998 for query in filtered)
+
+
+def test_an_address_flooded_beyond_the_providers_cap_in_one_block_is_logged_and_the_scan_moves_on(
+    client, chain, booking_data, proxies, use_chains_file, caplog
+):
+    """The last resort: more transfers of one contract to one watched address in one block than the provider
+    returns (2 here). That address's logs of that block stay unread, with an error; every other payment in the block
+    is credited and the cursor passes it."""
+    strict = proxies(max_range=2000, max_logs=2)
+    hostile = deploy_hostile(chain)
+    allow_list(use_chains_file, chain, hostile, rpc_url=strict.url)
+    flooded, _ = place(client, booking_data(lots="1", contact_email="flooded@example.org"))
+    honest, _ = place(client, booking_data(lots="1"))
+    target, invoice = current_invoice(flooded).deposit_address, current_invoice(honest)
+    flood = chain._call_data("HostileEmitter", "transferWithData", checksum(target), (1).to_bytes(32, "big"))
+    spam = {"from": chain.accounts()[5], "to": hostile, "gas": hex(100_000), "data": flood}
+    in_one_block(chain, [spam] * 3 + [token_payment(chain, invoice)])
+    chain.mine(2)
+
+    result = scan()
+
+    honest.refresh_from_db()
+    assert honest.status == OrderStatus.PAID
+    assert result.unread == 1 and "than the provider returns: not read" in caplog.text
+    assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block == result.confirmed
+
+
+def test_transactions_to_a_deposit_address_that_are_not_well_formed_are_skipped_and_counted():
+    deposit, stranger = "0x" + "11" * 20, "0x" + "22" * 20
+    good = {"hash": "0x" + "aa" * 32, "from": stranger, "to": deposit, "value": hex(10**18)}
+    block = {
+        "number": "0x10",
+        "hash": "0x" + "bb" * 32,
+        "timestamp": "0x5",
+        "transactions": [
+            good,
+            {**good, "to": stranger},  # not ours: not looked at
+            {**good, "to": None},  # a contract creation
+            {**good, "value": "0x0"},  # pays nothing
+            {**good, "value": hex(2**200)},  # more than any coin's supply
+            {**good, "value": "1e18"},  # not a quantity
+            {**good, "hash": "0x1234"},
+            {**good, "from": None},
+        ],
+    }
+
+    read = parse_block(block, number=16, recipients=frozenset({deposit}))
+
+    assert read.blocks == {16: ("0x" + "bb" * 32, 5)} and read.skipped == 4
+    assert [(transfer.tx_hash, transfer.log_index, transfer.amount) for transfer in read.transfers] == [
+        ("0x" + "aa" * 32, -1, 10**18)
+    ]
+    for answer in (None, {**block, "number": "0x11"}, {**block, "transactions": ["0x" + "aa" * 32]}):
+        with pytest.raises(ValueError):  # that URL failed: the next one is asked
+            parse_block(answer, number=16, recipients=frozenset({deposit}))

@@ -1,5 +1,6 @@
-"""The native coin is credited by what was paid, not by a balance that moves: a sweep between two payments, a
-payment by an internal transaction from a contract, a derived address that already holds coin (anvil)."""
+"""The native coin is credited by what was paid, not by a balance that moves: a sweep between two payments or in
+the same interval as one, a reorganisation under a native payment, a payment by an internal transaction from a
+contract, a derived address that already holds coin (anvil)."""
 
 from django.conf import settings
 from django.urls import reverse
@@ -11,6 +12,7 @@ from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice, Transfer
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
+from tests.payments.test_many_invoices import crowd_invoices
 
 CHAIN_ID = 31337
 
@@ -30,6 +32,14 @@ def scan():
     return services.chain_scan(chain_id=CHAIN_ID)
 
 
+def sweep(chain, address: str) -> None:
+    """The operator sweeps a deposit address (its key is offline; anvil lets the test send for it)."""
+    chain.request("anvil_impersonateAccount", [address])
+    balance = int(chain.request("eth_getBalance", [address, "latest"]), 16)
+    chain.send_native(chain.accounts()[0], balance - 10**15, sender=address)
+    chain.request("anvil_stopImpersonatingAccount", [address])
+
+
 def test_a_sweep_between_two_partial_payments_hides_neither(client, chain, booking_data):
     order, invoice = pay_in_eth(client, booking_data)
     due = int(invoice.amount_due_units)
@@ -37,11 +47,7 @@ def test_a_sweep_between_two_partial_payments_hides_neither(client, chain, booki
     chain.mine(3)
     scan()
 
-    # The operator sweeps the deposit address (its key is offline; anvil lets the test send for it).
-    chain.request("anvil_impersonateAccount", [invoice.deposit_address])
-    balance = int(chain.request("eth_getBalance", [invoice.deposit_address, "latest"]), 16)
-    chain.send_native(chain.accounts()[0], balance - 10**15, sender=invoice.deposit_address)
-    chain.request("anvil_stopImpersonatingAccount", [invoice.deposit_address])
+    sweep(chain, invoice.deposit_address)
     chain.mine(3)
     scan()
 
@@ -53,6 +59,59 @@ def test_a_sweep_between_two_partial_payments_hides_neither(client, chain, booki
     order.refresh_from_db()
     assert invoice.status == Invoice.Status.SETTLED and invoice.amount_confirmed_units == due
     assert order.status == OrderStatus.PAID
+
+
+def test_a_sweep_and_a_payment_between_two_scans_do_not_cancel_out(client, chain, booking_data):
+    order, invoice = pay_in_eth(client, booking_data)
+    due = int(invoice.amount_due_units)
+    first = pay_invoice(chain, invoice, units=due // 2)
+    chain.mine(3)
+    scan()
+
+    # Between two scans: the deposit address is swept, then paid the rest (the balance ends about where it was).
+    sweep(chain, invoice.deposit_address)
+    second = pay_invoice(chain, invoice, units=due - due // 2)
+    chain.mine(3)
+    scan()
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and invoice.amount_confirmed_units == due
+    assert not invoice.paid_over and order.status == OrderStatus.PAID
+    credits = Transfer.objects.filter(invoice=invoice).order_by("block_number")
+    assert [(credit.tx_hash, credit.log_index) for credit in credits] == [(first.lower(), -1), (second.lower(), -1)]
+
+
+def test_a_native_payment_removed_by_a_reorganisation_is_taken_back_and_a_later_one_credited(
+    client, chain, booking_data
+):
+    order, invoice = pay_in_eth(client, booking_data)
+    before = chain.snapshot()
+    pay_invoice(chain, invoice)
+    scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAYMENT_PROCESSING
+    assert Transfer.objects.get(invoice=invoice).status == Transfer.Status.SEEN
+
+    chain.revert(before)  # the block with the payment is gone ...
+    chain.mine(4)  # ... and the chain moves on without it
+    scan()
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert Transfer.objects.get(invoice=invoice).status == Transfer.Status.REMOVED
+    assert invoice.status == Invoice.Status.NEW and invoice.amount_pending_units == 0
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+
+    pay_invoice(chain, invoice)  # paid again, for good
+    chain.mine(3)
+    scan()
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and not invoice.paid_over
+    assert order.status == OrderStatus.PAID
+    chain.snapshot()  # the fixture reverts to its own snapshot afterwards
 
 
 def test_a_payment_by_an_internal_transaction_from_a_contract_is_credited(client, chain, booking_data):
@@ -69,6 +128,31 @@ def test_a_payment_by_an_internal_transaction_from_a_contract_is_credited(client
     assert order.status == OrderStatus.PAID
     credit = Transfer.objects.get(invoice=invoice)
     assert credit.amount_units == invoice.amount_due_units and credit.block_time is not None
+
+
+def test_a_payment_by_a_contract_is_found_at_once_among_many_after_i_have_paid(client, chain, booking_data):
+    """Balances are reconciled a bounded number a cycle; the customer's "I've paid" puts theirs first."""
+    order, invoice = pay_in_eth(client, booking_data)
+    crowd_invoices(invoice, 3 * services.NATIVE_BALANCE_CHECKS_PER_CYCLE)
+    assert scan().balance_checks == services.NATIVE_BALANCE_CHECKS_PER_CYCLE
+    payer = chain.accounts()[2]
+    forwarder = chain.deploy("PaymentForwarder", sender=payer)
+    chain.call(
+        "PaymentForwarder",
+        forwarder,
+        "forward",
+        invoice.deposit_address,
+        sender=payer,
+        value=int(invoice.amount_due_units),
+    )
+    chain.mine(3)
+    assert Invoice.objects.get(pk=invoice.pk).native_checked_at is not None  # read in the first round
+
+    services.invoice_customer_paid(invoice=invoice)  # the check it asks for runs here (eager Celery)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    assert Transfer.objects.get(invoice=invoice).tx_hash.startswith("balance:")
 
 
 def test_a_derived_address_that_already_holds_coin_is_never_issued(client, chain, booking_data, caplog):
