@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import time
+from decimal import Decimal
 
 import pytest
 from django.urls import reverse
@@ -16,7 +17,7 @@ from booking.models import Lot
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from provisioning import services, steps
-from provisioning.models import Access, ProvisioningRun
+from provisioning.models import Access, Host, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import remove_user
 
@@ -39,7 +40,9 @@ def _provision(client, booking_data, keypair, admin_user, callbacks, name):
 def two_customers(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, django_capture_on_commit_callbacks
 ):
-    """Two orders on the same container host: one gets GPUs 0,1, the other 2,3."""
+    """Two orders on the same container host: one gets GPUs 0,1, the other 2,3; each lot's share is 1.5 CPUs,
+    2 GiB of memory and 1 GiB of /dev/shm."""
+    Host.objects.filter(pk=container_host.pk).update(cpus_per_lot=Decimal("1.5"), memory_per_lot_gib=2, shm_size_gib=1)
     Lot.objects.create(
         name="containers · GPUs 2,3", hardware_class=catalog["b200-pair"], host=container_host, gpu_indices="2,3"
     )
@@ -78,6 +81,10 @@ def test_the_login_lands_in_the_order_s_container_with_its_own_gpus_and_not_the_
         ]
         # the pre-flight check ran inside the container too (its report names the container's hostname)
         assert access.preflight_report["hostname"] == f"binome-{username}"
+        # and the container holds the lot's share of the host: CPUs, memory, /dev/shm
+        shares = "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.ShmSize}}"
+        limits = admin.run(["podman", "inspect", "--format", shares, f"binome-{username}"])
+        assert limits.stdout.split() == ["1500000000", str(2 * 2**30), str(2**30)]
     assert {Access.objects.get(order=order).gpu_indices for order, _u, _k in two_customers} == {"0,1", "2,3"}
 
 

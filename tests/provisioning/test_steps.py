@@ -79,18 +79,26 @@ def plant(admin, username: str, system: Path, round_number: int) -> None:
     admin.run(["runuser", "-u", username, "--", "sh", "-c", script])
 
 
+@pytest.fixture(params=["account", "container"])
+def any_host(request):
+    """(host, its sshd) for each kind of host: the account as the environment, or a container per order."""
+    if request.param == "container":
+        return request.getfixturevalue("container_host"), request.getfixturevalue("container_sshd")
+    return request.getfixturevalue("loopback_host"), request.getfixturevalue("sshd")
+
+
 def test_symlinks_planted_before_every_step_never_make_root_touch_what_they_point_to(
     client,
-    loopback_host,
+    any_host,
     booking_data,
     keypair,
     admin_user,
     admin,
     system_paths,
     monkeypatch,
-    login_as,
     django_capture_on_commit_callbacks,
 ):
+    _host, server = any_host
     private_key, public_key = keypair("customer")
     order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
     username = services.username_for(order)
@@ -138,7 +146,7 @@ def test_symlinks_planted_before_every_step_never_make_root_touch_what_they_poin
         # nor did root copy a file the customer may not read into the home
         leaked = admin.run(["grep", "-rlF", "--no-messages", SECRET, f"/home/{username}"], check=False)
         assert leaked.stdout == ""
-        assert login_as(username, private_key, "true").returncode != 0
+        assert server.login_as(username, private_key, "true").returncode != 0
     finally:
         remove_user(admin, username)
 
