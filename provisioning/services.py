@@ -628,7 +628,7 @@ class HostCheck:
 
 
 def host_check(
-    *, host: Host, actor: AbstractBaseUser | None = None, device_dir: str = "/dev", now: datetime | None = None
+    *, host: Host, actor: AbstractBaseUser | None = None, device_dir: str = "", now: datetime | None = None
 ) -> HostCheck:
     """Probe the host through its driver and record its isolation mode. A host found not isolated stops offering
     its lots; orders already booked on it are not cancelled but noted for an operator. A host that cannot be
@@ -645,7 +645,12 @@ def host_check(
     ]
     try:
         with get_driver(host.driver).connect(_host_spec(host)) as connection:
-            finding = host_checks.probe(connection, lots=devices, runtime=host.container_runtime, device_dir=device_dir)
+            finding = host_checks.probe(
+                connection,
+                lots=devices,
+                runtime=host.container_runtime,
+                device_dir=device_dir or settings.PROVISIONING_DEVICE_DIR,
+            )
     except DriverError as exc:
         raise ProvisioningError(
             _("Could not check %(host)s: %(error)s") % {"host": host.name, "error": exc.message}

@@ -33,7 +33,7 @@ def fake_gpus(directory: Path, count: int = 4, mode: int = 0o660) -> Path:
 @pytest.fixture
 def probed_host(sshd, catalog, settings):
     """An SSH host on the test sshd with two B200 lots (GPUs 0,1 and 2,3), the only B200 lots offered."""
-    host = make_loopback_host(sshd, catalog, settings, name="probed")
+    host = make_loopback_host(sshd, catalog, settings, name="probed", runtime="podman")
     Lot.objects.create(name="probed · GPUs 2,3", hardware_class=catalog["b200-pair"], host=host, gpu_indices="2,3")
     return host
 
@@ -45,7 +45,6 @@ def check(host: Host, **kwargs) -> services.HostCheck:
 
 
 def test_a_host_where_podman_answers_is_isolated_by_containers(probed_host):
-    Host.objects.filter(pk=probed_host.pk).update(container_runtime="podman")
     result = check(probed_host)
 
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
@@ -56,7 +55,9 @@ def test_a_host_where_podman_answers_is_isolated_by_containers(probed_host):
 
 
 def test_a_runtime_the_host_is_not_set_to_use_does_not_count_and_the_report_says_to_set_it(probed_host):
-    check(probed_host)  # podman answers on this machine, but the host's setting is empty: orders run in accounts
+    probed_host.container_runtime = ""  # podman answers on this machine, but orders on this host run in accounts
+    probed_host.save(update_fields=["container_runtime"])
+    check(probed_host)
 
     assert probed_host.isolation_mode != Host.Isolation.CONTAINER
     assert "podman answers, but the host's container runtime is not set" in probed_host.isolation_report
