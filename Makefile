@@ -70,6 +70,7 @@ run: export DEMO_RPC_URL := http://127.0.0.1:$(ANVIL_PORT)
 run: setup
 	$(BIN)/python manage.py migrate --no-input -v 0
 	$(BIN)/python manage.py seed_demo
+	$(BIN)/python manage.py prepare_broker -v 0
 	$(BIN)/python manage.py collectstatic --no-input -v 0
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start --procfile Procfile --port $(PORT)
 

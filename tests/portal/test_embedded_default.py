@@ -209,6 +209,7 @@ def embedded_portal(tmp_path):
         portal.manage("migrate", "--no-input", "-v", "0")
         portal.manage("seed_demo")
         portal.manage("demo_chain", "setup")  # what bin/chain does once anvil answers
+        portal.manage("prepare_broker")  # as make run: the queues exist before the worker and beat race for them
         for name in ("web", "worker", "beat"):
             with (tmp_path / f"{name}.log").open("w") as log:  # the child keeps its own copy of the descriptor
                 processes.append(
