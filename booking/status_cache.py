@@ -85,37 +85,23 @@ def bump_chains() -> None:
 def current_versions(public_id: str) -> dict[str, str]:
     """The versions a rendering is made at: read *before* the rendering reads the database, so that a write
     committed meanwhile leaves the rendering older than the version its bump sets. A version missing here (never
-    set, or evicted) is set by `set_missing_versions` once the link was checked, and the order read again. An
-    address whose number cannot be an order's reads nothing: its key would be as long as the address."""
+    set, or evicted) is set by `remember_rendering`, for the next rendering. An address whose number cannot be an
+    order's reads nothing: its key would be as long as the address."""
     if len(public_id) > PUBLIC_ID_MAX:
         return {}
     return cache.get_many([order_key(public_id), CHAINS_KEY])
-
-
-def complete(public_id: str, versions: dict[str, str]) -> bool:
-    """Whether `versions` has every version a rendering of this order is made at."""
-    return {order_key(public_id), CHAINS_KEY} <= versions.keys()
-
-
-def set_missing_versions(public_id: str) -> dict[str, str]:
-    """`current_versions`, those missing set first, for a rendering that reads the order only after this call
-    (then any write committed after its read replaces a version). Call it once the link was checked: versions
-    are only set for real orders. A version another process set meanwhile stays missing: that rendering is not
-    remembered."""
-    versions = current_versions(public_id)
-    for key in {order_key(public_id), CHAINS_KEY} - versions.keys():
-        version = new_token()
-        if cache.add(key, version, timeout=VERSION_TTL):
-            versions[key] = version
-    return versions
 
 
 def remember_rendering(
     *, public_id: str, token: str, rendering_id: str, versions: dict[str, str], fresh_for: float
 ) -> None:
     """Keep the record that lets a page showing this rendering (its poll names `rendering_id`) be answered
-    "unchanged", for at most `fresh_for` seconds and `RECORD_TTL`."""
-    if not complete(public_id, versions):  # not known before the order was read: cannot be proven current
+    "unchanged", for at most `fresh_for` seconds and `RECORD_TTL`. Call it once the link was checked: versions
+    are only set for real orders."""
+    missing = {order_key(public_id), CHAINS_KEY} - versions.keys()
+    if missing:  # not known at render time: the rendering cannot be proven current; the next one will be
+        for key in missing:
+            cache.add(key, new_token(), timeout=VERSION_TTL)
         return
     timeout = int(min(RECORD_TTL, fresh_for))
     if timeout >= 1:

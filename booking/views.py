@@ -330,10 +330,9 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
 
     Either way the block names its rendering in its poll URL, and the rendering is remembered with the versions
     it was drawn at (booking/status_cache.py): the very first poll of a page that is still current gets 204.
-    `versions` must have been read before `order` was; without them, or when one was missing (never set, or
-    evicted: it is set now that the link is checked), the order is read again after them."""
-    if versions is None or not status_cache.complete(order.public_id, versions):
-        versions = status_cache.set_missing_versions(order.public_id)
+    `versions` must have been read before `order` was; without them the order is read again after them."""
+    if versions is None:
+        versions = status_cache.current_versions(order.public_id)
         order = _order_or_404(order.public_id, token)
     rendering_id = status_cache.new_token()
     context = {**_order_context(order, token), "poll_version": rendering_id}

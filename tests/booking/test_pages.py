@@ -374,66 +374,30 @@ def test_the_first_poll_of_a_fresh_order_page_is_unchanged_and_a_transition_show
     assert "__binome_csrf_token__" not in changed.content.decode()
 
 
-def _forget_versions(order: Order) -> None:
-    """As an eviction, a restart of Redis or a version never set (the chains' until a chain changes) leave it."""
-    from django.core.cache import cache
-
-    from booking import status_cache
-
-    cache.delete_many([status_cache.order_key(order.public_id), status_cache.CHAINS_KEY])
-
-
-@pytest.mark.parametrize("versions_missing", [False, True], ids=["versions-set", "versions-missing"])
 def test_a_write_committed_while_the_page_is_drawn_never_leaves_it_current(
-    client, catalog, booking_data, monkeypatch, django_capture_on_commit_callbacks, versions_missing
+    client, catalog, booking_data, monkeypatch, django_capture_on_commit_callbacks
 ):
     """The order changes right after the page read it: the page shows the old state, so its poll must not be
-    answered "unchanged"; it brings the new state. With a version missing, the versions are set and the order is
-    read a second time: the write lands right after that read, newer than the versions just set."""
+    answered "unchanged"; it brings the new state."""
     from booking import views
     from booking.services import order_transition
 
     order, token = place(client, booking_data())
-    if versions_missing:
-        _forget_versions(order)
     read_order = views._order_or_404
-    reads = []
 
-    def a_write_lands_after_the_last_read(public_id: str, token: str) -> Order:
+    def a_write_lands_after_the_read(public_id: str, token: str) -> Order:
         found = read_order(public_id, token)
-        reads.append(found.status)
-        if len(reads) == (2 if versions_missing else 1):
-            with django_capture_on_commit_callbacks(execute=True):
-                order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
+        with django_capture_on_commit_callbacks(execute=True):
+            order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
         return found
 
-    monkeypatch.setattr(views, "_order_or_404", a_write_lands_after_the_last_read)
+    monkeypatch.setattr(views, "_order_or_404", a_write_lands_after_the_read)
     page = client.get(order_url(order, token)).content.decode()
     monkeypatch.setattr(views, "_order_or_404", read_order)
-    assert len(reads) == (2 if versions_missing else 1) and "Waiting for your transfer." in page
+    assert "Waiting for your transfer." in page
     url = html.unescape(re.search(r'hx-get="([^"]+\?v=[0-9a-f]+)"', page).group(1))
     polled = client.get(url, headers={"HX-Request": "true"})
     assert polled.status_code == 200 and "being confirmed on chain" in polled.content.decode()
-
-
-def test_a_page_drawn_while_a_version_is_missing_is_remembered_from_its_first_poll(
-    client, catalog, booking_data, django_assert_num_queries, django_capture_on_commit_callbacks
-):
-    """The missing versions are set once the link is checked, and the order read again after them: the page's
-    first poll is already "unchanged", and a change still shows at once."""
-    from booking.services import order_transition
-
-    order, token = place(client, booking_data())
-    _forget_versions(order)
-    page = client.get(order_url(order, token)).content.decode()
-    url = html.unescape(re.search(r'hx-get="([^"]+\?v=[0-9a-f]+)"', page).group(1))
-    with django_assert_num_queries(0):
-        assert client.get(url, headers={"HX-Request": "true"}).status_code == 204
-
-    with django_capture_on_commit_callbacks(execute=True):
-        order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
-    changed = client.get(url, headers={"HX-Request": "true"})
-    assert changed.status_code == 200 and "being confirmed on chain" in changed.content.decode()
 
 
 def test_the_status_block_is_only_served_for_its_own_order_link_and_language(client, catalog, booking_data):
