@@ -28,7 +28,10 @@ from django.db import transaction
 
 from booking.tokens import token_hash
 
-RECORD_TTL = 30
+# Freshness rests on the versions, not on this: a record only has to die for the text that moves with the clock
+# (`fresh_for`) and for a language switched in another tab. Each expiry costs the open page a full rendering of
+# its block (six queries and the template: dozens of times the work of a 204); at 30 s, one poll in six was one.
+RECORD_TTL = 300
 VERSION_TTL = 24 * 3600  # longer than any record; a version that expired is set again at random
 CHAINS_KEY = "order-status:chains:version"
 RENDERING_ID = re.compile(r"[0-9a-f]{16}")  # what `new_token` makes: anything else names no rendering

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 
 from booking.models import Order, OrderStatus
 from payments.models import Invoice
+from portal.middleware import ContentSecurityPolicyMiddleware
 from tests.booking.test_pages import place
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +78,28 @@ def test_the_policy_is_the_same_everywhere_with_inline_styles_on_the_admin_only(
     assert _directives(admin["Content-Security-Policy"]) == {**POLICY, "style-src": "'self' 'unsafe-inline'"}
     for response in (page, static, admin):
         assert response["Permissions-Policy"] == "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
+
+
+def test_the_policy_built_once_follows_the_settings(client, settings):
+    """The header is built once per process (portal.middleware), and again when the settings change."""
+    assert _directives(client.get("/livez")["Content-Security-Policy"]) == POLICY
+
+    settings.CONTENT_SECURITY_POLICY = {"DIRECTIVES": {**POLICY, "img-src": ["'self'"]}}
+    assert _directives(client.get("/livez")["Content-Security-Policy"]) == {**POLICY, "img-src": "'self'"}
+    settings.CONTENT_SECURITY_POLICY_REPORT_ONLY = {"DIRECTIVES": {"default-src": ["'none'"]}}
+    assert client.get("/livez")["Content-Security-Policy-Report-Only"] == "default-src 'none'"
+
+
+def test_a_response_with_a_policy_of_its_own_gets_it_from_django_csp(rf):
+    """What django-csp's decorators set on one response (here csp_update) is still honoured."""
+    own = HttpResponse("ok")
+    own._csp_update = {"img-src": ["https://images.example.org"]}
+    middleware = ContentSecurityPolicyMiddleware(lambda request: own)
+
+    header = middleware(rf.get("/livez"))["Content-Security-Policy"]
+    assert _directives(header) == {**POLICY, "img-src": "'self' data: https://images.example.org"}
+    plain = ContentSecurityPolicyMiddleware(lambda request: HttpResponse("ok"))(rf.get("/livez"))
+    assert _directives(plain["Content-Security-Policy"]) == POLICY
 
 
 def _role_clients(django_user_model) -> dict[str, Client]:
