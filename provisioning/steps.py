@@ -105,11 +105,16 @@ def _dry(conn: Connection) -> bool:
     return bool(getattr(conn, "is_dry_run", False))
 
 
-def _home(conn: Connection, username: str) -> str:
+def _account(conn: Connection, username: str) -> tuple[int, int, str]:
+    """uid, gid and home of the customer's account on the host."""
     if _dry(conn):
-        return f"/home/{username}"
-    entry = conn.run(["getent", "passwd", username]).stdout.strip()
-    return entry.split(":")[5]
+        return 10000, 10000, f"/home/{username}"
+    fields = conn.run(["getent", "passwd", username]).stdout.strip().split(":")
+    return int(fields[2]), int(fields[3]), fields[5]
+
+
+def _home(conn: Connection, username: str) -> str:
+    return _account(conn, username)[2]
 
 
 def _user_exists(conn: Connection, username: str) -> bool:
@@ -309,16 +314,8 @@ def prepare_image(conn: Connection, ctx: StepContext) -> str:
     return f"{runtime} pull {ctx.image_ref}: done"
 
 
-def _account(conn: Connection, ctx: StepContext) -> tuple[int, int, str]:
-    """uid, gid and home of the customer's account on the host."""
-    if _dry(conn):
-        return 10000, 10000, f"/home/{ctx.username}"
-    fields = conn.run(["getent", "passwd", ctx.username]).stdout.strip().split(":")
-    return int(fields[2]), int(fields[3]), fields[5]
-
-
 def _container_spec(conn: Connection, ctx: StepContext) -> containers.ContainerSpec:
-    uid, gid, home = _account(conn, ctx)
+    uid, gid, home = _account(conn, ctx.username)
     nvidia = ctx.expect_vendor == "nvidia"
     any_exists = 'for f; do [ -e "$f" ] && exit 0; done; exit 1'
     cdi = nvidia and ctx.device_dir == "/dev" and conn.run(["sh", "-c", any_exists, "cdi", *CDI_SPECS], check=False).ok
@@ -398,7 +395,7 @@ def _ensure_running(conn: Connection, ctx: StepContext) -> None:
 
 
 def preflight(conn: Connection, ctx: StepContext) -> str:
-    uid, gid, home = _account(conn, ctx)
+    uid, gid, home = _account(conn, ctx.username)
     kit = _kit_dir(ctx)
     conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", KIT_ROOT, kit])
     # The split-trial kit travels with the access (docs: the guide's "split trial" section).
