@@ -31,8 +31,10 @@ node_modules/.installed: package.json package-lock.json
 # (the provisioning tests run a real sshd on 127.0.0.1 and log in as root and as a sudoer), chromium (the browser
 # journeys: Playwright drives Debian's Chromium, never a downloaded browser), redis-server (the fault tests stop
 # and start a Redis of their own), wrk (the C load generator of `make bench`: a Python client saturates first),
-# podman with runc (crun fails on this kernel's cgroup layout) and mmdebstrap (bin/test-image builds the
-# containers' test image from Debian packages: no registry is reachable).
+# podman with runc (crun fails on this kernel's cgroup layout), mmdebstrap (bin/test-image builds the
+# containers' test image from Debian packages: no registry is reachable), e2fsprogs (each order's data volume is an
+# ext4 file system), curl (the forward tests) and a docker client (its own parser checks the docker commands; the
+# machine image may ship one, else Debian's docker.io, whose daemon the tests never start).
 system-deps:
 	@missing=""; \
 	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
@@ -47,6 +49,9 @@ system-deps:
 	test -x /usr/libexec/podman/catatonit || missing="$$missing catatonit"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v mkfs.ext4 >/dev/null || missing="$$missing e2fsprogs"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v docker >/dev/null || missing="$$missing docker.io"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed

@@ -282,6 +282,9 @@ PROVISIONING_SSH_KEY_FILE = env.str("PROVISIONING_SSH_KEY_FILE", default=str(VAR
 PROVISIONING_LEASE_SECONDS = env.int("PROVISIONING_LEASE_SECONDS", default=120)
 # Where the GPU hosts keep their device nodes. Only the tests change it (mknod stand-ins for /dev/nvidia0..3).
 PROVISIONING_DEVICE_DIR = env.str("PROVISIONING_DEVICE_DIR", default="/dev")
+# The host address on which each container's SSH server is published ("" = every address of the host, as
+# customers need). The tests publish on 127.0.0.1 only.
+PROVISIONING_PUBLISH_ADDRESS = env.str("PROVISIONING_PUBLISH_ADDRESS", default="")
 CELERY_BEAT_SCHEDULE["provisioning.lifecycle_tick"] = {
     "task": "provisioning.lifecycle_tick",
     "schedule": env.float("LIFECYCLE_EVERY_SECONDS", default=30.0),

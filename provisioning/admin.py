@@ -20,7 +20,16 @@ class HostAdmin(admin.ModelAdmin):
         ),
         (
             _("Each lot's container"),
-            {"fields": ["container_runtime", "cpus_per_lot", "memory_per_lot_gib", "shm_size_gib"]},
+            {
+                "fields": [
+                    "container_runtime",
+                    "ssh_port_base",
+                    "cpus_per_lot",
+                    "memory_per_lot_gib",
+                    "shm_size_gib",
+                    "disk_per_lot_gib",
+                ]
+            },
         ),
         (
             _("Isolation (found by checking the host)"),

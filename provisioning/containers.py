@@ -1,46 +1,130 @@
-"""The container an order gets on a host: how it is started (the argv), with only the lot's GPUs inside.
+"""The container an order gets on a host: the commands that make it, with only the lot's GPUs inside.
 
-Design (docs/architecture.md "Provisioning"): one container per order and host, from the chosen image, the
-customer's uid inside, no capability, no-new-privileges, its own /tmp and /dev/shm, lowered ulimits, the home
-bind-mounted from the host (700), the root-owned kit read-only at /opt/binome. This module only builds the
-commands; steps run them through a driver.
+Design (docs/architecture.md "The tenant boundary"): one container per order and host, from the chosen image pinned
+by its ID, the customer's uid inside, no capability, no-new-privileges, its own /tmp and /dev/shm, CPU, memory and
+pids shares, its own network namespace (a bridge network of its own, isolated from every other customer's), the
+customer's data on a sized volume mounted as their home, and the root-owned kit read-only at /opt/binome. The
+customer reaches it through an SSH server that runs inside it, as their uid, on a port the host publishes: the
+host's own login stack never sees the customer. This module only builds the commands; steps run them.
+
+podman and docker take the same commands but for a few verbs: `Runtime` says which words each one uses, and
+tests/provisioning/test_containers.py checks docker's against docker's own command-line parser.
 """
+
+from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 
 # What this kernel's cgroup layout needs (crun fails on it), and limits a runaway data loader cannot exceed.
-RUNTIME = "runc"
+OCI_RUNTIME = "runc"
 ULIMITS = ("nofile=1024:1024", "nproc=4096:4096")
+
+# What a host's container runtime setting may be: podman or docker, by name or absolute path (root runs it).
+RUNTIME_PATTERN = r"(/[A-Za-z0-9._-]+)*/?(podman|docker)"
+KIT_MOUNT = "/opt/binome"  # the root-owned kit directory of the order, read-only inside
+SSH_DIR = f"{KIT_MOUNT}/ssh"  # sshd's configuration, host key and the customer's keys, all root-owned
+SSHD_CONFIG = f"{SSH_DIR}/sshd_config"
+AUTHORIZED_KEYS = f"{SSH_DIR}/authorized_keys"
+SSH_PORT_INSIDE = 2222  # the customer's uid cannot bind below 1024 (no capability)
+SPEC_LABEL = "binome.spec"
+LOG_SIZE = "10m"  # sshd logs to the container's log: capped, the host only keeps it
+
+# The container's main process, run as the customer: sshd once the hand-over wrote keys (until then nothing of the
+# customer's can log in, so nothing of theirs runs beside the pre-flight check), started again if it stops.
+SUPERVISE_SSHD = (
+    f"while :; do if [ -s {AUTHORIZED_KEYS} ]; then /usr/sbin/sshd -D -e -f {SSHD_CONFIG}; fi; sleep 2; done"
+)
+
+
+GUARD_IN, GUARD_FORWARD = "BINOME-IN", "BINOME-FWD"
+GUARD_SCRIPT = (
+    f"set -e; for chain in {GUARD_IN} {GUARD_FORWARD}; do iptables -N $chain 2>/dev/null || true; "
+    "iptables -F $chain; done; "
+    f"iptables -A {GUARD_IN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN; "
+    f"iptables -A {GUARD_IN} -p udp --dport 53 -j RETURN; iptables -A {GUARD_IN} -p tcp --dport 53 -j RETURN; "
+    f"iptables -A {GUARD_IN} -j DROP; "
+    f'iptables -A {GUARD_FORWARD} -o "$1" -j DROP; iptables -A {GUARD_FORWARD} -d 169.254.0.0/16 -j DROP; '
+    f'iptables -C INPUT -i "$1" -j {GUARD_IN} 2>/dev/null || iptables -I INPUT 1 -i "$1" -j {GUARD_IN}; '
+    f'iptables -C FORWARD -i "$1" -j {GUARD_FORWARD} 2>/dev/null || iptables -I FORWARD 1 -i "$1" -j {GUARD_FORWARD}'
+)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The host's container runtime: its path, and how its words differ between podman and docker."""
+
+    path: str
+
+    @property
+    def is_podman(self) -> bool:
+        return self.path.rsplit("/", 1)[-1] == "podman"
+
+    def command(self, verb: str, *args: str) -> list[str]:
+        """`<runtime> <verb> ...` (inspect, start, exec, logs, ...): podman is told to use runc."""
+        base = [self.path, "--runtime", OCI_RUNTIME] if self.is_podman else [self.path]
+        return [*base, verb, *args]
+
+    def remove(self, name: str) -> list[str]:
+        """Stop (5 s, then kill) and remove a container: docker's `rm` has no --time, its --force kills at once."""
+        return (
+            self.command("rm", "--force", "--time", "5", name)
+            if self.is_podman
+            else self.command("rm", "--force", name)
+        )
+
+    def network_create(self, name: str) -> list[str]:
+        """A bridge network of the order's own, from which no other customer's network is reachable: netavark's
+        `isolate` (podman), inter-container traffic off and docker's isolation between bridges (docker)."""
+        option = "isolate=true" if self.is_podman else "com.docker.network.bridge.enable_icc=false"
+        return self.command("network", "create", "--driver", "bridge", "--opt", option, name)
+
+    @property
+    def bridges(self) -> str:
+        """iptables' name pattern of the bridges this runtime makes for networks (netavark: podman0, podman1...;
+        docker: br-<id>)."""
+        return "podman+" if self.is_podman else "br-+"
+
+    def guard_argv(self) -> list[str]:
+        """The host's own firewall guard around the customers' networks, rebuilt in one command (idempotent):
+        nothing from a container's bridge reaches the host itself (but answers to the host's own connections and DNS
+        from the runtime's resolver on the gateway), another container's bridge, or link-local addresses (cloud
+        metadata). netavark's own `isolate` rules are not enough: netavark 1.4 drops its jump rule whenever any
+        isolated container stops, until another starts."""
+        return ["sh", "-c", GUARD_SCRIPT, "guard", self.bridges]
+
+    def volume_create(self, name: str, image_path: str) -> list[str]:
+        """A volume backed by an ext4 file system in `image_path`: its size is the customer's disk limit. The runtime
+        mounts it (loop, nosuid, nodev) whenever the container starts, a reboot included."""
+        return self.command(
+            "volume", "create", "--driver", "local", "--opt", "type=ext4", "--opt", f"device={image_path}",
+            "--opt", "o=loop,nosuid,nodev", name,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ContainerSpec:
     name: str  # binome-<user>
-    image: str
+    image: str  # the image's ID, pinned when it was pulled: a tag moved later changes nothing here
     username: str
     uid: int
     gid: int
-    home: str  # on the host; the same path inside
+    home: str  # inside the container: /home/<user>, the data volume
+    volume: str  # the data volume's name
     vendor: str  # "nvidia" or "amd"
     gpu_indices: tuple[int, ...]
+    network: str  # the order's own network
+    ssh_port: int  # on the host, published to SSH_PORT_INSIDE
+    publish_address: str = ""  # "" for every address of the host
     shm_size: str = "8g"  # PyTorch data loaders pass batches through /dev/shm
     tmp_size: str = "16g"
-    cpus: str = ""  # the lot's share of the host, when the host sets one
+    cpus: str = ""  # the lot's share of the host
     memory: str = ""
-    # The host's network namespace: outbound traffic (pip, datasets) and the customer's `ssh -L` forwards to the
-    # host's loopback reach the container's servers (Jupyter, TensorBoard). See docs: ports are the host's.
-    network: str = "host"
+    pids_limit: int = 4096
     use_cdi: bool = True  # NVIDIA: nvidia.com/gpu=<i> (CDI); False: the /dev/nvidia<i> nodes themselves
     device_dir: str = "/dev"  # where the host's device nodes are (tests point it at mknod stand-ins)
     group_ids: tuple[int, ...] = ()  # the groups owning the lot's device nodes (AMD's render nodes are 660)
-    kit_dir: str = ""  # root-owned, on the host: mounted read-only at KIT_MOUNT (the pre-flight check, the kit)
-
-
-# What a host's container runtime setting may be: podman or docker, by name or absolute path (root runs it).
-RUNTIME_PATTERN = r"(/[A-Za-z0-9._-]+)*/?(podman|docker)"
-KIT_MOUNT = "/opt/binome"
-SPEC_LABEL = "binome.spec"
+    kit_dir: str = ""  # root-owned, on the host: mounted read-only at KIT_MOUNT
 
 
 def lot_devices(spec: ContainerSpec) -> list[str]:
@@ -54,43 +138,49 @@ def lot_devices(spec: ContainerSpec) -> list[str]:
     return [f"{spec.device_dir}/nvidia{index}:/dev/nvidia{index}" for index in spec.gpu_indices]
 
 
-def _runtime_argv(runtime: str) -> list[str]:
-    """podman is told to use runc (crun fails on this kernel's cgroup layout); docker uses its configured one."""
-    return [runtime, "--runtime", RUNTIME] if runtime.rsplit("/", 1)[-1] == "podman" else [runtime]
+def passwd_entry(spec: ContainerSpec) -> str:
+    return f"{spec.username}:*:{spec.uid}:{spec.gid}::{spec.home}:/bin/sh"
 
 
-def run_argv(spec: ContainerSpec, command: list[str], *, runtime: str = "podman", detach: bool = False) -> list[str]:
-    """`podman run` for the order's container, running `command` (a long-lived init when detached)."""
-    argv = [*_runtime_argv(runtime), "run", "--name", spec.name, "--hostname", spec.name]
-    argv += ["--detach", "--init"] if detach else ["--rm"]
+def run_argv(spec: ContainerSpec, runtime: Runtime) -> list[str]:
+    """`run --detach` of the order's container: its main process supervises the customer's sshd."""
+    argv = runtime.command("run", "--name", spec.name, "--hostname", spec.name, "--detach", "--init")
+    argv += ["--restart", "always"]  # a supervisor the customer killed, or a host that rebooted: started again
+    # The image's file system is read-only: what the customer writes goes to their volume (sized) or a tmpfs (counted
+    # in their memory share), never to the host's container storage (world-writable /var/tmp, /run/lock of images).
+    argv += ["--read-only"]  # podman adds tmpfs /run, /tmp and /var/tmp to it (--read-only-tmpfs); docker is told
+    if not runtime.is_podman:
+        argv += ["--tmpfs", "/var/tmp:rw,nosuid,nodev,size=1g", "--tmpfs", "/run:rw,nosuid,nodev,size=64m"]  # noqa: S108
     argv += ["--user", f"{spec.uid}:{spec.gid}", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
-    if _runtime_argv(runtime) != [runtime]:  # podman: the customer's name in the image's /etc/passwd
-        argv += ["--passwd-entry", f"{spec.username}:*:{spec.uid}:{spec.gid}::{spec.home}:/bin/sh"]
+    if runtime.is_podman:  # the customer's name in the image's /etc/passwd (sshd looks the account up)
+        argv += ["--passwd-entry", passwd_entry(spec)]
+    else:  # docker has no --passwd-entry: the kit holds a passwd file with root and the customer
+        argv += ["--volume", f"{spec.kit_dir}/passwd:/etc/passwd:ro"]
     for group in spec.group_ids:
         argv += ["--group-add", str(group)]
     for ulimit in ULIMITS:
         argv += ["--ulimit", ulimit]
+    argv += ["--pids-limit", str(spec.pids_limit)]
     private_tmp = f"/tmp:rw,nosuid,nodev,size={spec.tmp_size}"  # noqa: S108 (a tmpfs of the container's own)
     argv += ["--tmpfs", private_tmp, "--shm-size", spec.shm_size]
-    argv += ["--network", spec.network, "--volume", f"{spec.home}:{spec.home}:rw", "--workdir", spec.home]
+    published = f"{spec.publish_address}:{spec.ssh_port}" if spec.publish_address else str(spec.ssh_port)
+    argv += ["--network", spec.network, "--publish", f"{published}:{SSH_PORT_INSIDE}/tcp"]
+    argv += ["--volume", f"{spec.volume}:{spec.home}:rw", "--workdir", spec.home]
+    argv += ["--volume", f"{spec.kit_dir}:{KIT_MOUNT}:ro"]
     argv += ["--env", f"HOME={spec.home}", "--env", f"USER={spec.username}"]
-    if spec.kit_dir:
-        argv += ["--volume", f"{spec.kit_dir}:{KIT_MOUNT}:ro"]
+    # A log file of the runtime's own, capped (journald, the default on some distributions, ignores max-size and
+    # would let a customer flood the host's journal through the container's output)
+    argv += ["--log-driver", "k8s-file" if runtime.is_podman else "json-file", "--log-opt", f"max-size={LOG_SIZE}"]
     if spec.cpus:
         argv += ["--cpus", spec.cpus]
-    if spec.memory:
-        argv += ["--memory", spec.memory]
+    if spec.memory:  # swap included: a share of memory is not doubled by the host's swap
+        argv += ["--memory", spec.memory, "--memory-swap", spec.memory]
     for device in lot_devices(spec):
         argv += ["--device", device]
-    return [*argv, "--label", f"{SPEC_LABEL}={spec_digest(spec)}", spec.image, *command]
+    return [*argv, "--label", f"{SPEC_LABEL}={spec_digest(spec)}", spec.image, "/bin/sh", "-c", SUPERVISE_SSHD]
 
 
 def spec_digest(spec: ContainerSpec) -> str:
     """What the container was made from: a container whose label differs (another lot, image or share) is
     replaced, one that matches is kept (and started if it stopped)."""
     return hashlib.sha256(repr(spec).encode()).hexdigest()[:16]
-
-
-def container_command(runtime: str, verb: str, *args: str) -> list[str]:
-    """`podman <verb> ...` (inspect, start, exec, rm) with the runtime options run_argv uses."""
-    return [*_runtime_argv(runtime), verb, *args]

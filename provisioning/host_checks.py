@@ -1,14 +1,10 @@
-""" "Check host": how a host keeps one lot's customer away from another's, found by probing it through its driver.
+""" "Check host": whether a host keeps its customers apart, found by probing it through its driver.
 
-The modes (docs/operations.md), in the order they are tried:
-- container: the host's container runtime setting names a runtime that answers `info`; each order gets its own
-  container with only its lot's GPUs inside (provisioning.steps). A runtime found on a host whose setting is empty is
-  reported, not counted: that host's orders would run in accounts, not containers.
-- exclusive: no runtime, and the host has exactly one active lot: there is no other customer to keep out. Only that
-  lot is offered until the host is checked again.
-- device permissions: no runtime, several lots, and every lot's GPU device nodes exist and are not world-accessible,
-  so the per-user ACLs that provisioning adds are what lets a customer open their cards and no others.
-- not isolated: anything else; the host's lots are not offered.
+A host offers its lots only in the container mode (docs/operations.md): its container runtime setting names a
+runtime that answers `info`, and its login stack keeps customers out (`login_stack`): each customer account has no
+login shell and a root-owned home, the host's sshd denies the customers' group, no user manager lingers for them.
+Every order then runs in a container of its own, in a network namespace of its own, and the customer logs in to an
+SSH server inside it. A host without a runtime is not isolated: customers are never given an account on the host.
 The dry-run driver runs nothing: its hosts are labelled "dry run", never reported as isolated.
 
 This module only runs commands and reads their answers (hostile input: parsed and bounded); recording what it
@@ -18,14 +14,19 @@ found is provisioning.services.host_check's job.
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from provisioning.containers import GUARD_FORWARD, GUARD_IN, Runtime
 from provisioning.drivers.base import Connection
 from provisioning.models import Isolation
 
 PROBE_TIMEOUT_S = 60
 MAX_REPORT_LINES = 60
 _CHARACTER_DEVICE = "character special file"
+CUSTOMER_PREFIX = "bn-"
+CUSTOMER_GROUP = "binome-customers"
+NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,106 @@ class LotDevices:
 class Finding:
     mode: str  # an Isolation value
     report: str  # one finding per line, for operators
-    exclusive_lot: str = ""  # the lot's name, in the exclusive mode
+    exclusive_lot: str = ""  # kept for the rows of the earlier design; no mode sets it now
+
+
+@dataclass(frozen=True)
+class LoginStack:
+    """What the host's login stack would do with a customer account: `problems` make the host not isolated."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# One round trip: the accounts, the homes of the customer accounts (owner, mode), lingering user managers, the
+# PAM configurations that read a user's environment file, and the sshd's effective deny lists.
+_LOGIN_STACK = (
+    'getent passwd | grep "^$1" | cut -d: -f1,6,7; echo "--homes"; '
+    'getent passwd | grep "^$1" | cut -d: -f6 | while read -r home; do '
+    'stat -c "%U %a %n" -- "$home" 2>/dev/null || echo "missing - $home"; done; echo "--linger"; '
+    'ls /var/lib/systemd/linger 2>/dev/null | grep "^$1"; echo "--pam"; '
+    r'grep -lE "^[^#]*pam_env\.so.*user_readenv=1" /etc/pam.d/* 2>/dev/null; echo "--sshd"; '
+    "sshd -T 2>/dev/null | grep -iE '^(denygroups|denyusers|allowgroups|allowusers) '; echo '--end'"
+)
+
+
+def login_stack(connection: Connection) -> LoginStack:
+    """Whether nothing of a customer's can be read or run by the host's login stack. By construction (steps.py) a
+    customer account has no login shell and a root-owned home with nothing of theirs in it, and the customer never
+    has a process on the host: this checks that it holds on the host as it is, including accounts left by an
+    earlier design."""
+    answer = connection.run(["sh", "-c", _LOGIN_STACK, "login_stack", CUSTOMER_PREFIX], check=False)
+    sections: dict[str, list[str]] = {"accounts": []}
+    current = "accounts"
+    for line in answer.stdout.splitlines()[:5000]:
+        if line.startswith("--"):
+            current = line[2:].strip()
+            sections[current] = []
+        else:
+            sections.setdefault(current, []).append(line.strip()[:300])
+    problems, notes = [], []
+    for entry in sections.get("accounts", []):
+        name, _, rest = entry.partition(":")
+        _home, _, shell = rest.partition(":")
+        if shell not in NO_LOGIN_SHELLS:
+            problems.append(f"customer account {name} has a login shell ({shell or 'none'})")
+    for entry in sections.get("homes", []):
+        owner, _, rest = entry.partition(" ")
+        mode_text, _, path = rest.partition(" ")
+        try:
+            mode = int(mode_text, 8)
+        except ValueError:
+            mode = 0  # missing: nothing to read there
+            owner = "root"
+        if owner != "root" or mode & 0o022:
+            problems.append(f"home {path} of a customer account is theirs to write ({owner}, {mode_text})")
+    for name in sections.get("linger", []):
+        if name:
+            problems.append(f"a user manager lingers for {name} (/var/lib/systemd/linger/{name})")
+    pam = [path for path in sections.get("pam", []) if path]
+    if pam:
+        notes.append(
+            f"PAM reads users' ~/.pam_environment ({', '.join(pam[:5])}): customer homes are root-owned and empty, "
+            "so there is none of theirs to read"
+        )
+    deny = " ".join(sections.get("sshd", [])).lower()
+    if "sshd" not in sections:
+        problems.append("the login stack could not be read (no answer)")
+    elif CUSTOMER_GROUP not in deny and f"{CUSTOMER_PREFIX}*" not in deny:
+        notes.append(
+            f"the host's sshd does not deny the group {CUSTOMER_GROUP} (DenyGroups {CUSTOMER_GROUP}, "
+            "docs/operations.md): customer accounts still have no key, shell or home of theirs to log in with"
+        )
+    else:
+        notes.append(f"the host's sshd denies the customers ({deny[:200]})")
+    return LoginStack(problems=problems, notes=notes)
+
+
+# Run inside the image, with no network, as nobody: what an image must have to be handed to a customer.
+_IMAGE_NEEDS = (
+    'missing=; [ -x /usr/sbin/sshd ] || missing="$missing sshd(/usr/sbin/sshd)"; '
+    'command -v python3 >/dev/null 2>&1 || missing="$missing python3"; echo "missing:$missing"'
+)
+
+
+def image_problem(connection: Connection, command: Callable[..., list[str]], image: str) -> str:
+    """Why an image cannot be handed to a customer ("" if it can): customers log in to its own SSH server (sftp is
+    sshd's internal one, so always inside), and the pre-flight check runs with its own Python."""
+    argv = command(
+        "run", "--rm", "--network", "none", "--user", "65534:65534", "--cap-drop", "all",
+        "--security-opt", "no-new-privileges", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
+        "--entrypoint", "/bin/sh", image, "-c", _IMAGE_NEEDS,
+    )  # fmt: skip
+    result = connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("missing:")]
+    if not lines:
+        return f"it does not run a shell ({_first_line(result.stderr) or f'exit {result.exit_status}'})"
+    missing = lines[-1].removeprefix("missing:").split()
+    return f"it has no {', '.join(missing)}" if missing else ""
 
 
 def device_paths(lot: LotDevices, device_dir: str = "/dev") -> list[str]:
@@ -52,8 +152,9 @@ def device_paths(lot: LotDevices, device_dir: str = "/dev") -> list[str]:
 
 
 def probe(connection: Connection, *, lots: list[LotDevices], runtime: str = "", device_dir: str = "/dev") -> Finding:
-    """Find the host's isolation mode. `runtime`: the host's container runtime setting ("" tries podman, then
-    docker); `device_dir`: where the GPU device nodes are (tests point it at mknod stand-ins)."""
+    """Find the host's isolation mode. `runtime`: the host's container runtime setting (unset: podman and docker
+    are looked for, only to tell the operator to set one); `device_dir`: where the GPU device nodes are (tests
+    point it at mknod stand-ins)."""
     if connection.is_dry_run:
         return Finding(
             Isolation.DRY_RUN,
@@ -61,24 +162,34 @@ def probe(connection: Connection, *, lots: list[LotDevices], runtime: str = "", 
         )
     lines = []
     runtime_found = _answering_runtime(connection, runtime, lines)
-    devices_protected = _devices_protected(connection, lots, device_dir, lines)
-    active = [lot for lot in lots if lot.active]
-    if runtime_found:
-        lines.insert(0, f"mode: container ({runtime_found} answers; one container per order)")
+    stack = login_stack(connection)
+    lines += [f"login stack: {problem}" for problem in stack.problems] + [
+        f"login stack: {note}" for note in stack.notes
+    ]
+    _devices_protected(connection, lots, device_dir, lines)
+    guard = _guard_in_place(connection, runtime_found) if runtime_found else False
+    lines.append(f"firewall guard around the customers' networks: {'in place' if guard else 'missing'}")
+    if runtime_found and stack.ok and not guard:
+        lines.insert(0, "mode: not isolated (the firewall guard around the customers' networks is missing)")
+        lines.append("provision an order on the host (its first step rebuilds the guard), then check the host again")
+        return Finding(Isolation.NOT_ISOLATED, _report(lines))
+    if runtime_found and stack.ok:
+        lines.insert(0, f"mode: container ({runtime_found} answers; one container and network per order)")
         return Finding(Isolation.CONTAINER, _report(lines))
-    if len(active) == 1:
-        lines.insert(0, f"mode: exclusive (no container runtime; one active lot: {active[0].name})")
-        return Finding(Isolation.EXCLUSIVE, _report(lines), exclusive_lot=active[0].name)
-    if devices_protected and active:
-        lines.insert(0, f"mode: device permissions (no container runtime; {len(active)} active lots)")
-        return Finding(Isolation.DEVICE_PERMISSIONS, _report(lines))
-    reason = "no active lot on this host" if not active else "GPU device nodes are missing or world-accessible"
-    lines.insert(0, f"mode: not isolated (no container runtime; {len(active)} active lots; {reason})")
+    reason = "the login stack could reach a customer" if runtime_found else "no container runtime answers"
+    lines.insert(0, f"mode: not isolated ({reason})")
     lines.append(
-        "to offer its lots: install podman (or docker) on the host, or remove world access to the GPU device "
-        "nodes (chmod o-rw), or keep one active lot on it; then check the host again"
+        "to offer its lots: set the host's container runtime to podman (or docker) where it answers, and fix what the "
+        "login stack lines say; then check the host again"
     )
     return Finding(Isolation.NOT_ISOLATED, _report(lines))
+
+
+def _guard_in_place(connection: Connection, runtime: str) -> bool:
+    """Whether the host's firewall sends the customers' bridges through the portal's guard chains."""
+    bridges = Runtime(runtime).bridges
+    check = f'iptables -C INPUT -i "$1" -j {GUARD_IN} && iptables -C FORWARD -i "$1" -j {GUARD_FORWARD}'
+    return connection.run(["sh", "-c", check, "guard", bridges], check=False, timeout=PROBE_TIMEOUT_S).ok
 
 
 def _answering_runtime(connection: Connection, runtime: str, lines: list[str]) -> str:
@@ -91,8 +202,8 @@ def _answering_runtime(connection: Connection, runtime: str, lines: list[str]) -
             return candidate
         if result.ok:
             lines.append(
-                f"{candidate} answers, but the host's container runtime is not set: orders run in accounts on the "
-                f"host; set it to {candidate} to run each order in a container"
+                f"{candidate} answers, but the host's container runtime is not set: set it to {candidate} to run "
+                "each order in a container (customers are never given an account on the host)"
             )
             return ""
         detail = _first_line(result.stderr) or f"exit status {result.exit_status}"

@@ -24,15 +24,11 @@ class Isolation(models.TextChoices):
     DRY_RUN = "dry_run", _("Dry run (demo, not probed)")
 
 
-# The modes in which a host's lots are offered. UNCHECKED is among them so that a host added before its first check
-# (and every host on the day this was deployed) keeps working; the console shows such hosts as to be checked.
-OFFERING_MODES = [
-    Isolation.UNCHECKED,
-    Isolation.CONTAINER,
-    Isolation.EXCLUSIVE,
-    Isolation.DEVICE_PERMISSIONS,
-    Isolation.DRY_RUN,
-]
+# The modes in which a host's lots are offered: every order in a container of its own (or the demo's dry run). The
+# exclusive and device-permission modes of the earlier design gave customers an account on the host: rows that still
+# say so offer nothing. An unchecked host is offered when it can only run containers (its runtime is set, and its
+# provisioning checks its login stack before anything else) or is a dry run; the console shows it as to be checked.
+OFFERING_MODES = [Isolation.CONTAINER, Isolation.DRY_RUN]
 
 
 class Host(models.Model):
@@ -65,9 +61,25 @@ class Host(models.Model):
             )
         ],
         help_text=_(
-            "podman or docker: each order runs in a container of its image and SSH sessions land inside it (the "
-            "host's sshd needs the block of docs/operations.md). Empty: the customer's account on the host is the "
-            "environment."
+            "podman or docker: each order runs in a container of its image, in a network of its own, and customers "
+            "log in to an SSH server inside it. Empty: the host's lots are not offered."
+        ),
+    )
+    ssh_port_base = models.PositiveIntegerField(
+        _("first customer SSH port"),
+        default=42000,
+        validators=[MinValueValidator(1024), MaxValueValidator(65000)],
+        help_text=_(
+            "Each order's container publishes its SSH server on this port plus the index of its lot's first GPU "
+            "(42000 to 42007 on an eight-GPU host). Open these ports in the host's firewall."
+        ),
+    )
+    disk_per_lot_gib = models.PositiveIntegerField(
+        _("data disk per lot (GiB)"),
+        default=0,
+        validators=[MaxValueValidator(1024 * 1024)],
+        help_text=_(
+            "Size of each lot's data volume (the customer's home); 0: the host's volume disk split over its lots."
         ),
     )
     host_key = models.CharField(
@@ -78,7 +90,8 @@ class Host(models.Model):
     )
     is_active = models.BooleanField(_("active"), default=True)
     notes = models.TextField(_("notes"), blank=True)
-    # Each lot's container gets this share of the host (podman --cpus / --memory / --shm-size).
+    # Each lot's container gets this share of the host (podman --cpus / --memory / --shm-size); a share left empty
+    # is derived from the host's size split over its lots (provisioning.steps._shares).
     cpus_per_lot = models.DecimalField(
         _("CPUs per lot"),
         max_digits=6,
@@ -86,13 +99,15 @@ class Host(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(MAX_CPUS_PER_LOT))],
-        help_text=_("CPUs each lot's container may use, e.g. 16 or 7.5; empty or 0: not limited."),
+        help_text=_(
+            "CPUs each lot's container may use, e.g. 16 or 7.5; empty or 0: the host's CPUs split over its lots."
+        ),
     )
     memory_per_lot_gib = models.PositiveIntegerField(
         _("memory per lot (GiB)"),
         default=0,
         validators=[MaxValueValidator(MAX_MEMORY_PER_LOT_GIB)],
-        help_text=_("Memory each lot's container may use, in GiB; 0: not limited."),
+        help_text=_("Memory each lot's container may use, in GiB; 0: the host's memory split over its lots."),
     )
     shm_size_gib = models.PositiveSmallIntegerField(
         _("shared memory per lot (GiB)"),
@@ -119,6 +134,11 @@ class Host(models.Model):
     offers_lots = models.GeneratedField(
         expression=models.Case(
             models.When(isolation_mode__in=OFFERING_MODES, then=models.Value(True)),
+            models.When(
+                models.Q(isolation_mode=Isolation.UNCHECKED)
+                & (~models.Q(container_runtime="") | models.Q(driver="dry_run")),
+                then=models.Value(True),
+            ),
             default=models.Value(False),
         ),
         output_field=models.BooleanField(),
@@ -192,7 +212,7 @@ class ProvisioningRun(models.Model):
     class Kind(models.TextChoices):
         PROVISION = "provision", _("Provision")
         PREFLIGHT = "preflight", _("Re-run the pre-flight check")
-        KEYS = "keys", _("Renew the keys' expiry")
+        KEYS = "keys", _("Hand over: write the keys")
         WIPE = "wipe", _("Delete the customer's files")
         TEARDOWN = "teardown", _("Teardown")
 
@@ -285,6 +305,13 @@ class Access(models.Model):
     # Why an operator handed the machines over although the pre-flight check failed: the customer reads it
     # beside the report.
     handover_note = models.TextField(blank=True)
+    # What provisioning made (provisioning.steps): the customer's SSH server in the container, its host key (the
+    # order page gives the known_hosts line), the image pinned by ID, the data volume's size and the shares.
+    ssh_port = models.PositiveIntegerField(null=True, blank=True)
+    ssh_host_key = models.CharField(max_length=200, blank=True)
+    image_id = models.CharField(max_length=64, blank=True)
+    disk_gib = models.PositiveIntegerField(null=True, blank=True)
+    shares = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["host__name"]
@@ -296,14 +323,18 @@ class Access(models.Model):
         return f"{self.username}@{self.host}"
 
     @property
-    def lands_in_container(self) -> bool:
-        """Whether the login lands in the order's container (the host runs containers) or in the account."""
-        return bool(self.host.container_runtime)
+    def ssh_command(self) -> str:
+        """How the customer logs in: to the SSH server of their container, on its published port."""
+        port = f" -p {self.ssh_port}" if self.ssh_port and self.ssh_port != 22 else ""
+        return f"ssh{port} {self.username}@{self.host.address}"
 
     @property
-    def ssh_command(self) -> str:
-        port = f" -p {self.host.ssh_port}" if self.host.ssh_port != 22 else ""
-        return f"ssh{port} {self.username}@{self.host.address}"
+    def known_hosts_line(self) -> str:
+        """The container's host key as a known_hosts line: the customer pins it instead of trusting the first use."""
+        if not self.ssh_host_key:
+            return ""
+        where = self.host.address if self.ssh_port in (None, 22) else f"[{self.host.address}]:{self.ssh_port}"
+        return f"{where} {self.ssh_host_key}"
 
 
 class LifecycleNotice(models.Model):

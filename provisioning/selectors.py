@@ -17,8 +17,9 @@ BOOKED_STATUSES = [
 
 
 def container_limits(host: Host, *, lots: int = 1) -> dict[str, str]:
-    """The host's share for a container holding `lots` of its lots, in the form podman's (and docker's) --cpus,
-    --memory and --shm-size take; "" where the host sets no limit."""
+    """The operator's share for a container holding `lots` of the host's lots, in the form podman's (and docker's)
+    --cpus, --memory and --shm-size take; "" where the operator set none (the steps then split the host's size over
+    its lots)."""
     cpus = host.cpus_per_lot
     return {
         "cpus": format((cpus * lots).normalize(), "f") if cpus else "",

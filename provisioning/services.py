@@ -6,7 +6,6 @@ run interrupted anywhere resumes cleanly. Provisioning reacts to the order's tra
 (`on_order_status_changed`, connected in provisioning/apps.py): auto-approval once paid, teardown once released.
 """
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,7 +20,7 @@ from django.utils.translation import gettext_lazy
 
 from booking.locks import lock_order
 from booking.mail import send_to_order_contact
-from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus, Vendor
+from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from booking.services import order_note, order_transition
 from provisioning import host_checks, selectors, steps
@@ -156,7 +155,7 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser) -> Provisioning
     if run is None:
         raise ProvisioningError(_("There is no failed run to retry."))
     with transaction.atomic():
-        if run.kind == ProvisioningRun.Kind.PROVISION:
+        if run.kind in (ProvisioningRun.Kind.PROVISION, ProvisioningRun.Kind.KEYS) and order.status in HANDING_OVER:
             order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="retry", **_operator(actor))
         ProvisioningRun.objects.filter(pk=run.pk).update(
             status=ProvisioningRun.Status.QUEUED, error="", lease_until=None
@@ -169,15 +168,21 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser) -> Provisioning
 
 def awaits_preflight_decision(order: Order) -> bool:
     """The machines were prepared but their pre-flight check failed: an operator re-runs it, reassigns the lots
-    or hands the machines over anyway."""
+    or hands the machines over anyway. (A failed hand-over run waits for a retry instead.)"""
     if order.status != OrderStatus.PROVISIONING_FAILED:
         return False
     last = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.PROVISION).first()
-    return last is not None and last.status == ProvisioningRun.Status.SUCCEEDED
+    latest = order.provisioning_runs.first()
+    return (
+        last is not None
+        and last.status == ProvisioningRun.Status.SUCCEEDED
+        and not (latest and latest.status == ProvisioningRun.Status.FAILED)
+    )
 
 
-def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
-    """Hand over machines whose pre-flight check failed; the customer reads `reason` beside the report."""
+def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str) -> ProvisioningRun:
+    """Hand over machines whose pre-flight check failed; the customer reads `reason` beside the report. The keys
+    are written by the hand-over run; the order turns ready when it succeeds."""
     reason = reason.strip()
     if not reason:
         raise ProvisioningError(
@@ -188,13 +193,13 @@ def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str
         if not awaits_preflight_decision(order):
             raise ProvisioningError(_("Only an order whose pre-flight check failed waits for this decision."))
         _accesses_set(order, handover_note=reason)
-        _hand_over(
-            order=order,
-            now=timezone.now(),
-            reason=f"handed over despite the pre-flight check: {reason}",
-            evidence={},
-            **_operator(actor),
-        )
+        return _handover_start(order=order, actor=actor)
+
+
+def _handover_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
+    """The keys written and each container's sshd answering: only now can the customer log in, so that no process
+    of theirs runs before the pre-flight check (or beside it). The order turns ready when this run succeeds."""
+    return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
 
 
 def preflight_rerun(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
@@ -238,19 +243,26 @@ def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
     hardware = order.hardware_class
     operator_settings = OperatorSettings.current()
     gpu_indices = [int(index) for index in access.gpu_indices.split(",") if index]
+    lots = max(1, len(gpu_indices) // max(1, hardware.cards_per_lot))
     return steps.StepContext(
         username=access.username,
         comment=f"Binome {order.public_id}",
         authorized_keys="".join(f"{key.public_key}\n" for key in order.ssh_keys.all()),
         gpu_indices=gpu_indices,
-        visible_devices_variable="ROCR_VISIBLE_DEVICES" if hardware.vendor == Vendor.AMD else "CUDA_VISIBLE_DEVICES",
         expect_arch=hardware.architecture,
         expect_vendor=hardware.vendor,
         image_ref=order.environment.image_ref,
-        container_runtime=host.container_runtime,
+        image_id=access.image_id,
+        # the demo's dry-run hosts run nothing: they stand for a podman host
+        container_runtime=host.container_runtime or ("podman" if host.driver == Host.Driver.DRY_RUN else ""),
         keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
+        ssh_port_base=host.ssh_port_base,
+        publish_address=settings.PROVISIONING_PUBLISH_ADDRESS,
+        lots_in_container=lots,
+        lots_on_host=max(lots, host.lots.count()),
+        disk_gib=host.disk_per_lot_gib * lots,
         device_dir=settings.PROVISIONING_DEVICE_DIR,
-        **selectors.container_limits(host, lots=max(1, len(gpu_indices) // max(1, hardware.cards_per_lot))),
+        **selectors.container_limits(host, lots=lots),
     )
 
 
@@ -333,17 +345,13 @@ def _execute_step(
             status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000]
         )
         return failure
-    if step.name == "preflight":
-        report = json.loads(output)
-        access.preflight_report = report
-        access.preflight_status = report.get("summary", {}).get("status", "")
-        access.save(update_fields=["preflight_report", "preflight_status"])
-        output = f"pre-flight: {report.get('summary', {})}"
-    elif step.name == "install_keys":
-        access.keys_expire_at = context.keys_expire_at
-        access.save(update_fields=["keys_expire_at"])
+    found = getattr(output, "access", {})  # what the step made that the access keeps (steps.StepOutput)
+    if found:
+        for name, value in found.items():
+            setattr(access, name, value)
+        access.save(update_fields=list(found))
     ProvisioningStep.objects.filter(pk=step.pk).update(
-        status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=output[:20000]
+        status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=str(output)[:20000]
     )
     return ""
 
@@ -380,10 +388,31 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 evidence={"run": run.pk, "failed": failed_checks},
             )
         else:
-            _hand_over(order=order, now=now, reason="access ready", evidence={"run": run.pk})
+            _handover_start(order=order)
     elif run.kind == ProvisioningRun.Kind.PREFLIGHT and not failure and awaits_preflight_decision(order):
         if not _failed_preflights(order):
-            _hand_over(order=order, now=now, reason="pre-flight check passed on a re-run", evidence={"run": run.pk})
+            _handover_start(order=order)
+    elif run.kind == ProvisioningRun.Kind.KEYS and order.status in HANDING_OVER:
+        if failure and order.status == OrderStatus.PROVISIONING:
+            order_transition(
+                order=order,
+                to_status=OrderStatus.PROVISIONING_FAILED,
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                reason="hand-over failed",
+                evidence={"error": failure[:500], "run": run.pk},
+            )
+        elif not failure:
+            note = order.accesses.exclude(handover_note="").values_list("handover_note", flat=True).first()
+            actor = _operator(run.triggered_by) if note else {}
+            before = order.provisioning_runs.filter(created_at__lte=run.created_at).exclude(pk=run.pk).first()
+            reason = (
+                f"handed over despite the pre-flight check: {note}"
+                if note
+                else "pre-flight check passed on a re-run"
+                if before and before.kind == ProvisioningRun.Kind.PREFLIGHT
+                else "access ready"
+            )
+            _hand_over(order=order, now=now, reason=reason, evidence={"run": run.pk}, **actor)
     elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
         _accesses_set(order, wiped_at=now)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
@@ -600,6 +629,8 @@ def _resume_abandoned(now: datetime) -> int:
 
 
 QUEUED_PATIENCE = timedelta(minutes=5)
+# Where a keys run is the hand-over (in a ready or active window it only moves the keys' expiry).
+HANDING_OVER = (OrderStatus.PROVISIONING, OrderStatus.PROVISIONING_FAILED)
 # What still runs once the order is released (every other run stops before its next step).
 RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE)
 

@@ -146,12 +146,11 @@ def _sshd_config(directory: Path, port: int, *, per_source_penalties: bool, cont
     ]
     if per_source_penalties:  # OpenSSH >= 9.8 only: would lock the test client out after a few failed logins
         lines.append("PerSourcePenalties no")
-    config = "\n".join(lines) + "\n"
-    if containers:  # a host prepared for containers, as docs/operations.md says: its Match block comes last
-        from provisioning.steps import SSHD_MATCH_BLOCK
+    if containers:  # a host prepared as docs/operations.md says: its sshd denies the customers' accounts
+        from provisioning.steps import CUSTOMER_GROUP
 
-        config += SSHD_MATCH_BLOCK
-    return config
+        lines.append(f"DenyGroups {CUSTOMER_GROUP}")
+    return "\n".join(lines) + "\n"
 
 
 def _check_config(config_path: Path) -> subprocess.CompletedProcess:
@@ -190,8 +189,8 @@ def container_sshd() -> Iterator[SshServer]:
 
 @contextmanager
 def running_sshd(*, containers: bool = False) -> Iterator[SshServer]:
-    """Debian's sshd on 127.0.0.1 at a free port, for the tests and bench/provisioning.py. `containers`: with the
-    Match block of a host that runs containers (provisioning.steps.SSHD_MATCH_BLOCK)."""
+    """Debian's sshd on 127.0.0.1 at a free port, for the tests and bench/provisioning.py. `containers`: configured
+    as a container host's (docs/operations.md: it denies the customers' group)."""
     if not os.path.exists(SSHD):
         pytest.fail(f"{SSHD} is missing: {MISSING_PACKAGES_HINT}", pytrace=False)
     if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
@@ -301,9 +300,11 @@ def random_username(prefix: str = "binome-test") -> str:
 
 def remove_user(connection: Connection, user: str) -> None:
     """userdel -r, retried while the user's last ssh session is still winding down; and what provisioning made
-    for the user outside the home: the container, the kit directory and the root-owned keys file."""
+    for the user: the container, its network and data volume, the kit directory."""
     connection.run(["podman", "rm", "--force", "--time", "1", f"binome-{user}"], check=False, timeout=60)
-    connection.run(["rm", "-rf", f"/var/lib/binome/{user}", f"/etc/binome/authorized_keys/{user}"], check=False)
+    connection.run(["podman", "network", "rm", "--force", f"binome-{user}"], check=False, timeout=60)
+    connection.run(["podman", "volume", "rm", "--force", f"binome-{user}-data"], check=False, timeout=60)
+    connection.run(["rm", "-rf", f"/var/lib/binome/{user}", f"/var/lib/binome-volumes/{user}.ext4"], check=False)
     for _attempt in range(20):
         result = connection.run(["userdel", "--remove", user], check=False)
         # 0: removed; 6: no such user; 12: home not removed (still gone from passwd); 8: user still logged in.
@@ -353,12 +354,15 @@ def fake_gpus() -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loopback", runtime: str = ""):
-    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot an order gets, 2,3 another."""
+def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loopback", runtime: str = "podman"):
+    """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot an order gets, 2,3 another. Its
+    containers publish their SSH servers on 127.0.0.1, from a port range of its own (tests may run side by side);
+    each lot's data volume is 1 GiB."""
     from booking.models import Lot  # here, not at import: bench/provisioning.py imports this module before Django
     from provisioning.models import Host
 
     settings.PROVISIONING_SSH_KEY_FILE = str(server.host_spec.client_key_path)
+    settings.PROVISIONING_PUBLISH_ADDRESS = "127.0.0.1"
     host = Host.objects.create(
         name=name,
         address="127.0.0.1",
@@ -367,6 +371,8 @@ def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loo
         admin_user=server.host_spec.username,
         host_key=server.host_key_line,
         container_runtime=runtime,
+        ssh_port_base=20000 + 8 * secrets.randbelow(5000),
+        disk_per_lot_gib=1,
     )
     Lot.objects.filter(hardware_class=catalog["b200-pair"]).update(status=Lot.Status.MAINTENANCE)
     Lot.objects.create(name=f"{name} · GPUs 0,1", hardware_class=catalog["b200-pair"], host=host, gpu_indices="0,1")
@@ -374,13 +380,35 @@ def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loo
 
 
 @pytest.fixture
-def loopback_host(sshd, catalog, settings, environment_images):
-    """A host without a container runtime set: the customer's account is the environment."""
-    return make_loopback_host(sshd, catalog, settings)
-
-
-@pytest.fixture
 def container_host(container_sshd, catalog, settings, environment_images, fake_gpus):
     """A host that runs each order in a podman container (runc), its GPUs the mknod stand-ins of `fake_gpus`."""
     settings.PROVISIONING_DEVICE_DIR = str(fake_gpus)
     return make_loopback_host(container_sshd, catalog, settings, name="containers", runtime="podman")
+
+
+@pytest.fixture
+def loopback_host(sshd, catalog, settings, environment_images, fake_gpus):
+    """The plain test sshd as a host running podman containers (every host runs its orders in containers)."""
+    settings.PROVISIONING_DEVICE_DIR = str(fake_gpus)
+    return make_loopback_host(sshd, catalog, settings)
+
+
+def customer_ssh(access, private_key_path, command: str | None = None, *, options=(), timeout: float = 30, **run):
+    """The researcher's own `ssh` to their container, as the order page tells them: its port, the pinned host key
+    (the known_hosts line of the page), their key. Returns CompletedProcess."""
+    known_hosts = Path(private_key_path).with_name(f"known_hosts-{access.pk}")
+    known_hosts.write_text(access.known_hosts_line + "\n")
+    argv = ["ssh", *customer_ssh_options(private_key_path, known_hosts), "-p", str(access.ssh_port), *options]
+    argv += [f"{access.username}@{access.host.address}", *([command] if command is not None else [])]
+    if "input" not in run:
+        run.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **run)
+
+
+def customer_ssh_options(private_key_path, known_hosts) -> list[str]:
+    return [
+        "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes",
+        "-o", "IdentityAgent=none", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+        "-i", os.fspath(private_key_path),
+    ]  # fmt: skip

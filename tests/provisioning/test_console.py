@@ -88,7 +88,7 @@ def test_provisioning_on_a_dry_run_host_records_every_step_and_says_so(
 
     order.refresh_from_db()
     assert order.status == OrderStatus.READY
-    run = order.provisioning_runs.get()
+    run = order.provisioning_runs.get(kind="provision")
     assert run.status == ProvisioningRun.Status.SUCCEEDED
     assert {step.status for step in run.steps.all()} == {"done"}
     assert run.steps.count() == len(PROVISION_STEPS) * Access.objects.filter(order=order).count()
@@ -96,7 +96,7 @@ def test_provisioning_on_a_dry_run_host_records_every_step_and_says_so(
     page = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
     assert "dry-run driver: nothing was run on a real machine" in page
     customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
-    assert "ssh bn-" in customer.content.decode()
+    assert "ssh -p 42" in customer.content.decode()
     assert any("machines are ready" in message.subject for message in mail.outbox)
 
 
@@ -385,7 +385,8 @@ def preflight_reporting(status: str):
     def preflight(conn, ctx):
         check = {"name": "bf16_matmul", "status": status, "reason": "bf16 matmul differs" if status == "FAIL" else ""}
         summary = {"status": status, "passed": int(status == "PASS"), "failed": int(status == "FAIL")}
-        return json.dumps({"schema": "binome.preflight/1", "checks": [check], "summary": summary})
+        report = {"schema": "binome.preflight/1", "checks": [check], "summary": summary}
+        return steps.StepOutput(json.dumps(report), {"preflight_report": report, "preflight_status": status})
 
     return preflight
 
@@ -416,9 +417,9 @@ def test_a_failed_pre_flight_stops_the_hand_over_until_an_operator_decides(clien
     # the order waits, the customer gets no access details, and the operator sees the report and the choices
     assert order.status == OrderStatus.PROVISIONING_FAILED
     assert order.events.last().reason == "pre-flight check failed: waiting for an operator"
-    assert order.provisioning_runs.get().status == ProvisioningRun.Status.SUCCEEDED
+    assert order.provisioning_runs.get(kind="provision").status == ProvisioningRun.Status.SUCCEEDED
     customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
-    assert "ssh bn-" not in customer.content.decode()
+    assert "ssh -p 42" not in customer.content.decode()
     assert not any("machines are ready" in message.subject for message in mailoutbox)
     console = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
     assert "bf16 matmul differs" in console
@@ -443,7 +444,7 @@ def test_a_re_run_that_passes_hands_the_machines_over(
     assert order.status == OrderStatus.READY
     assert order.events.last().reason == "pre-flight check passed on a re-run"
     customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
-    assert "ssh bn-" in customer.content.decode()
+    assert "ssh -p 42" in customer.content.decode()
 
 
 def test_handing_over_anyway_needs_a_reason_that_the_customer_reads_beside_the_report(
@@ -465,7 +466,7 @@ def test_handing_over_anyway_needs_a_reason_that_the_customer_reads_beside_the_r
     client.cookies["django_language"] = "fr"
     page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})).content
     text = page.decode()
-    assert "ssh bn-" in text and "bf16 differs by 1e-2 on this driver" in text
+    assert "ssh -p 42" in text and "bf16 differs by 1e-2 on this driver" in text
     assert "bien que la vérification préalable ait échoué" in text
     assert "bf16 matmul differs" in text.split("bien que la vérification préalable ait échoué")[1]
 
@@ -520,7 +521,7 @@ def test_the_order_page_shows_which_step_of_the_preparation_is_running(
     act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
     act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
 
-    steps_in_run = order.provisioning_runs.get().steps.count()
+    steps_in_run = order.provisioning_runs.get(kind="provision").steps.count()
     position = steps.PROVISION_STEPS.index("prepare_image") + 1
     assert f"Step {position} of {steps_in_run}" in seen[0]
     assert f'<progress value="{position}"' in seen[0]

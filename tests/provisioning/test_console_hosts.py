@@ -142,9 +142,12 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
         "ssh_port": "22",
         "driver": Host.Driver.SSH,
         "admin_user": "root",
+        "container_runtime": "podman",
+        "ssh_port_base": "42000",
         "cpus_per_lot": "12.5",
         "memory_per_lot_gib": "200",
         "shm_size_gib": "32",
+        "disk_per_lot_gib": "500",
     }
 
     response = client.post(reverse("admin:provisioning_host_add"), data)
@@ -153,6 +156,10 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
     host = Host.objects.get(name="gpu-new")
     assert (str(host.cpus_per_lot), host.memory_per_lot_gib, host.shm_size_gib) == ("12.50", 200, 32)
     assert host.isolation_mode == Host.Isolation.UNCHECKED and host.offers_lots
+    # without a container runtime a host offers nothing: customers are never given an account on a host
+    Host.objects.filter(pk=host.pk).update(container_runtime="")
+    host.refresh_from_db()
+    assert not host.offers_lots
 
 
 def test_the_hosts_pages_speak_french(client, operator, catalog):

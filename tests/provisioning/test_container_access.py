@@ -1,25 +1,28 @@
-"""A researcher on a host that runs containers: `ssh user@host` lands in the order's container, made from the image
-they chose, with their lot's GPUs only; files move in and out with scp, sftp and rsync; a local forward reaches a
-server in the container; after teardown the login is refused and nothing of theirs runs. Against the real sshd on
-loopback (configured with provisioning.steps.SSHD_MATCH_BLOCK), real podman with runc, and mknod stand-ins for
-/dev/nvidia0..3."""
+"""The tenant boundary, tried as two customers on one host would: each logs in to the SSH server of their own
+container (its port on the host, its host key from the order page), with their lot's GPUs, shares and data volume;
+what they write is never read or run by the host; neither reaches the other's ports, sockets or the host's loopback;
+no key works before the hand-over; after teardown nothing of theirs is left. Against the real sshd on loopback (the
+host's, which the customers never pass through), real podman with runc, mknod stand-ins for /dev/nvidia0..3."""
 
 import os
+import secrets
 import socket
 import subprocess
+import textwrap
 import time
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.urls import reverse
 
-from booking.models import Lot
+from booking.models import Lot, OrderStatus
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import services
 from provisioning.models import Access, Host, ProvisioningRun
 from tests.booking.test_pages import place
-from tests.provisioning.conftest import remove_user
+from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
 
 pytestmark = pytest.mark.django_db
 
@@ -36,12 +39,20 @@ def _provision(client, booking_data, keypair, admin_user, callbacks, name):
     return order, services.username_for(order), private_key
 
 
+def _hand_over(order, admin_user, callbacks):
+    with callbacks(execute=True):  # no GPU here: the pre-flight fails and the operator hands over anyway
+        services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY, order.provisioning_runs.first().error
+    return Access.objects.select_related("host").get(order=order)
+
+
 @pytest.fixture
-def two_customers(
+def provisioned_pair(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, django_capture_on_commit_callbacks
 ):
-    """Two orders on the same container host: one gets GPUs 0,1, the other 2,3; each lot's share is 1.5 CPUs,
-    2 GiB of memory and 1 GiB of /dev/shm."""
+    """Two orders on the same container host, provisioned (pre-flight failed: no GPU here), not handed over yet:
+    one gets GPUs 0,1, the other 2,3; each lot's share is 1.5 CPUs, 2 GiB of memory, 1 GiB of /dev/shm."""
     Host.objects.filter(pk=container_host.pk).update(cpus_per_lot=Decimal("1.5"), memory_per_lot_gib=2, shm_size_gib=1)
     Lot.objects.create(
         name="containers · GPUs 2,3", hardware_class=catalog["b200-pair"], host=container_host, gpu_indices="2,3"
@@ -56,158 +67,446 @@ def two_customers(
             remove_user(admin, username)
 
 
-def test_the_login_lands_in_the_order_s_container_with_its_own_gpus_and_not_the_other_customer_s(
-    two_customers, container_sshd, admin
+@pytest.fixture
+def two_customers(provisioned_pair, admin_user, django_capture_on_commit_callbacks):
+    """The same two orders, handed over: (order, access, private key) each."""
+    return [
+        (order, _hand_over(order, admin_user, django_capture_on_commit_callbacks), key)
+        for order, _username, key in provisioned_pair
+    ]
+
+
+def _in(access, key, command: str, **run) -> subprocess.CompletedProcess:
+    result = customer_ssh(access, key, command, **run)
+    assert result.returncode == 0, f"{command}: {result.stderr}"
+    return result
+
+
+def test_no_key_works_before_the_hand_over_and_nothing_of_the_customer_runs_until_then(
+    provisioned_pair, admin, admin_user, container_sshd, django_capture_on_commit_callbacks
 ):
-    for order, username, private_key in two_customers:
-        run = order.provisioning_runs.get()
-        assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
-        access = Access.objects.get(order=order)
+    order, username, private_key = provisioned_pair[0]
+    assert order.status == OrderStatus.PROVISIONING_FAILED  # the pre-flight failed: an operator decides
+    access = Access.objects.select_related("host").get(order=order)
+    assert access.ssh_port and access.known_hosts_line, order.provisioning_runs.first().error  # made already
+    # the customer tries their key on the container's port and on the host's own sshd: neither lets them in
+    assert customer_ssh(access, private_key, "true").returncode != 0
+    assert container_sshd.login_as(username, private_key, "true").returncode != 0
+    # inside the container only what provisioning started runs: no sshd, no process a customer could have left
+    listed = admin.run(["podman", "exec", f"binome-{username}", "ps", "-eo", "comm="]).stdout.split()
+    assert "sshd" not in listed and set(listed) <= {"catatonit", "podman-init", "sh", "sleep", "ps"}, listed
+
+    access = _hand_over(order, admin_user, django_capture_on_commit_callbacks)
+    assert _in(access, private_key, "id -un").stdout.strip() == username
+    handover = order.provisioning_runs.get(kind=ProvisioningRun.Kind.KEYS)
+    assert [step.name for step in handover.steps.all()] == ["connect", "install_keys", "start_ssh"]
+    # the host's sshd still refuses the customer: their account has no shell, no key and no home of theirs
+    assert container_sshd.login_as(username, private_key, "true").returncode != 0
+    account = admin.run(["getent", "passwd", username]).stdout.strip().split(":")
+    assert account[6] == "/usr/sbin/nologin"
+    assert admin.run(["stat", "-c", "%U %a", account[5]]).stdout.split() == ["root", "755"]
+
+
+CGROUP_PROBE = (
+    "if [ -f /sys/fs/cgroup/cpu.max ]; then cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/memory.max "
+    "/sys/fs/cgroup/pids.max; else echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) "
+    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us); cat /sys/fs/cgroup/memory/memory.limit_in_bytes "
+    "/sys/fs/cgroup/pids/pids.max; fi; df -k --output=size /dev/shm | tail -1; df -k --output=size ~ | tail -1"
+)
+
+
+def test_each_login_lands_in_its_own_container_with_its_gpus_and_its_limits_probed_from_inside(two_customers):
+    for _order, access, private_key in two_customers:
         probe = (
             "hostname; id -un; ls /dev | grep '^nvidia' | tr '\\n' ' '; echo; ls /home; "
-            "grep -c sleep /proc/1/cmdline; grep ^CapEff /proc/self/status"
+            "grep ^CapEff /proc/self/status; grep -c sshd /proc/1/cmdline"
         )
-        result = container_sshd.login_as(username, private_key, probe)
-        assert result.returncode == 0, result.stderr
+        lines = _in(access, private_key, probe).stdout.splitlines()
         own = " ".join(f"nvidia{index}" for index in access.gpu_indices.split(",")) + " "
-        # its own container, as its own user, its lot's two GPUs and no other, no other home, no capability
-        assert result.stdout.splitlines() == [
-            f"binome-{username}",
-            username,
+        # its own container, as its own user, its lot's two GPUs and no other, its own home, no capability
+        assert lines == [
+            f"binome-{access.username}",
+            access.username,
             own,
-            username,
-            "1",
+            access.username,
             "CapEff:\t0000000000000000",
+            "1",  # the container's main process is the supervisor of the customer's sshd
         ]
-        # the pre-flight check ran inside the container too (its report names the container's hostname)
-        assert access.preflight_report["hostname"] == f"binome-{username}"
-        # and the container holds the lot's share of the host: CPUs, memory, /dev/shm
-        shares = "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.ShmSize}}"
-        limits = admin.run(["podman", "inspect", "--format", shares, f"binome-{username}"])
-        assert limits.stdout.split() == ["1500000000", str(2 * 2**30), str(2**30)]
-    assert {Access.objects.get(order=order).gpu_indices for order, _u, _k in two_customers} == {"0,1", "2,3"}
+        # the limits as the kernel applies them inside: 1.5 CPUs, 2 GiB, 4096 processes, 1 GiB /dev/shm, 1 GiB disk
+        limits = _in(access, private_key, CGROUP_PROBE).stdout.split()
+        assert limits[:4] == ["150000", "100000", str(2 * 2**30), "4096"], limits
+        assert int(limits[4]) == 2**20  # /dev/shm, KiB
+        assert 0.8 * 2**20 < int(limits[5]) <= 2**20  # the data volume (ext4 of 1 GiB), KiB
+        # the pre-flight ran inside the container, from the image pinned by ID
+        assert access.preflight_report["hostname"] == f"binome-{access.username}"
+        assert access.preflight_report["image"]["id"] == f"sha256:{access.image_id}"
+        assert len(access.image_id) == 64 and access.disk_gib == 1
+    assert {access.gpu_indices for _o, access, _k in two_customers} == {"0,1", "2,3"}
 
 
-def test_the_customer_s_shell_rc_files_run_in_the_container_never_on_the_host(two_customers, container_sshd, admin):
-    _order, username, private_key = two_customers[0]
-    marker = f"/tmp/binome-escaped-{username}"  # noqa: S108 (a name to look for, on the host and inside)
-    planted = container_sshd.login_as(username, private_key, f"echo 'touch {marker}' >> ~/.bashrc")
-    assert planted.returncode == 0, planted.stderr
-    # an interactive login (a terminal, no command) reads ~/.bashrc: inside the container, where /tmp is its own
-    shell = subprocess.run(
-        [
-            "ssh",
-            *container_sshd.client_options(private_key),
-            "-tt",
-            "-p",
-            str(container_sshd.port),
-            username + "@127.0.0.1",
-        ],
-        input="test -e " + marker + " && echo inside-$(hostname); exit\n",
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+def _build_marker_library(directory: Path, marker: str) -> Path:
+    """A real shared library whose constructor writes `marker` wherever it is loaded (the attacker's payload)."""
+    source = directory / "x.c"
+    source.write_text(
+        textwrap.dedent(f"""
+            #include <fcntl.h>
+            #include <unistd.h>
+            __attribute__((constructor)) static void escaped(void) {{
+                int fd = open("{marker}", O_WRONLY | O_CREAT | O_APPEND, 0644);
+                if (fd >= 0) {{ write(fd, "ran\\n", 4); close(fd); }}
+            }}
+        """)
     )
-    assert f"inside-binome-{username}" in shell.stdout, shell.stdout + shell.stderr
-    assert not os.path.exists(marker)  # the host never ran the customer's rc file
-    # and the account cannot ask sudo for anything but the way into its container
-    assert container_sshd.login_as(username, private_key, "sudo -n true").returncode != 0
+    library = directory / "x.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, capture_output=True)
+    return library
 
 
-def test_files_move_with_scp_sftp_and_rsync_and_a_local_forward_reaches_a_server_in_the_container(
-    two_customers, container_sshd, admin, tmp_path
+def test_what_the_customer_writes_for_the_host_s_login_stack_never_runs_on_the_host(
+    two_customers, container_sshd, admin, admin_user, tmp_path, django_capture_on_commit_callbacks
 ):
-    _order, username, private_key = two_customers[0]
-    options = container_sshd.client_options(private_key)
-    target = f"{username}@127.0.0.1"
+    order, access, private_key = two_customers[0]
+    marker = f"/tmp/binome-escaped-{secrets.token_hex(4)}"  # noqa: S108 (the host's /tmp; the container has its own)
+    library = _build_marker_library(tmp_path, marker)
+    # the payload works: loaded on the host, it writes the marker there
+    subprocess.run(["/bin/true"], env={**os.environ, "LD_PRELOAD": str(library)}, check=True)
+    assert Path(marker).exists()
+    Path(marker).unlink()
+
+    # the attacker plants every file a host's login stack could read: a PAM environment preloading the library,
+    # user units, shell rc files, ~/.ssh/rc, ~/.forward, ~/.k5login, and a home full of symlinks to host files
+    home = f"/home/{access.username}"
+    options = ["-P", str(access.ssh_port), *customer_ssh_options(private_key, tmp_path / "kh")]
+    (tmp_path / "kh").write_text(access.known_hosts_line + "\n")
+    copied = subprocess.run(
+        ["scp", *options, str(library), f"{access.username}@127.0.0.1:x.so"], capture_output=True, text=True
+    )
+    assert copied.returncode == 0, copied.stderr
+    plant = (
+        f"cd && printf 'LD_PRELOAD DEFAULT={home}/x.so\\n' > .pam_environment && "
+        "mkdir -p .config/systemd/user/default.target.wants .ssh && "
+        f"printf '[Service]\\nExecStart=/bin/touch {marker}\\n[Install]\\nWantedBy=default.target\\n' "
+        "> .config/systemd/user/escape.service && "
+        "ln -sf ../escape.service .config/systemd/user/default.target.wants/escape.service && "
+        f"for f in .bashrc .profile .bash_profile .ssh/rc .forward .k5login; do echo 'touch {marker}' > $f; done && "
+        "ln -s /etc/shadow shadow && ln -s /root rootdir && ln -s /etc/sudoers.d sudoers.d && echo planted"
+    )
+    assert _in(access, private_key, plant).stdout.strip() == "planted"
+
+    # logins of every kind: to the container (shell, command, sftp), and to the host's own sshd with the same key
+    # and the library asked for through the environment
+    assert _in(access, private_key, "true").returncode == 0
+    _in(access, private_key, None, input="exit\n", options=["-tt"])
+    assert (
+        subprocess.run(
+            ["sftp", *options, "-b", "-", f"{access.username}@127.0.0.1"], input="ls\n", capture_output=True, text=True
+        ).returncode
+        == 0
+    )
+    for extra in ([], ["-o", f"SetEnv=LD_PRELOAD={home}/x.so"]):
+        refused = container_sshd.login_as(access.username, private_key, "true", options=extra)
+        assert refused.returncode != 0
+    # and every run root makes on the host for this order, before and after the window
+    with django_capture_on_commit_callbacks(execute=True):
+        services.preflight_rerun(order=order, actor=admin_user)
+        services.access_keys_renew(order=order, actor=admin_user)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.teardown_start(order=order, actor=admin_user, reason="test")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.access_wipe_start(order=order, actor=admin_user)
+    assert {run.kind: run.status for run in order.provisioning_runs.all()} == {
+        kind: ProvisioningRun.Status.SUCCEEDED for kind in ("provision", "preflight", "keys", "teardown", "wipe")
+    }
+
+    assert not Path(marker).exists()  # nothing of the customer's ran on the host
+    uid = access.preflight_report.get("uid") or admin.run(["id", "-u", "nobody"]).stdout.strip()
+    assert not admin.run(["sh", "-c", f"ls /run/user/{uid} /var/lib/systemd/linger/{access.username}"], check=False).ok
+    assert admin.run(["stat", "-c", "%U", "/etc/shadow", "/root"]).stdout.split() == ["root", "root"]
+    assert not admin.run(["id", access.username], check=False).ok  # wiped: the account is gone too
+
+
+@pytest.fixture
+def outside_server():
+    """A server "on the internet": in a network namespace of the test's own, behind a veth pair routed by the host
+    (TEST-NET-2 addresses; nothing leaves this machine). Yields its address and port."""
+    tag = secrets.token_hex(3)
+    namespace, host_end, far_end = f"binome-net-{tag}", f"bnh{tag}", f"bnf{tag}"
+    setup = [
+        ["ip", "netns", "add", namespace],
+        ["ip", "link", "add", host_end, "type", "veth", "peer", "name", far_end],
+        ["ip", "link", "set", far_end, "netns", namespace],
+        ["ip", "addr", "add", "198.51.100.1/30", "dev", host_end],
+        ["ip", "link", "set", host_end, "up"],
+        ["ip", "netns", "exec", namespace, "ip", "addr", "add", "198.51.100.2/30", "dev", far_end],
+        ["ip", "netns", "exec", namespace, "ip", "link", "set", far_end, "up"],
+        ["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"],
+        ["ip", "netns", "exec", namespace, "ip", "route", "add", "default", "via", "198.51.100.1"],
+    ]
+    server = None
+    try:
+        for argv in setup:
+            subprocess.run(argv, check=True, capture_output=True)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, "python3", "-m", "http.server", "8080", "--bind", "198.51.100.2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)
+        yield "198.51.100.2:8080"
+    finally:
+        if server:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", host_end], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
+
+
+@pytest.fixture
+def host_loopback_server():
+    """A server on the host's 127.0.0.1 (the portal, a metrics agent, a database: the host's own)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_tenants_reach_neither_each_other_nor_the_host_but_the_outside_world_yes(
+    two_customers, host_loopback_server, outside_server, admin
+):
+    (_a, alice, alice_key), (_b, bob, bob_key) = two_customers
+    # bob serves on his 127.0.0.1 and on all his addresses, and listens on an abstract unix socket
+    serve = (
+        "cd && echo bob-secret > index.html && "
+        "(setsid python3 -m http.server 8765 --bind 0.0.0.0 </dev/null >/dev/null 2>&1 &) && "
+        "(setsid python3 -c \"import socket,time; s=socket.socket(socket.AF_UNIX); s.bind('\\0bob-abstract'); "
+        's.listen(); time.sleep(120)" </dev/null >/dev/null 2>&1 &) && sleep 1 && hostname -I'
+    )
+    bob_address = _in(bob, bob_key, serve).stdout.split()[0]
+    assert (
+        _in(
+            bob,
+            bob_key,
+            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8765/').read().decode())\"",
+        ).stdout.strip()
+        == "bob-secret"
+    )
+
+    # a third tenant's container stops (netavark 1.4 then drops its own isolation rule until another one starts):
+    # the portal's guard must hold without it
+    third = f"binome-test-third-{secrets.token_hex(3)}"
+    podman = ["podman", "--runtime", "runc"]
+    admin.run([*podman, "network", "create", "--opt", "isolate=true", third])
+    ulimits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+    admin.run([*podman, "run", "--rm", "--network", third, *ulimits, alice.image_id, "true"], timeout=120)
+    admin.run(["podman", "network", "rm", third])
+    network = f"binome-{alice.username}"
+    template = "{{range .Subnets}}{{.Gateway}}{{end}}"
+    gateway = admin.run(["podman", "network", "inspect", "--format", template, network]).stdout.strip()
+    route = admin.run(["ip", "-4", "route", "get", "192.0.2.1"]).stdout.split()
+    own_address = route[route.index("src") + 1] if "src" in route else "127.0.0.1"  # this machine's, not loopback
+    own_server = socket.create_server((own_address, 0))  # a host service on a public address (an exporter...)
+    targets = {
+        "bob_loopback": "127.0.0.1:8765",
+        "bob_address": f"{bob_address}:8765",
+        "bob_ssh_through_the_host": f"{gateway}:{bob.ssh_port}",
+        "host_loopback": f"127.0.0.1:{host_loopback_server}",
+        "host_loopback_via_gateway": f"{gateway}:{host_loopback_server}",
+        "host_public_service": f"{own_address}:{own_server.getsockname()[1]}",
+        "outside": outside_server,
+    }
+    try:
+        arguments = " ".join(f"{name}={target}" for name, target in targets.items())
+        answer = _in(alice, alice_key, f"python3 - {arguments}", input=REACH_PROBE)
+    finally:
+        own_server.close()
+    reached = dict(line.split(" ", 1) for line in answer.stdout.splitlines())
+    assert reached.pop("outside") == "reached"  # outbound traffic leaves the container's network
+    assert reached == dict.fromkeys([*list(targets)[:6], "bob_abstract_socket"], "refused"), reached
+
+
+REACH_PROBE = """
+import socket, sys
+for argument in sys.argv[1:]:
+    name, target = argument.split("=")
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print(name, "reached")
+    except OSError:
+        print(name, "refused")
+sock = socket.socket(socket.AF_UNIX)
+try:
+    sock.connect("\\0bob-abstract")
+    print("bob_abstract_socket reached")
+except OSError:
+    print("bob_abstract_socket refused")
+"""
+
+
+def test_files_move_with_scp_sftp_and_rsync_and_local_and_dynamic_forwards_reach_the_container_only(
+    two_customers, host_loopback_server, tmp_path
+):
+    _order, access, private_key = two_customers[0]
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(access.known_hosts_line + "\n")
+    options = customer_ssh_options(private_key, known_hosts)
+    target = f"{access.username}@127.0.0.1"
+    port = str(access.ssh_port)
     payload = tmp_path / "weights.bin"
     payload.write_bytes(os.urandom(300_000))
 
-    def run(argv):
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    def run(argv, **kwargs):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
         assert result.returncode == 0, f"{argv[0]}: {result.stderr}"
         return result
 
-    # scp (SFTP protocol) in, then out under another name
-    run(["scp", *options, "-P", str(container_sshd.port), str(payload), f"{target}:weights.bin"])
-    run(["scp", *options, "-P", str(container_sshd.port), f"{target}:weights.bin", str(tmp_path / "back.bin")])
+    run(["scp", *options, "-P", port, str(payload), f"{target}:weights.bin"])
+    run(["scp", *options, "-P", port, f"{target}:weights.bin", str(tmp_path / "back.bin")])
     assert (tmp_path / "back.bin").read_bytes() == payload.read_bytes()
-    # sftp, batch mode
-    batch = tmp_path / "batch"
-    batch.write_text("mkdir runs\nput " + str(payload) + " runs/copy.bin\nls runs\n")
-    listed = run(["sftp", *options, "-P", str(container_sshd.port), "-b", str(batch), target])
-    assert "copy.bin" in listed.stdout
-    # rsync over ssh
-    shell = " ".join(["ssh", *options, "-p", str(container_sshd.port)])
-    run(["rsync", "-a", "-e", shell, str(payload), f"{target}:synced.bin"])
-    sums = container_sshd.login_as(username, private_key, "cd && sha256sum weights.bin runs/copy.bin synced.bin")
-    assert len({line.split()[0] for line in sums.stdout.splitlines()}) == 1, sums.stdout
-    # the same files, seen from the host: the home the container mounts
-    home = admin.run(["getent", "passwd", username]).stdout.split(":")[5]
-    assert admin.run(["stat", "-c", "%U %a", f"{home}/synced.bin"]).stdout.split()[0] == username
-
-    # a server in the container (Jupyter, TensorBoard...), reached through a local forward to the host's loopback
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    container_sshd.login_as(
-        username,
-        private_key,
-        f"cd && echo served-from-container > index.html && "
-        f"nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &",
+    listed = run(
+        ["sftp", *options, "-P", port, "-b", "-", target],
+        input=f"mkdir runs\nput {payload} runs/c.bin\nls runs\nls /opt\n",
     )
-    deadline, answer = time.monotonic() + 15, ""
-    while time.monotonic() < deadline and "served-from-container" not in answer:
-        forward = subprocess.run(
-            ["ssh", *options, "-p", str(container_sshd.port), "-W", f"localhost:{port}", target],
-            input="GET /index.html HTTP/1.0\r\n\r\n",
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+    assert "c.bin" in listed.stdout and "binome" in listed.stdout  # the container's files: its /opt holds the kit
+    run(["rsync", "-a", "-e", " ".join(["ssh", *options, "-p", port]), str(payload), f"{target}:synced.bin"])
+    sums = _in(access, private_key, "cd && sha256sum weights.bin runs/c.bin synced.bin")
+    assert len({line.split()[0] for line in sums.stdout.splitlines()}) == 1, sums.stdout
+
+    # Jupyter or TensorBoard in the container, on its own 127.0.0.1: reached with -L and with -D (VS Code)
+    _in(access, private_key, "cd && echo served-from-container > index.html && "
+        "(setsid python3 -m http.server 8888 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &) && sleep 1")  # fmt: skip
+    local = socket.create_server(("127.0.0.1", 0))
+    local_port = local.getsockname()[1]
+    local.close()
+    forwards = [
+        ["-L", f"127.0.0.1:{local_port}:localhost:8888"],
+        ["-D", f"127.0.0.1:{local_port}"],
+        ["-L", f"127.0.0.1:{local_port}:127.0.0.1:{host_loopback_server}"],  # the host's loopback: not reachable
+    ]
+    answers = []
+    for forward in forwards:
+        tunnel = subprocess.Popen(
+            ["ssh", *options, "-p", port, "-N", *forward, target],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        answer = forward.stdout
+        try:
+            answers.append(_fetch_through(local_port, socks=forward[0] == "-D"))
+        finally:
+            tunnel.kill()
+            tunnel.wait(timeout=10)
+    assert "served-from-container" in answers[0] and "served-from-container" in answers[1]
+    assert "served-from-container" not in answers[2] and not answers[2].startswith("HTTP")
+
+
+def _fetch_through(port: int, *, socks: bool) -> str:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        curl = ["curl", "-s", "-m", "3", *(["--socks5-hostname", f"127.0.0.1:{port}"] if socks else [])]
+        url = "http://127.0.0.1:8888/index.html" if socks else f"http://127.0.0.1:{port}/index.html"
+        answer = subprocess.run([*curl, url], capture_output=True, text=True, check=False)
+        if answer.returncode in (0, 52, 56):  # answered, or the tunnel closed the connection (nothing there)
+            return answer.stdout
         time.sleep(0.2)
-    assert "served-from-container" in answer
+    return ""
 
 
-def test_after_teardown_the_login_is_refused_the_container_is_gone_and_nothing_of_the_user_runs(
-    two_customers, container_sshd, admin, django_capture_on_commit_callbacks, admin_user
+def test_after_teardown_nothing_of_the_customer_is_left_and_the_other_container_runs_on(
+    two_customers, admin, admin_user, django_capture_on_commit_callbacks
 ):
-    order, username, private_key = two_customers[0]
-    container_sshd.login_as(username, private_key, "nohup sleep 600 >/dev/null 2>&1 &")
-    assert admin.run(["pgrep", "-u", username], check=False).ok  # a process of theirs runs, in the container
-
+    (order, access, private_key), (_other, other, _key) = two_customers
+    _in(access, private_key, "(setsid sleep 600 </dev/null >/dev/null 2>&1 &)")
+    assert admin.run(["pgrep", "-u", access.username], check=False).ok
     with django_capture_on_commit_callbacks(execute=True):
         services.teardown_start(order=order, actor=admin_user, reason="test")
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
-    assert teardown.steps.get(name="remove_container").output == f"container binome-{username} removed"
+    assert customer_ssh(access, private_key, "true").returncode != 0
+    name = f"binome-{access.username}"
+    assert not admin.run(["podman", "container", "exists", name], check=False).ok
+    assert not admin.run(["podman", "network", "exists", name], check=False).ok
+    assert not admin.run(["pgrep", "-u", access.username], check=False).ok
+    assert admin.run(["podman", "volume", "exists", f"{name}-data"], check=False).ok  # kept until the wipe
+    running = ["podman", "container", "inspect", "--format", "{{.State.Running}}", f"binome-{other.username}"]
+    assert admin.run(running).stdout.strip() == "true"
+    order.refresh_from_db()
+    assert order.status == OrderStatus.ENDED
 
-    assert container_sshd.login_as(username, private_key, "true").returncode != 0
-    assert not admin.run(["podman", "container", "exists", f"binome-{username}"], check=False).ok
-    assert not admin.run(["pgrep", "-u", username], check=False).ok
-    assert not admin.run(["test", "-e", f"{steps.KEYS_DIR}/{username}"], check=False).ok
-    # the other customer's container is untouched
-    other = two_customers[1][1]
-    assert (
-        admin.run(
-            ["podman", "container", "inspect", "--format", "{{.State.Running}}", f"binome-{other}"]
-        ).stdout.strip()
-        == "true"
+
+@pytest.fixture
+def image_without(test_image):
+    """The test image less some files (no registry here: images are made locally)."""
+    made = []
+
+    def make(*paths: str) -> str:
+        tag = f"localhost/binome-test-less:{secrets.token_hex(4)}"
+        name = f"binome-make-{secrets.token_hex(4)}"
+        podman = ["podman", "--runtime", "runc"]
+        ulimits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+        subprocess.run([*podman, "run", "--name", name, *ulimits, test_image, "rm", "-f", *paths], check=True)
+        subprocess.run(["podman", "commit", "--quiet", name, tag], check=True, capture_output=True)
+        subprocess.run(["podman", "rm", name], check=True, capture_output=True)
+        made.append(tag)
+        return tag
+
+    yield make
+    for tag in made:
+        subprocess.run(["podman", "rmi", "--force", tag], check=False, capture_output=True)
+
+
+def test_an_image_without_sshd_is_refused_with_the_reason_and_sftp_never_runs_on_the_host(
+    client, container_host, booking_data, keypair, admin_user, admin, image_without, catalog, tmp_path,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    from booking.models import EnvironmentImage
+
+    environment = EnvironmentImage.objects.first()
+    EnvironmentImage.objects.filter(pk=environment.pk).update(image_ref=image_without("/usr/sbin/sshd"))
+    order, username, _key = _provision(
+        client, booking_data, keypair, admin_user, django_capture_on_commit_callbacks, "nosshd"
     )
+    try:
+        run = order.provisioning_runs.get(kind="provision")
+        assert run.status == ProvisioningRun.Status.FAILED
+        assert "cannot be handed to a customer: it has no sshd(/usr/sbin/sshd)" in run.error
+        assert order.status == OrderStatus.PROVISIONING_FAILED
+    finally:
+        remove_user(admin, username)
+
+    # an image with sshd but no sftp-server (many CUDA images): sftp is sshd's own, inside the container
+    Lot.objects.create(
+        name="containers · GPUs 2,3", hardware_class=catalog["b200-pair"], host=container_host, gpu_indices="2,3"
+    )
+    EnvironmentImage.objects.filter(pk=environment.pk).update(
+        image_ref=image_without("/usr/lib/openssh/sftp-server", "/usr/lib/sftp-server")
+    )
+    order, username, private_key = _provision(
+        client, booking_data, keypair, admin_user, django_capture_on_commit_callbacks, "nosftp"
+    )
+    try:
+        access = _hand_over(order, admin_user, django_capture_on_commit_callbacks)
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(access.known_hosts_line + "\n")
+        argv = ["sftp", *customer_ssh_options(private_key, known_hosts), "-P", str(access.ssh_port), "-b", "-"]
+        listed = subprocess.run(
+            [*argv, f"{username}@127.0.0.1"], input="ls /opt\npwd\n", capture_output=True, text=True, check=False
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "binome" in listed.stdout and f"/home/{username}" in listed.stdout
+        assert not admin.run(["pgrep", "-u", username, "-f", "sftp-server"], check=False).ok
+    finally:
+        remove_user(admin, username)
 
 
-def test_the_order_page_tells_the_researcher_they_land_in_a_container_of_their_image(
-    client, two_customers, admin_user, django_capture_on_commit_callbacks
-):
-    order, _username, _key = two_customers[0]
-    with django_capture_on_commit_callbacks(execute=True):  # no GPU here: the operator hands over anyway
-        services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+def test_the_order_page_gives_the_container_s_port_host_key_shares_and_disk_in_both_languages(client, two_customers):
+    order, access, _key = two_customers[0]
     url = reverse("booking:order", kwargs={"public_id": order.public_id, "token": order.token})
     english = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert f"ssh -p {access.ssh_port} {access.username}@127.0.0.1" in english
+    assert f"[127.0.0.1]:{access.ssh_port} ssh-ed25519 " in english
     assert f"You land in a container of {order.environment.name}" in english
-    assert "set at login" not in english  # the host-account wording is for hosts without containers
+    assert "Data volume: 1 GiB." in english and "1.5 CPUs, 2g of memory" in english
     french = client.get(url, HTTP_ACCEPT_LANGUAGE="fr").content.decode()
     assert f"Vous arrivez dans un conteneur {order.environment.name}" in french
+    assert "Volume de données : 1 Gio." in french

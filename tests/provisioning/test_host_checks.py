@@ -2,6 +2,7 @@
 device nodes), what the host records, and what booking then offers."""
 
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -63,17 +64,34 @@ def test_a_runtime_the_host_is_not_set_to_use_does_not_count_and_the_report_says
     assert "podman answers, but the host's container runtime is not set" in probed_host.isolation_report
 
 
-def test_without_a_runtime_closed_device_nodes_isolate_several_lots(probed_host, tmp_path):
+def test_without_a_runtime_a_host_is_not_isolated_even_with_closed_device_nodes(probed_host, tmp_path):
     devices = fake_gpus(tmp_path / "dev", mode=0o660)
     Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
     probed_host.refresh_from_db()
 
     check(probed_host, device_dir=str(devices))
 
-    assert probed_host.isolation_mode == Host.Isolation.DEVICE_PERMISSIONS
+    # customers are never given an account on the host: without containers, nothing is offered
+    assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
     assert f"{NO_RUNTIME} info: no answer" in probed_host.isolation_report
-    assert f"{devices}/nvidia3: not world-accessible (mode 0660, root:root)" in probed_host.isolation_report
-    assert offered_lots().filter(host=probed_host).count() == 2
+    assert "mode: not isolated (no container runtime answers)" in probed_host.isolation_report
+    assert not offered_lots().filter(host=probed_host).exists()
+
+
+def test_a_customer_account_the_host_could_log_in_leaves_the_host_not_isolated(probed_host, admin):
+    # an account of the earlier design: a login shell and a home of the customer's own (PAM, rc files, units)
+    user = f"bn-legacy{secrets.token_hex(3)}"
+    admin.run(["useradd", "--create-home", "--shell", "/bin/sh", user])
+    try:
+        check(probed_host)
+        report = probed_host.isolation_report
+        assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
+        assert f"customer account {user} has a login shell (/bin/sh)" in report
+        assert f"home /home/{user} of a customer account is theirs to write ({user}" in report
+    finally:
+        admin.run(["userdel", "--remove", user], check=False)
+    check(probed_host)  # the account gone, the host is isolated again
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
 
 
 def test_one_world_accessible_card_leaves_a_shared_host_not_isolated_and_its_lots_not_offered(
@@ -90,27 +108,11 @@ def test_one_world_accessible_card_leaves_a_shared_host_not_isolated_and_its_lot
     assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
     report = probed_host.isolation_report
     assert f"{devices}/nvidia2: world-accessible (mode 0666" in report and f"{devices}/nvidia3: missing" in report
-    assert "install podman" in report
+    assert "set the host's container runtime to podman" in report
     assert not offered_lots().filter(host=probed_host).exists()
     # The customer's booking page sees no free B200 lot: the host's lots are not offered.
     response = client.post("/book/", booking_data(lots="1"))
     assert response.status_code != 302 and not Order.objects.exists()
-
-
-def test_a_host_with_one_active_lot_and_no_runtime_is_exclusive_and_offers_that_lot_only(probed_host, tmp_path):
-    devices = fake_gpus(tmp_path / "dev", mode=0o666)  # world-accessible: only exclusivity can isolate
-    second = probed_host.lots.get(gpu_indices="2,3")
-    Lot.objects.filter(pk=second.pk).update(status=Lot.Status.MAINTENANCE)
-    Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
-    probed_host.refresh_from_db()
-
-    check(probed_host, device_dir=str(devices))
-
-    assert probed_host.isolation_mode == Host.Isolation.EXCLUSIVE
-    assert probed_host.exclusive_lot.gpu_indices == "0,1"
-    # A second lot made active after the check is not offered: the host's exclusivity was for the first one.
-    Lot.objects.filter(pk=second.pk).update(status=Lot.Status.ACTIVE)
-    assert list(offered_lots().filter(host=probed_host)) == [probed_host.exclusive_lot]
 
 
 def test_a_booked_order_on_a_host_found_not_isolated_is_kept_and_flagged(
