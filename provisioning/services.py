@@ -15,6 +15,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -27,7 +28,15 @@ from booking.services import order_note, order_transition
 from provisioning import host_checks, selectors, steps
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import DriverError, HostSpec
-from provisioning.models import Access, Host, LifecycleNotice, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.models import (
+    RETRIED_RUN_KINDS,
+    Access,
+    Host,
+    LifecycleNotice,
+    OperatorSettings,
+    ProvisioningRun,
+    ProvisioningStep,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,21 +159,57 @@ def provisioning_start(*, order: Order, actor: AbstractBaseUser | None = None) -
     return _create_run(order=order, kind=ProvisioningRun.Kind.PROVISION, step_names=steps.PROVISION_STEPS, actor=actor)
 
 
-def provisioning_retry(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
-    """Resume the last failed run where it stopped (steps done stay done)."""
-    run = order.provisioning_runs.filter(status=ProvisioningRun.Status.FAILED).first()
+def provisioning_retry(*, order: Order, actor: AbstractBaseUser, run_id: int | None = None) -> ProvisioningRun:
+    """Resume a failed run where it stopped (steps done stay done): `run_id` (the console's "retry now" of a
+    failing teardown, which would otherwise wait for its next retry), or else the order's last failed run among
+    those that the sweep does not retry by itself (provisioning, pre-flight, keys)."""
+    if run_id is None:
+        runs = order.provisioning_runs.exclude(kind__in=RETRIED_RUN_KINDS)
+    else:
+        runs = order.provisioning_runs.filter(pk=run_id)
+    run = runs.filter(status=ProvisioningRun.Status.FAILED).first()
     if run is None:
+        if run_id is not None and runs.filter(status__in=UNDER_WAY).exists():
+            raise ProvisioningError(_("This run is being retried already."))
         raise ProvisioningError(_("There is no failed run to retry."))
     with transaction.atomic():
+        if not _run_requeue(run_id=run.pk, clear_error=True):  # retried meanwhile (a second click, the sweep)
+            raise ProvisioningError(_("This run is being retried already."))
         if run.kind == ProvisioningRun.Kind.PROVISION:
             order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="retry", **_operator(actor))
-        ProvisioningRun.objects.filter(pk=run.pk).update(
-            status=ProvisioningRun.Status.QUEUED, error="", lease_until=None
-        )
-        from provisioning.tasks import execute_run
-
-        transaction.on_commit(lambda: execute_run.delay(run.pk))
     return run
+
+
+UNDER_WAY = (ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING)
+# A failed run of RETRIED_RUN_KINDS (teardown, wipe, release of a host) is queued again by the lifecycle sweep
+# after retry_delay(attempts); the same run resumes at its failed step.
+RETRY_FIRST_DELAY = timedelta(minutes=1)
+RETRY_MAX_DELAY = timedelta(hours=1)
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """How long a run that failed `attempts` times waits before its next try: 1 min, 2, 4, ... at most 1 h."""
+    return min(RETRY_FIRST_DELAY * 2 ** min(max(attempts, 1) - 1, 16), RETRY_MAX_DELAY)
+
+
+def _run_requeue(*, run_id: int, now: datetime | None = None, due: bool = False, clear_error: bool = False) -> bool:
+    """Queue a failed run again (its task resumes it at the first step not done), if it is still failed (and, with
+    `due`, its next retry is due by `now`): one conditional UPDATE, so two sweeps, or a sweep and an operator, never
+    queue it twice. next_retry_at becomes the time it was queued: abandoned queued runs are resumed counting from
+    it."""
+    now = now or timezone.now()
+    failed = ProvisioningRun.objects.filter(pk=run_id, status=ProvisioningRun.Status.FAILED)
+    if due:
+        failed = failed.filter(next_retry_at__lte=now)
+    values = {"status": ProvisioningRun.Status.QUEUED, "lease_until": None, "next_retry_at": now}
+    if clear_error:
+        values["error"] = ""
+    if not failed.update(**values):
+        return False
+    from provisioning.tasks import execute_run
+
+    transaction.on_commit(lambda: execute_run.delay(run_id))
+    return True
 
 
 def awaits_preflight_decision(order: Order) -> bool:
@@ -208,17 +253,23 @@ def access_keys_renew(*, order: Order, actor: AbstractBaseUser | None = None) ->
     return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
 
 
+@transaction.atomic
 def teardown_start(
     *, order: Order, actor: AbstractBaseUser | None = None, reason: str = "window ended"
 ) -> ProvisioningRun:
-    if (
-        order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN)
-        .exclude(status=ProvisioningRun.Status.FAILED)
-        .exists()
-    ):
+    """Tear down every access of the order. One teardown run per order: a failed one is resumed (now), never
+    started again; under the order's lock, so that two sweeps at once start one run."""
+    order = lock_order(order.pk)
+    teardowns = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN)
+    if teardowns.exclude(status=ProvisioningRun.Status.FAILED).exists():
         raise ProvisioningError(_("The teardown of this order is already under way."))
-    run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
-    order_note(order=order, reason=f"teardown: {reason}", **_operator(actor))
+    run = teardowns.first()
+    if run is not None:
+        _run_requeue(run_id=run.pk)
+        reason = f"{reason} (the failed teardown resumed)"
+    else:
+        run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
+    order_note(order=order, reason=f"teardown: {reason}", evidence={"run": run.pk}, **_operator(actor))
     return run
 
 
@@ -359,7 +410,13 @@ def _accesses_set(order: Order, **values) -> None:
 def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     now = timezone.now()
     status = ProvisioningRun.Status.FAILED if failure else ProvisioningRun.Status.SUCCEEDED
-    ProvisioningRun.objects.filter(pk=run.pk).update(status=status, finished_at=now, error=failure, lease_until=None)
+    attempts = ProvisioningRun.objects.select_for_update().values_list("attempts", flat=True).get(pk=run.pk) + 1
+    retry_at = now + retry_delay(attempts) if failure and run.kind in RETRIED_RUN_KINDS else None
+    ProvisioningRun.objects.filter(pk=run.pk).update(
+        status=status, finished_at=now, error=failure, lease_until=None, attempts=attempts, next_retry_at=retry_at
+    )
+    if retry_at:
+        logger.warning("%s run %s failed (attempt %s), retry at %s: %s", run.kind, run.pk, attempts, retry_at, failure)
     order = Order.objects.select_for_update().get(pk=order.pk)
     if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
         failed_checks = _failed_preflights(order)
@@ -446,6 +503,7 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "torn_down": _tear_down_released(now),
         "keys_renewed": _renew_moved_keys(now),
         "wiped": _wipe_due(now),
+        "retried": _retry_failed(now),
         "resumed": _resume_abandoned(now),
     }
 
@@ -501,14 +559,17 @@ def _tear_down_released(now: datetime) -> int:
     """Windows that ended, and released orders that still have access (the teardown their event should have
     started, if it was lost)."""
     torn_down = 0
-    for order in Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__lte=now)[:50]:
+    # Those with a teardown already: a failed one is retried with backoff (_retry_failed), never started again.
+    ended = Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__lte=now).exclude(
+        Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=ProvisioningRun.Kind.TEARDOWN))
+    )
+    for order in ended[:50]:
         try:
             teardown_start(order=order)
             torn_down += 1
         except ProvisioningError:
             continue
-    # Only those without any teardown: a failed one is the operator's to retry (console), not the beat's to
-    # start again every minute.
+    # Only those without any teardown: a failed one is retried with backoff, not started again every tick.
     still_open = (
         Order.objects.filter(
             status__in=RELEASING_STATUSES, accesses__status__in=[Access.Status.PENDING, Access.Status.READY]
@@ -522,16 +583,10 @@ def _tear_down_released(now: datetime) -> int:
     return torn_down
 
 
-def _run_under_way(kind: str) -> Exists:
-    """Whether the order has a run of `kind` queued or running: one run's condition, never two runs' (an
-    `exclude()` over two conditions on a multi-valued relation may match them on different runs)."""
-    return Exists(
-        ProvisioningRun.objects.filter(
-            order=OuterRef("pk"),
-            kind=kind,
-            status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
-        )
-    )
+def _run_under_way(kind: str, statuses=UNDER_WAY) -> Exists:
+    """Whether the order has a run of `kind` queued or running (or in `statuses`): one run's condition, never two
+    runs' (an `exclude()` over two conditions on a multi-valued relation may match them on different runs)."""
+    return Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=kind, status__in=statuses))
 
 
 def _renew_moved_keys(now: datetime) -> int:
@@ -574,7 +629,8 @@ def _wipe_due(now: datetime) -> int:
             accesses__revoked_at__lte=now - grace,
             ends_at__lte=now - grace,
         )
-        .exclude(_run_under_way(ProvisioningRun.Kind.WIPE))
+        # A failed wipe is retried with backoff (_retry_failed), not started again every tick.
+        .exclude(_run_under_way(ProvisioningRun.Kind.WIPE, (*UNDER_WAY, ProvisioningRun.Status.FAILED)))
         .distinct()[:50]
     )
     started = 0
@@ -584,14 +640,37 @@ def _wipe_due(now: datetime) -> int:
     return started
 
 
+def _retry_failed(now: datetime) -> int:
+    """Failed teardowns, wipes and releases of hosts whose next retry is due, oldest due first, a capped batch:
+    each queued again (the same run, at its failed step) by a conditional update, so two sweeps at once queue it
+    once. Its next failure sets the next retry, twice as far (retry_delay)."""
+    due = (
+        ProvisioningRun.objects.filter(
+            kind__in=RETRIED_RUN_KINDS, status=ProvisioningRun.Status.FAILED, next_retry_at__lte=now
+        )
+        .order_by("next_retry_at", "pk")
+        .values_list("pk", flat=True)[:20]
+    )
+    retried = 0
+    for run_id in due:
+        with transaction.atomic():
+            retried += _run_requeue(run_id=run_id, now=now, due=True)
+    return retried
+
+
 def _resume_abandoned(now: datetime) -> int:
-    """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting."""
+    """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting (counted
+    from when they were queued: created, or queued again)."""
     from provisioning.tasks import execute_run
 
-    abandoned = ProvisioningRun.objects.filter(
-        Q(status=ProvisioningRun.Status.RUNNING, lease_until__lt=now)
-        | Q(status=ProvisioningRun.Status.QUEUED, lease_until__isnull=True, created_at__lt=now - QUEUED_PATIENCE)
-    ).values_list("pk", flat=True)[:20]
+    abandoned = (
+        ProvisioningRun.objects.annotate(queued_at=Coalesce("next_retry_at", "created_at"))
+        .filter(
+            Q(status=ProvisioningRun.Status.RUNNING, lease_until__lt=now)
+            | Q(status=ProvisioningRun.Status.QUEUED, lease_until__isnull=True, queued_at__lt=now - QUEUED_PATIENCE)
+        )
+        .values_list("pk", flat=True)[:20]
+    )
     resumed = 0
     for run_id in abandoned:
         execute_run.delay(run_id)
