@@ -1,4 +1,5 @@
-"""Taking access away: a teardown that fails is retried with backoff (the same run, one note)."""
+"""Taking access away: a teardown that fails is retried with backoff (the same run, one note), shown once in the
+console."""
 
 import importlib
 from dataclasses import dataclass, field
@@ -6,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.urls import reverse
 from django.utils import timezone
 
 from booking.models import Order, OrderStatus
@@ -231,3 +233,75 @@ def test_the_migration_schedules_the_latest_failed_teardown_left_by_the_old_swee
     scheduled = ProvisioningRun.objects.filter(attempts=1, next_retry_at=clock.now)
     assert set(scheduled.values_list("pk", flat=True)) == {old_copies[-1].pk, wipe.pk}
     assert not ProvisioningRun.objects.filter(pk=preflight.pk, next_retry_at__isnull=False).exists()
+
+
+# --- the console ----------------------------------------------------------------------------------------------
+
+
+def test_the_console_lists_a_failing_teardown_once_with_its_host_error_attempts_and_next_retry(
+    client,
+    booking_data,
+    admin_user,
+    operator,
+    clock,
+    unreachable,
+    django_capture_on_commit_callbacks,
+    django_assert_max_num_queries,
+):
+    order, other = (provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks) for _ in "ab")
+    host = the_host(order)
+    unreachable(host)
+    unreachable(the_host(other))
+    clock.now = order.ends_at + timedelta(seconds=1)
+    for _tick in range(8):  # four minutes of ticks: three tries
+        tick(django_capture_on_commit_callbacks, clock.advance(seconds=30))
+    run = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    client.force_login(operator)
+
+    with django_assert_max_num_queries(9):  # as many with one failing run as with two
+        queue = client.get(reverse("console:queue")).content.decode()
+
+    section = queue.split('id="section-failing-teardowns"')[1].split("</section>")[0]
+    assert section.count("<tr><td>") == 2  # one row per order, however many times the sweep tried
+    for failing in (order, other):
+        assert section.count(f'href="{reverse("console:order", kwargs={"public_id": failing.public_id})}"') == 1
+    section = next(row for row in section.split("<tr><td>") if order.public_id in row)
+    assert host.name in section and "connection refused" in section
+    assert f"<td>{run.attempts}</td>" in section and run.attempts == 3
+    assert run.next_retry_at.strftime("%Y-%m-%d %H:%M:%S") in section
+    assert f'name="run" value="{run.pk}"' in section
+    page = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
+    assert "Failed 3 times; retried by itself at" in page
+
+    # the operator fixed the host and retries now, without waiting for the next retry
+    mend(host)
+    retry = {"run": str(run.pk)}
+    done = act(client, order, "retry", retry, callbacks=django_capture_on_commit_callbacks).content.decode()
+
+    assert f"{order.public_id}: retry done." in done
+    run.refresh_from_db()
+    assert run.status == ProvisioningRun.Status.SUCCEEDED
+    queue = client.get(reverse("console:queue")).content.decode()
+    section = queue.split('id="section-failing-teardowns"')[1].split("</section>")[0]
+    assert order.public_id not in section and other.public_id in section
+    again = act(client, order, "retry", retry, callbacks=django_capture_on_commit_callbacks).content.decode()
+    assert "There is no failed run to retry." in again
+
+
+def test_the_failing_teardowns_speak_french(
+    client, booking_data, admin_user, operator, unreachable, django_capture_on_commit_callbacks
+):
+    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    unreachable(the_host(order))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.teardown_start(order=order, reason="test")
+    client.force_login(operator)
+    client.cookies["django_language"] = "fr"
+
+    queue = client.get(reverse("console:queue")).content.decode()
+    page = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
+
+    assert "Démontages en échec" in queue and "Prochain essai (UTC)" in queue and "Réessayer maintenant" in queue
+    assert "Échouée une fois ; réessayée d’elle-même le" in page
+    for english in ("Failing teardowns", "Retry now", "Next retry"):
+        assert english not in queue + page, english
