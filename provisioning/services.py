@@ -22,9 +22,9 @@ from django.utils.translation import gettext_lazy
 
 from booking.locks import lock_order
 from booking.mail import send_to_order_contact
-from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus, Vendor
+from booking.models import RELEASING_STATUSES, Lot, Order, OrderEvent, OrderStatus, Vendor
 from booking.rules import BookingError
-from booking.services import order_note, order_transition
+from booking.services import order_note, order_reassign_lot, order_transition
 from provisioning import host_checks, selectors, steps
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import DriverError, HostSpec
@@ -121,21 +121,59 @@ def _hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
     return [(host, sorted(indices)) for host, indices in by_host.values()]
 
 
+def _held_host_ids(order: Order) -> set[int]:
+    """The hosts of the order's live lots: those its access is on now (a host it left may still have an access
+    until its teardown succeeds)."""
+    return set(order.allocations.filter(released_at__isnull=True).values_list("lot__host_id", flat=True).distinct())
+
+
+def _hosts_left(order: Order) -> list[Host]:
+    """Hosts the order has an access on that is not revoked, but no live lot any more (a lot reassigned away)."""
+    held = _held_host_ids(order)
+    accesses = order.accesses.exclude(status=Access.Status.REVOKED).exclude(host_id__in=held).select_related("host")
+    return [access.host for access in accesses]
+
+
+def _hosts_in_unfinished_runs(order: Order, *kinds: str) -> set[int]:
+    """The hosts that a run of the order of one of `kinds` works on and has not finished (queued, running, or
+    failed and waiting for its retry)."""
+    steps_left = ProvisioningStep.objects.filter(run__order=order, run__kind__in=kinds).exclude(
+        run__status=ProvisioningRun.Status.SUCCEEDED
+    )
+    return set(steps_left.values_list("host_id", flat=True))
+
+
 def _hosts_for_run(order: Order, kind: str) -> list[tuple[Host, list[int]]]:
     """The hosts a run works on: those of the order's lots; for a teardown or a wipe, also every host the order
-    ever had an access on (a lot reassigned away from a host leaves an account there)."""
+    ever had an access on (a lot reassigned away from a host leaves an account there). A teardown leaves out the
+    hosts the order left that are released already, or being released by a run of their own (whose retries do
+    not hold the order's end back). The release of hosts works on the hosts the order left."""
+    if kind == ProvisioningRun.Kind.RELEASE_HOST:
+        return [(host, []) for host in _hosts_left(order)]
     hosts = _hosts_of(order)
     if kind in (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE) or not hosts:
         known = {host.pk for host, _indices in hosts}
-        hosts += [(access.host, []) for access in order.accesses.select_related("host") if access.host_id not in known]
+        if kind == ProvisioningRun.Kind.TEARDOWN:
+            known |= _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST)
+        accesses = order.accesses.select_related("host")
+        if kind == ProvisioningRun.Kind.TEARDOWN:
+            accesses = accesses.exclude(status=Access.Status.REVOKED)
+        hosts += [(access.host, []) for access in accesses if access.host_id not in known]
     return hosts
 
 
 @transaction.atomic
-def _create_run(*, order: Order, kind: str, step_names: list[str], actor: AbstractBaseUser | None) -> ProvisioningRun:
+def _create_run(
+    *,
+    order: Order,
+    kind: str,
+    step_names: list[str],
+    actor: AbstractBaseUser | None,
+    hosts: list[tuple[Host, list[int]]] | None = None,
+) -> ProvisioningRun:
     run = ProvisioningRun.objects.create(order=order, kind=kind, triggered_by=actor)
     position = 0
-    for host, gpu_indices in _hosts_for_run(order, kind):
+    for host, gpu_indices in _hosts_for_run(order, kind) if hosts is None else hosts:
         access, created = Access.objects.get_or_create(
             order=order,
             host=host,
@@ -144,6 +182,9 @@ def _create_run(*, order: Order, kind: str, step_names: list[str], actor: Abstra
         if not created and gpu_indices and access.gpu_indices != ",".join(map(str, gpu_indices)):
             access.gpu_indices = ",".join(map(str, gpu_indices))  # a lot reassigned on the same host
             access.save(update_fields=["gpu_indices"])
+        if kind == ProvisioningRun.Kind.PROVISION and access.status == Access.Status.REVOKED:
+            # A lot moved back to a host the order had left (and was torn down there): prepared afresh.
+            _access_reopen(access)
         for name in step_names:
             ProvisioningStep.objects.create(run=run, host=host, position=position, name=name)
             position += 1
@@ -151,6 +192,25 @@ def _create_run(*, order: Order, kind: str, step_names: list[str], actor: Abstra
 
     transaction.on_commit(lambda: execute_run.delay(run.pk))
     return run
+
+
+def _access_reopen(access: Access) -> None:
+    access.status = Access.Status.PENDING
+    access.revoked_at = access.ready_at = access.wiped_at = access.keys_expire_at = None
+    access.preflight_report = None
+    access.preflight_status = access.handover_note = ""
+    access.save(
+        update_fields=[
+            "status",
+            "revoked_at",
+            "ready_at",
+            "wiped_at",
+            "keys_expire_at",
+            "preflight_report",
+            "preflight_status",
+            "handover_note",
+        ]
+    )
 
 
 @transaction.atomic
@@ -232,7 +292,7 @@ def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str
         order = Order.objects.select_for_update().get(pk=order.pk)
         if not awaits_preflight_decision(order):
             raise ProvisioningError(_("Only an order whose pre-flight check failed waits for this decision."))
-        _accesses_set(order, handover_note=reason)
+        _accesses_set(order, hosts=_held_host_ids(order), handover_note=reason)
         _hand_over(
             order=order,
             now=timezone.now(),
@@ -271,6 +331,59 @@ def teardown_start(
         run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
     order_note(order=order, reason=f"teardown: {reason}", evidence={"run": run.pk}, **_operator(actor))
     return run
+
+
+@transaction.atomic
+def access_release_left_hosts(
+    *, order: Order, actor: AbstractBaseUser | None = None, reason: str
+) -> ProvisioningRun | None:
+    """Tear down the hosts the order has an access on but no live lot any more, with a run on those hosts only
+    (kind release_host, the teardown's steps). On success their accesses are revoked; the order goes on on its
+    other hosts. A host that a teardown or release still under way (or failing, and retried) covers is left to
+    it. None when no host was left."""
+    order = lock_order(order.pk)
+    covered = _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
+    left = [host for host in _hosts_left(order) if host.pk not in covered]
+    if not left:
+        return None
+    run = _create_run(
+        order=order,
+        kind=ProvisioningRun.Kind.RELEASE_HOST,
+        step_names=steps.TEARDOWN_STEPS,
+        actor=actor,
+        hosts=[(host, []) for host in left],
+    )
+    names = [host.name for host in left]
+    order_note(
+        order=order,
+        reason=f"teardown of {', '.join(names)}: {reason}",
+        evidence={"hosts": names, "run": run.pk},
+        **_operator(actor),
+    )
+    return run
+
+
+@transaction.atomic
+def lot_reassign(*, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser) -> ProvisioningRun | None:
+    """The console's reassignment: booking moves the lot, then every host the order left is torn down (its
+    account, keys and container), in the same transaction. Returns the release run, if a host was left.
+
+    A lot cannot move back to a host whose release is not finished: that teardown would undo the new
+    provisioning there."""
+    order = lock_order(order.pk)
+    to_host_id = Lot.objects.filter(pk=to_lot_id).values_list("host_id", flat=True).first()
+    if to_host_id in _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST):
+        host = Host.objects.get(pk=to_host_id)
+        raise ProvisioningError(
+            _(
+                "Access on %(host)s is still being torn down for this order: choose a lot on another host, or move "
+                "it back once that teardown has succeeded."
+            )
+            % {"host": host.name},
+            field="to_lot",
+        )
+    order_reassign_lot(order=order, from_lot_id=from_lot_id, to_lot_id=to_lot_id, actor=actor)
+    return access_release_left_hosts(order=order, actor=actor, reason="lot reassigned")
 
 
 def _host_spec(host: Host) -> HostSpec:
@@ -399,8 +512,13 @@ def _execute_step(
     return ""
 
 
-def _accesses_set(order: Order, **values) -> None:
-    for access in order.accesses.all():
+def _accesses_set(order: Order, *, hosts=None, **values) -> None:
+    """Write `values` on the order's accesses (on `hosts` only, when given). Revoking leaves an access revoked
+    before as it was: the wipe's grace period counts from its first revocation."""
+    accesses = order.accesses.all() if hosts is None else order.accesses.filter(host_id__in=hosts)
+    if values.get("status") == Access.Status.REVOKED:
+        accesses = accesses.exclude(status=Access.Status.REVOKED)
+    for access in accesses:
         for name, value in values.items():
             setattr(access, name, value)
         access.save(update_fields=list(values))
@@ -443,8 +561,11 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             _hand_over(order=order, now=now, reason="pre-flight check passed on a re-run", evidence={"run": run.pk})
     elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
         _accesses_set(order, wiped_at=now)
+    elif run.kind == ProvisioningRun.Kind.RELEASE_HOST and not failure:
+        _accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.REVOKED, revoked_at=now)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
-        _accesses_set(order, status=Access.Status.REVOKED, revoked_at=now)
+        # The hosts it worked on: a host the order left may still wait for its own release run.
+        _accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.REVOKED, revoked_at=now)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
             order_transition(
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
@@ -455,7 +576,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
 def _failed_preflights(order: Order) -> dict[str, list[str]]:
     """Host name → the names of the checks that failed, for the accesses whose pre-flight report is a FAIL."""
     failed = {}
-    for access in order.accesses.select_related("host"):
+    for access in order.accesses.filter(host_id__in=_held_host_ids(order)).select_related("host"):
         if access.preflight_status == "FAIL":
             checks = (access.preflight_report or {}).get("checks") or []
             failed[access.host.name] = [
@@ -467,7 +588,7 @@ def _failed_preflights(order: Order) -> dict[str, list[str]]:
 def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **actor) -> None:
     """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
     actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
-    _accesses_set(order, status=Access.Status.READY, ready_at=now)
+    _accesses_set(order, hosts=_held_host_ids(order), status=Access.Status.READY, ready_at=now)
     order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
     if order.starts_at <= now:
         order_transition(
@@ -680,7 +801,7 @@ def _resume_abandoned(now: datetime) -> int:
 
 QUEUED_PATIENCE = timedelta(minutes=5)
 # What still runs once the order is released (every other run stops before its next step).
-RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE)
+RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:

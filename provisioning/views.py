@@ -129,7 +129,7 @@ ACTIONS = {
         order=order, actor=user, reason=reason or "torn down by an operator"
     ),
     "provision": lambda order, user, reason, post: services.provisioning_start(order=order, actor=user),
-    "reassign": lambda order, user, reason, post: booking_services.order_reassign_lot(
+    "reassign": lambda order, user, reason, post: services.lot_reassign(
         order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
     ),
     "extend": lambda order, user, reason, post: checkout.order_extension_request(

@@ -1,5 +1,5 @@
 """Taking access away: a teardown that fails is retried with backoff (the same run, one note), shown once in the
-console."""
+console; a lot reassigned to another host tears the old host down and the order goes on."""
 
 import importlib
 from dataclasses import dataclass, field
@@ -10,14 +10,15 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
-from booking.models import Order, OrderStatus
+from booking.models import Lot, Order, OrderStatus
+from booking.services import order_cancel_by_operator
 from payments.selectors import current_invoice
 from payments.services import invoice_mark_paid
 from provisioning import services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
-from tests.provisioning.conftest import _free_port
-from tests.provisioning.test_console import act
+from tests.provisioning.conftest import _free_port, remove_user
+from tests.provisioning.test_console import act, preflight_reporting
 
 pytestmark = pytest.mark.django_db
 
@@ -305,3 +306,232 @@ def test_the_failing_teardowns_speak_french(
     assert "Échouée une fois ; réessayée d’elle-même le" in page
     for english in ("Failing teardowns", "Retry now", "Next retry"):
         assert english not in queue + page, english
+
+
+# --- reassignment ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def failed_preflight(client, booking_data, admin_user, operator, monkeypatch, django_capture_on_commit_callbacks):
+    """A one-lot order whose pre-flight failed on its (dry-run) host: it waits for an operator's decision."""
+    order = paid(client, booking_data, admin_user)
+    client.force_login(operator)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("FAIL"))
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert services.awaits_preflight_decision(order)
+    return order
+
+
+def lot_elsewhere(order: Order, *, same_host: bool = False) -> tuple[Lot, Lot]:
+    """The order's lot, and a free lot of its class on another host (or on the same host)."""
+    (allocation,) = order.allocations.filter(released_at__isnull=True).select_related("lot")
+    held = allocation.lot
+    others = Lot.objects.filter(hardware_class=order.hardware_class).exclude(pk=held.pk)
+    others = others.filter(host=held.host) if same_host else others.exclude(host=held.host)
+    return held, others.order_by("name").first()
+
+
+def test_a_reassignment_to_another_host_tears_the_old_host_down_and_the_order_goes_on(
+    client, failed_preflight, operator, monkeypatch, django_capture_on_commit_callbacks
+):
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    old_host, new_host = held.host, elsewhere.host
+
+    # when the operator moves the lot to another host
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+
+    # then the old host is torn down by a run of its own, and the order keeps its status
+    (release,) = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.RELEASE_HOST)
+    assert release.status == ProvisioningRun.Status.SUCCEEDED
+    assert [(step.name, step.host_id) for step in release.steps.all()] == [
+        (name, old_host.pk) for name in steps.TEARDOWN_STEPS
+    ]
+    old_access = Access.objects.get(order=order, host=old_host)
+    assert old_access.status == Access.Status.REVOKED and old_access.revoked_at is not None
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+    assert order.events.filter(reason=f"teardown of {old_host.name}: lot reassigned", actor=operator).exists()
+
+    # and provisioning again works on the new host only; the old host's failed check no longer holds it back
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    provision = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.PROVISION).first()
+    assert set(provision.steps.values_list("host_id", flat=True)) == {new_host.pk}
+    assert Access.objects.get(order=order, host=new_host).status == Access.Status.READY
+    old_access.refresh_from_db()
+    assert old_access.status == Access.Status.REVOKED  # the hand-over did not bring it back
+
+    # the final teardown works on the host the order is on; the old one keeps its revocation time
+    revoked_at = old_access.revoked_at
+    services.teardown_start(order=order, reason="test")
+    teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    assert set(teardown.steps.values_list("host_id", flat=True)) == {new_host.pk}
+    old_access.refresh_from_db()
+    assert old_access.revoked_at == revoked_at
+
+
+def test_a_reassignment_on_the_same_host_tears_nothing_down(
+    client, failed_preflight, django_capture_on_commit_callbacks
+):
+    order = failed_preflight
+    held, same_host = lot_elsewhere(order, same_host=True)
+
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": same_host.pk}, django_capture_on_commit_callbacks)
+
+    assert order.allocations.get(released_at__isnull=True).lot == same_host
+    assert not order.provisioning_runs.filter(kind=ProvisioningRun.Kind.RELEASE_HOST).exists()
+    assert Access.objects.get(order=order).status != Access.Status.REVOKED
+
+
+def test_a_failing_release_is_retried_and_blocks_neither_the_new_host_nor_a_move_back_once_done(
+    client, failed_preflight, monkeypatch, clock, unreachable, django_capture_on_commit_callbacks
+):
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    old_host = held.host
+    unreachable(old_host)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+    release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
+    assert release.status == ProvisioningRun.Status.FAILED and release.next_retry_at is not None
+
+    # the new host is provisioned and handed over while the old one's release waits for its retry
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    assert Access.objects.get(order=order, host=old_host).status != Access.Status.READY
+    queue = client.get(reverse("console:queue")).content.decode()
+    assert old_host.name in queue.split('id="section-failing-teardowns"')[1].split("</section>")[0]
+
+    # the release's retry succeeds once the host is back
+    mend(old_host)
+    clock.now = release.next_retry_at
+    tick(django_capture_on_commit_callbacks, clock.now)
+    release.refresh_from_db()
+    assert release.status == ProvisioningRun.Status.SUCCEEDED and release.attempts == 2
+    assert Access.objects.get(order=order, host=old_host).status == Access.Status.REVOKED
+    order.refresh_from_db()
+    assert order.status in (OrderStatus.READY, OrderStatus.ACTIVE)
+
+
+def test_a_lot_cannot_move_back_to_a_host_whose_release_is_not_done(
+    client, failed_preflight, unreachable, django_capture_on_commit_callbacks
+):
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    unreachable(held.host)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+
+    refused = act(client, order, "reassign", {"from_lot": elsewhere.pk, "to_lot": held.pk})
+
+    assert f"Access on {held.host.name} is still being torn down for this order" in refused.content.decode()
+    assert order.allocations.get(released_at__isnull=True).lot == elsewhere
+
+
+def test_moving_a_lot_back_after_its_release_prepares_that_host_afresh(
+    client, failed_preflight, monkeypatch, django_capture_on_commit_callbacks
+):
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+    act(client, order, "reassign", {"from_lot": elsewhere.pk, "to_lot": held.pk}, django_capture_on_commit_callbacks)
+    assert order.provisioning_runs.filter(kind=ProvisioningRun.Kind.RELEASE_HOST).count() == 1  # never provisioned
+
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    access = Access.objects.get(order=order, host=held.host)
+    assert access.status == Access.Status.READY and access.revoked_at is None and access.preflight_status == "PASS"
+
+
+def test_cancelling_after_a_reassignment_tears_down_the_host_left_too(
+    client, failed_preflight, operator, clock, django_capture_on_commit_callbacks
+):
+    """The reassignment's release has not run yet (its task was lost) when the order is cancelled: the
+    cancellation's teardown leaves that host to it, and the sweep resumes it."""
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk})  # its run's task never runs
+    release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
+    assert release.status == ProvisioningRun.Status.QUEUED
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_cancel_by_operator(order=order, actor=operator, reason="researcher asked")
+    teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    assert teardown.status == ProvisioningRun.Status.SUCCEEDED
+    assert held.host_id not in set(teardown.steps.values_list("host_id", flat=True))
+    tick(django_capture_on_commit_callbacks, clock.advance(minutes=6))  # the sweep resumes queued runs
+
+    release.refresh_from_db()
+    assert release.status == ProvisioningRun.Status.SUCCEEDED
+    assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+
+
+def test_a_window_ends_on_time_while_the_host_it_left_still_fails_its_release(
+    client, failed_preflight, monkeypatch, clock, unreachable, django_capture_on_commit_callbacks
+):
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    unreachable(held.host)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+
+    clock.now = order.ends_at + timedelta(seconds=1)
+    tick(django_capture_on_commit_callbacks, clock.now)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.ENDED
+    assert Access.objects.get(order=order, host=elsewhere.host).status == Access.Status.REVOKED
+    assert Access.objects.get(order=order, host=held.host).status != Access.Status.REVOKED  # not torn down yet
+    release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
+    assert release.status == ProvisioningRun.Status.FAILED  # retried on its own, with backoff
+
+
+# --- on a real host -------------------------------------------------------------------------------------------
+
+
+def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
+    client, loopback_host, booking_data, keypair, admin_user, admin, login_as, django_capture_on_commit_callbacks
+):
+    """On the test sshd: the pre-flight fails (no GPU here), the operator moves the lot to another host; the
+    customer's account on the old host is locked, their processes are gone and their key no longer logs in."""
+    private_key, public_key = keypair("customer")
+    order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    services.order_approve(order=order, actor=admin_user)
+    username = services.username_for(order)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.provisioning_start(order=order, actor=admin_user)
+        order.refresh_from_db()
+        assert services.awaits_preflight_decision(order)
+        # a process the customer left behind on the host (a server, a job started before the hand-over)
+        admin.run(["sh", "-c", 'runuser -u "$1" -- setsid sleep 600 >/dev/null 2>&1 &', "left", username])
+        assert admin.run(["pgrep", "-u", username], check=False).exit_status == 0
+        held = order.allocations.get(released_at__isnull=True).lot
+        elsewhere = Lot.objects.filter(hardware_class=held.hardware_class).exclude(host=loopback_host).first()
+        Lot.objects.filter(pk=elsewhere.pk).update(status=Lot.Status.ACTIVE)  # the fixture kept the others off
+
+        with django_capture_on_commit_callbacks(execute=True):
+            services.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
+
+        release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
+        assert release.status == ProvisioningRun.Status.SUCCEEDED, release.error
+        assert admin.run(["pgrep", "-u", username], check=False).exit_status == 1  # nothing of theirs runs
+        assert login_as(username, private_key, "true").returncode != 0
+        assert Access.objects.get(order=order, host=loopback_host).status == Access.Status.REVOKED
+        order.refresh_from_db()
+        assert order.status == OrderStatus.PROVISIONING_FAILED
+    finally:
+        remove_user(admin, username)
