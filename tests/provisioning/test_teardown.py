@@ -375,6 +375,29 @@ def test_a_reassignment_to_another_host_tears_the_old_host_down_and_the_order_go
     assert old_access.revoked_at == revoked_at
 
 
+def test_the_customer_sees_only_the_host_the_order_is_on(
+    client, booking_data, admin_user, operator, monkeypatch, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data(lots="1"))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    client.force_login(operator)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("FAIL"))
+    act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    held, elsewhere = lot_elsewhere(order)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+
+    page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+
+    text = page.content.decode()
+    username = services.username_for(order)
+    assert f"{username}@{elsewhere.host.address}" in text
+    assert f"{username}@{held.host.address}" not in text
+    assert "bf16 matmul differs" not in text  # the old host's failed report is not shown either
+
+
 def test_a_reassignment_on_the_same_host_tears_nothing_down(
     client, failed_preflight, django_capture_on_commit_callbacks
 ):
