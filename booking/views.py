@@ -290,6 +290,9 @@ def _status_fresh_for(order: Order, *, now) -> float:
     return float(status_cache.RECORD_TTL)
 
 
+ACCESS_SHOWN = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+
+
 def _order_context(order: Order, token: str) -> dict:
     split_trials = (
         list(order.split_trials.all()[:5])
@@ -297,6 +300,9 @@ def _order_context(order: Order, token: str) -> dict:
         else []
     )
     now = timezone.now()
+    accesses = order.accesses.select_related("host")
+    if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
+        accesses = accesses.exclude(status="revoked")
     return {
         "order": order,
         "token": token,
@@ -304,9 +310,7 @@ def _order_context(order: Order, token: str) -> dict:
         "ssh_keys": list(order.ssh_keys.all()),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
-        "accesses": list(order.accesses.select_related("host"))
-        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
-        else [],
+        "accesses": list(accesses) if order.status in ACCESS_SHOWN else [],
         "now": now,
         "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
         "progress": _provisioning_progress(order),

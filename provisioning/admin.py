@@ -63,7 +63,7 @@ class StepInline(admin.TabularInline):
 
 @admin.register(ProvisioningRun)
 class ProvisioningRunAdmin(admin.ModelAdmin):
-    list_display = ["order", "kind", "status", "created_at", "finished_at", "triggered_by"]
+    list_display = ["order", "kind", "status", "created_at", "finished_at", "attempts", "next_retry_at", "triggered_by"]
     list_filter = ["kind", "status"]
     inlines = [StepInline]
     readonly_fields = [field.name for field in ProvisioningRun._meta.fields]

@@ -215,6 +215,8 @@ class ProvisioningRun(models.Model):
         KEYS = "keys", _("Hand over: write the keys")
         WIPE = "wipe", _("Delete the customer's files")
         TEARDOWN = "teardown", _("Teardown")
+        # The teardown of the hosts an order left (a lot reassigned to another host): the order goes on elsewhere.
+        RELEASE_HOST = "release_host", _("Tear down a host the order left")
 
     class Status(models.TextChoices):
         QUEUED = "queued", _("Queued")
@@ -233,9 +235,20 @@ class ProvisioningRun(models.Model):
     # lifecycle sweep hands the run to another worker, which resumes at the first step not done.
     lease_until = models.DateTimeField(null=True, blank=True)
     triggered_by = models.ForeignKey("auth.User", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # How many times the run was executed to an end, a success or a failure. A failed run that takes access away
+    # (teardown, wipe, release of a host) is queued again by the lifecycle sweep at next_retry_at, with a delay
+    # that doubles at each failure (provisioning.services.retry_delay): the same run resumes at its failed step.
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    next_retry_at = models.DateTimeField(_("next retry at"), null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [
+            # The sweep's "failed runs due for a retry": few rows among many runs.
+            models.Index(
+                fields=["next_retry_at"], condition=models.Q(status="failed"), name="provisioningrun_retry_due"
+            ),
+        ]
         verbose_name = _("provisioning run")
         verbose_name_plural = _("provisioning runs")
 
@@ -247,6 +260,11 @@ class ProvisioningRun(models.Model):
         if self.started_at and self.finished_at:
             return (self.finished_at - self.started_at).total_seconds()
         return None
+
+
+# Runs that take access away: one that fails is queued again by the lifecycle sweep, after a delay that doubles at
+# each failure (provisioning.services.retry_delay), until it succeeds; the console lists those failing.
+RETRIED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
 
 
 class ProvisioningStep(models.Model):

@@ -1,9 +1,9 @@
 """Reads of provisioning: what a host gives each lot's container, and the fleet as the console shows it."""
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from booking.models import Allocation, Order, OrderStatus
-from provisioning.models import Host
+from provisioning.models import RETRIED_RUN_KINDS, Host, ProvisioningRun, ProvisioningStep
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
 BOOKED_STATUSES = [
@@ -56,3 +56,17 @@ def orders_on_unisolated_hosts(*, limit: int = 100) -> QuerySet[Order]:
     (they are not cancelled)."""
     on_unisolated = Q(allocations__lot__host__offers_lots=False, allocations__released_at__isnull=True)
     return Order.objects.filter(on_unisolated, status__in=BOOKED_STATUSES).distinct().order_by("starts_at")[:limit]
+
+
+def failing_release_runs(*, limit: int = 100) -> QuerySet[ProvisioningRun]:
+    """Teardowns, wipes and releases of hosts that failed at least once and have not succeeded since (failed and
+    waiting for their next retry, or being retried): one row per run, each with its order and `host_name`, the
+    host of its first step not done. Oldest first."""
+    step_not_done = ProvisioningStep.objects.filter(run=OuterRef("pk")).exclude(status=ProvisioningStep.Status.DONE)
+    return (
+        ProvisioningRun.objects.filter(kind__in=RETRIED_RUN_KINDS, attempts__gt=0)
+        .exclude(status=ProvisioningRun.Status.SUCCEEDED)
+        .select_related("order")
+        .annotate(host_name=Subquery(step_not_done.order_by("position").values("host__name")[:1]))
+        .order_by("created_at", "pk")[:limit]
+    )

@@ -14,19 +14,28 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from booking.locks import lock_order
 from booking.mail import send_to_order_contact
-from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
+from booking.models import RELEASING_STATUSES, Lot, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from booking.services import order_note, order_transition
+from booking.services import order_note, order_reassign_lot, order_transition
 from provisioning import host_checks, selectors, steps
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import DriverError, HostSpec
-from provisioning.models import Access, Host, LifecycleNotice, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.models import (
+    RETRIED_RUN_KINDS,
+    Access,
+    Host,
+    LifecycleNotice,
+    OperatorSettings,
+    ProvisioningRun,
+    ProvisioningStep,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -111,21 +120,59 @@ def _hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
     return [(host, sorted(indices)) for host, indices in by_host.values()]
 
 
+def _held_host_ids(order: Order) -> set[int]:
+    """The hosts of the order's live lots: those its access is on now (a host it left may still have an access
+    until its teardown succeeds)."""
+    return set(order.allocations.filter(released_at__isnull=True).values_list("lot__host_id", flat=True).distinct())
+
+
+def _hosts_left(order: Order) -> list[Host]:
+    """Hosts the order has an access on that is not revoked, but no live lot any more (a lot reassigned away)."""
+    held = _held_host_ids(order)
+    accesses = order.accesses.exclude(status=Access.Status.REVOKED).exclude(host_id__in=held).select_related("host")
+    return [access.host for access in accesses]
+
+
+def _hosts_in_unfinished_runs(order: Order, *kinds: str) -> set[int]:
+    """The hosts that a run of the order of one of `kinds` works on and has not finished (queued, running, or
+    failed and waiting for its retry)."""
+    steps_left = ProvisioningStep.objects.filter(run__order=order, run__kind__in=kinds).exclude(
+        run__status=ProvisioningRun.Status.SUCCEEDED
+    )
+    return set(steps_left.values_list("host_id", flat=True))
+
+
 def _hosts_for_run(order: Order, kind: str) -> list[tuple[Host, list[int]]]:
     """The hosts a run works on: those of the order's lots; for a teardown or a wipe, also every host the order
-    ever had an access on (a lot reassigned away from a host leaves an account there)."""
+    ever had an access on (a lot reassigned away from a host leaves an account there). A teardown leaves out the
+    hosts the order left that are released already, or being released by a run of their own (whose retries do
+    not hold the order's end back). The release of hosts works on the hosts the order left."""
+    if kind == ProvisioningRun.Kind.RELEASE_HOST:
+        return [(host, []) for host in _hosts_left(order)]
     hosts = _hosts_of(order)
     if kind in (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE) or not hosts:
         known = {host.pk for host, _indices in hosts}
-        hosts += [(access.host, []) for access in order.accesses.select_related("host") if access.host_id not in known]
+        if kind == ProvisioningRun.Kind.TEARDOWN:
+            known |= _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST)
+        accesses = order.accesses.select_related("host")
+        if kind == ProvisioningRun.Kind.TEARDOWN:
+            accesses = accesses.exclude(status=Access.Status.REVOKED)
+        hosts += [(access.host, []) for access in accesses if access.host_id not in known]
     return hosts
 
 
 @transaction.atomic
-def _create_run(*, order: Order, kind: str, step_names: list[str], actor: AbstractBaseUser | None) -> ProvisioningRun:
+def _create_run(
+    *,
+    order: Order,
+    kind: str,
+    step_names: list[str],
+    actor: AbstractBaseUser | None,
+    hosts: list[tuple[Host, list[int]]] | None = None,
+) -> ProvisioningRun:
     run = ProvisioningRun.objects.create(order=order, kind=kind, triggered_by=actor)
     position = 0
-    for host, gpu_indices in _hosts_for_run(order, kind):
+    for host, gpu_indices in _hosts_for_run(order, kind) if hosts is None else hosts:
         access, created = Access.objects.get_or_create(
             order=order,
             host=host,
@@ -134,6 +181,9 @@ def _create_run(*, order: Order, kind: str, step_names: list[str], actor: Abstra
         if not created and gpu_indices and access.gpu_indices != ",".join(map(str, gpu_indices)):
             access.gpu_indices = ",".join(map(str, gpu_indices))  # a lot reassigned on the same host
             access.save(update_fields=["gpu_indices"])
+        if kind == ProvisioningRun.Kind.PROVISION and access.status == Access.Status.REVOKED:
+            # A lot moved back to a host the order had left (and was torn down there): prepared afresh.
+            _access_reopen(access)
         for name in step_names:
             ProvisioningStep.objects.create(run=run, host=host, position=position, name=name)
             position += 1
@@ -143,27 +193,82 @@ def _create_run(*, order: Order, kind: str, step_names: list[str], actor: Abstra
     return run
 
 
+def _access_reopen(access: Access) -> None:
+    access.status = Access.Status.PENDING
+    access.revoked_at = access.ready_at = access.wiped_at = access.keys_expire_at = None
+    access.preflight_report = None
+    access.preflight_status = access.handover_note = ""
+    access.save(
+        update_fields=[
+            "status",
+            "revoked_at",
+            "ready_at",
+            "wiped_at",
+            "keys_expire_at",
+            "preflight_report",
+            "preflight_status",
+            "handover_note",
+        ]
+    )
+
+
 @transaction.atomic
 def provisioning_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
     order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="provisioning started", **_operator(actor))
     return _create_run(order=order, kind=ProvisioningRun.Kind.PROVISION, step_names=steps.PROVISION_STEPS, actor=actor)
 
 
-def provisioning_retry(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
-    """Resume the last failed run where it stopped (steps done stay done)."""
-    run = order.provisioning_runs.filter(status=ProvisioningRun.Status.FAILED).first()
+def provisioning_retry(*, order: Order, actor: AbstractBaseUser, run_id: int | None = None) -> ProvisioningRun:
+    """Resume a failed run where it stopped (steps done stay done): `run_id` (the console's "retry now" of a
+    failing teardown, which would otherwise wait for its next retry), or else the order's last failed run among
+    those that the sweep does not retry by itself (provisioning, pre-flight, keys)."""
+    if run_id is None:
+        runs = order.provisioning_runs.exclude(kind__in=RETRIED_RUN_KINDS)
+    else:
+        runs = order.provisioning_runs.filter(pk=run_id)
+    run = runs.filter(status=ProvisioningRun.Status.FAILED).first()
     if run is None:
+        if run_id is not None and runs.filter(status__in=UNDER_WAY).exists():
+            raise ProvisioningError(_("This run is being retried already."))
         raise ProvisioningError(_("There is no failed run to retry."))
     with transaction.atomic():
+        if not _run_requeue(run_id=run.pk, clear_error=True):  # retried meanwhile (a second click, the sweep)
+            raise ProvisioningError(_("This run is being retried already."))
         if run.kind in (ProvisioningRun.Kind.PROVISION, ProvisioningRun.Kind.KEYS) and order.status in HANDING_OVER:
             order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="retry", **_operator(actor))
-        ProvisioningRun.objects.filter(pk=run.pk).update(
-            status=ProvisioningRun.Status.QUEUED, error="", lease_until=None
-        )
-        from provisioning.tasks import execute_run
-
-        transaction.on_commit(lambda: execute_run.delay(run.pk))
     return run
+
+
+UNDER_WAY = (ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING)
+# A failed run of RETRIED_RUN_KINDS (teardown, wipe, release of a host) is queued again by the lifecycle sweep
+# after retry_delay(attempts); the same run resumes at its failed step.
+RETRY_FIRST_DELAY = timedelta(minutes=1)
+RETRY_MAX_DELAY = timedelta(hours=1)
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """How long a run that failed `attempts` times waits before its next try: 1 min, 2, 4, ... at most 1 h."""
+    return min(RETRY_FIRST_DELAY * 2 ** min(max(attempts, 1) - 1, 16), RETRY_MAX_DELAY)
+
+
+def _run_requeue(*, run_id: int, now: datetime | None = None, due: bool = False, clear_error: bool = False) -> bool:
+    """Queue a failed run again (its task resumes it at the first step not done), if it is still failed (and, with
+    `due`, its next retry is due by `now`): one conditional UPDATE, so two sweeps, or a sweep and an operator, never
+    queue it twice. next_retry_at becomes the time it was queued: abandoned queued runs are resumed counting from
+    it."""
+    now = now or timezone.now()
+    failed = ProvisioningRun.objects.filter(pk=run_id, status=ProvisioningRun.Status.FAILED)
+    if due:
+        failed = failed.filter(next_retry_at__lte=now)
+    values = {"status": ProvisioningRun.Status.QUEUED, "lease_until": None, "next_retry_at": now}
+    if clear_error:
+        values["error"] = ""
+    if not failed.update(**values):
+        return False
+    from provisioning.tasks import execute_run
+
+    transaction.on_commit(lambda: execute_run.delay(run_id))
+    return True
 
 
 def awaits_preflight_decision(order: Order) -> bool:
@@ -192,7 +297,7 @@ def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str
         order = Order.objects.select_for_update().get(pk=order.pk)
         if not awaits_preflight_decision(order):
             raise ProvisioningError(_("Only an order whose pre-flight check failed waits for this decision."))
-        _accesses_set(order, handover_note=reason)
+        _accesses_set(order, hosts=_held_host_ids(order), handover_note=reason)
         return _handover_start(order=order, actor=actor)
 
 
@@ -213,18 +318,77 @@ def access_keys_renew(*, order: Order, actor: AbstractBaseUser | None = None) ->
     return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
 
 
+@transaction.atomic
 def teardown_start(
     *, order: Order, actor: AbstractBaseUser | None = None, reason: str = "window ended"
 ) -> ProvisioningRun:
-    if (
-        order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN)
-        .exclude(status=ProvisioningRun.Status.FAILED)
-        .exists()
-    ):
+    """Tear down every access of the order. One teardown run per order: a failed one is resumed (now), never
+    started again; under the order's lock, so that two sweeps at once start one run."""
+    order = lock_order(order.pk)
+    teardowns = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN)
+    if teardowns.exclude(status=ProvisioningRun.Status.FAILED).exists():
         raise ProvisioningError(_("The teardown of this order is already under way."))
-    run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
-    order_note(order=order, reason=f"teardown: {reason}", **_operator(actor))
+    run = teardowns.first()
+    if run is not None:
+        _run_requeue(run_id=run.pk)
+        reason = f"{reason} (the failed teardown resumed)"
+    else:
+        run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
+    order_note(order=order, reason=f"teardown: {reason}", evidence={"run": run.pk}, **_operator(actor))
     return run
+
+
+@transaction.atomic
+def access_release_left_hosts(
+    *, order: Order, actor: AbstractBaseUser | None = None, reason: str
+) -> ProvisioningRun | None:
+    """Tear down the hosts the order has an access on but no live lot any more, with a run on those hosts only
+    (kind release_host, the teardown's steps). On success their accesses are revoked; the order goes on on its
+    other hosts. A host that a teardown or release still under way (or failing, and retried) covers is left to
+    it. None when no host was left."""
+    order = lock_order(order.pk)
+    covered = _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
+    left = [host for host in _hosts_left(order) if host.pk not in covered]
+    if not left:
+        return None
+    run = _create_run(
+        order=order,
+        kind=ProvisioningRun.Kind.RELEASE_HOST,
+        step_names=steps.TEARDOWN_STEPS,
+        actor=actor,
+        hosts=[(host, []) for host in left],
+    )
+    names = [host.name for host in left]
+    order_note(
+        order=order,
+        reason=f"teardown of {', '.join(names)}: {reason}",
+        evidence={"hosts": names, "run": run.pk},
+        **_operator(actor),
+    )
+    return run
+
+
+@transaction.atomic
+def lot_reassign(*, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser) -> ProvisioningRun | None:
+    """The console's reassignment: booking moves the lot, then every host the order left is torn down (its
+    account, keys and container), in the same transaction. Returns the release run, if a host was left.
+
+    A lot cannot move back to a host whose release is not finished: that teardown would undo the new
+    provisioning there."""
+    order = lock_order(order.pk)
+    to_host_id = Lot.objects.filter(pk=to_lot_id).values_list("host_id", flat=True).first()
+    if to_host_id in _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST):
+        host = Host.objects.get(pk=to_host_id)
+        raise ProvisioningError(
+            _(
+                "Access on %(host)s is still being torn down for this order: choose a lot on another host, or move "
+                "it back once that teardown has succeeded."
+            )
+            % {"host": host.name},
+            field="to_lot",
+        )
+    order_reassign_lot(order=order, from_lot_id=from_lot_id, to_lot_id=to_lot_id, actor=actor)
+    return access_release_left_hosts(order=order, actor=actor, reason="lot reassigned")
 
 
 def _host_spec(host: Host) -> HostSpec:
@@ -356,8 +520,13 @@ def _execute_step(
     return ""
 
 
-def _accesses_set(order: Order, **values) -> None:
-    for access in order.accesses.all():
+def _accesses_set(order: Order, *, hosts=None, **values) -> None:
+    """Write `values` on the order's accesses (on `hosts` only, when given). Revoking leaves an access revoked
+    before as it was: the wipe's grace period counts from its first revocation."""
+    accesses = order.accesses.all() if hosts is None else order.accesses.filter(host_id__in=hosts)
+    if values.get("status") == Access.Status.REVOKED:
+        accesses = accesses.exclude(status=Access.Status.REVOKED)
+    for access in accesses:
         for name, value in values.items():
             setattr(access, name, value)
         access.save(update_fields=list(values))
@@ -367,7 +536,13 @@ def _accesses_set(order: Order, **values) -> None:
 def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     now = timezone.now()
     status = ProvisioningRun.Status.FAILED if failure else ProvisioningRun.Status.SUCCEEDED
-    ProvisioningRun.objects.filter(pk=run.pk).update(status=status, finished_at=now, error=failure, lease_until=None)
+    attempts = ProvisioningRun.objects.select_for_update().values_list("attempts", flat=True).get(pk=run.pk) + 1
+    retry_at = now + retry_delay(attempts) if failure and run.kind in RETRIED_RUN_KINDS else None
+    ProvisioningRun.objects.filter(pk=run.pk).update(
+        status=status, finished_at=now, error=failure, lease_until=None, attempts=attempts, next_retry_at=retry_at
+    )
+    if retry_at:
+        logger.warning("%s run %s failed (attempt %s), retry at %s: %s", run.kind, run.pk, attempts, retry_at, failure)
     order = Order.objects.select_for_update().get(pk=order.pk)
     if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
         failed_checks = _failed_preflights(order)
@@ -415,8 +590,11 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             _hand_over(order=order, now=now, reason=reason, evidence={"run": run.pk}, **actor)
     elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
         _accesses_set(order, wiped_at=now)
+    elif run.kind == ProvisioningRun.Kind.RELEASE_HOST and not failure:
+        _accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.REVOKED, revoked_at=now)
     elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
-        _accesses_set(order, status=Access.Status.REVOKED, revoked_at=now)
+        # The hosts it worked on: a host the order left may still wait for its own release run.
+        _accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.REVOKED, revoked_at=now)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
             order_transition(
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
@@ -427,7 +605,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
 def _failed_preflights(order: Order) -> dict[str, list[str]]:
     """Host name → the names of the checks that failed, for the accesses whose pre-flight report is a FAIL."""
     failed = {}
-    for access in order.accesses.select_related("host"):
+    for access in order.accesses.filter(host_id__in=_held_host_ids(order)).select_related("host"):
         if access.preflight_status == "FAIL":
             checks = (access.preflight_report or {}).get("checks") or []
             failed[access.host.name] = [
@@ -439,7 +617,7 @@ def _failed_preflights(order: Order) -> dict[str, list[str]]:
 def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **actor) -> None:
     """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
     actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
-    _accesses_set(order, status=Access.Status.READY, ready_at=now)
+    _accesses_set(order, hosts=_held_host_ids(order), status=Access.Status.READY, ready_at=now)
     order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
     if order.starts_at <= now:
         order_transition(
@@ -475,6 +653,7 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "torn_down": _tear_down_released(now),
         "keys_renewed": _renew_moved_keys(now),
         "wiped": _wipe_due(now),
+        "retried": _retry_failed(now),
         "resumed": _resume_abandoned(now),
     }
 
@@ -530,14 +709,17 @@ def _tear_down_released(now: datetime) -> int:
     """Windows that ended, and released orders that still have access (the teardown their event should have
     started, if it was lost)."""
     torn_down = 0
-    for order in Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__lte=now)[:50]:
+    # Those with a teardown already: a failed one is retried with backoff (_retry_failed), never started again.
+    ended = Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__lte=now).exclude(
+        Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=ProvisioningRun.Kind.TEARDOWN))
+    )
+    for order in ended[:50]:
         try:
             teardown_start(order=order)
             torn_down += 1
         except ProvisioningError:
             continue
-    # Only those without any teardown: a failed one is the operator's to retry (console), not the beat's to
-    # start again every minute.
+    # Only those without any teardown: a failed one is retried with backoff, not started again every tick.
     still_open = (
         Order.objects.filter(
             status__in=RELEASING_STATUSES, accesses__status__in=[Access.Status.PENDING, Access.Status.READY]
@@ -551,16 +733,10 @@ def _tear_down_released(now: datetime) -> int:
     return torn_down
 
 
-def _run_under_way(kind: str) -> Exists:
-    """Whether the order has a run of `kind` queued or running: one run's condition, never two runs' (an
-    `exclude()` over two conditions on a multi-valued relation may match them on different runs)."""
-    return Exists(
-        ProvisioningRun.objects.filter(
-            order=OuterRef("pk"),
-            kind=kind,
-            status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
-        )
-    )
+def _run_under_way(kind: str, statuses=UNDER_WAY) -> Exists:
+    """Whether the order has a run of `kind` queued or running (or in `statuses`): one run's condition, never two
+    runs' (an `exclude()` over two conditions on a multi-valued relation may match them on different runs)."""
+    return Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=kind, status__in=statuses))
 
 
 def _renew_moved_keys(now: datetime) -> int:
@@ -603,7 +779,8 @@ def _wipe_due(now: datetime) -> int:
             accesses__revoked_at__lte=now - grace,
             ends_at__lte=now - grace,
         )
-        .exclude(_run_under_way(ProvisioningRun.Kind.WIPE))
+        # A failed wipe is retried with backoff (_retry_failed), not started again every tick.
+        .exclude(_run_under_way(ProvisioningRun.Kind.WIPE, (*UNDER_WAY, ProvisioningRun.Status.FAILED)))
         .distinct()[:50]
     )
     started = 0
@@ -613,14 +790,37 @@ def _wipe_due(now: datetime) -> int:
     return started
 
 
+def _retry_failed(now: datetime) -> int:
+    """Failed teardowns, wipes and releases of hosts whose next retry is due, oldest due first, a capped batch:
+    each queued again (the same run, at its failed step) by a conditional update, so two sweeps at once queue it
+    once. Its next failure sets the next retry, twice as far (retry_delay)."""
+    due = (
+        ProvisioningRun.objects.filter(
+            kind__in=RETRIED_RUN_KINDS, status=ProvisioningRun.Status.FAILED, next_retry_at__lte=now
+        )
+        .order_by("next_retry_at", "pk")
+        .values_list("pk", flat=True)[:20]
+    )
+    retried = 0
+    for run_id in due:
+        with transaction.atomic():
+            retried += _run_requeue(run_id=run_id, now=now, due=True)
+    return retried
+
+
 def _resume_abandoned(now: datetime) -> int:
-    """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting."""
+    """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting (counted
+    from when they were queued: created, or queued again)."""
     from provisioning.tasks import execute_run
 
-    abandoned = ProvisioningRun.objects.filter(
-        Q(status=ProvisioningRun.Status.RUNNING, lease_until__lt=now)
-        | Q(status=ProvisioningRun.Status.QUEUED, lease_until__isnull=True, created_at__lt=now - QUEUED_PATIENCE)
-    ).values_list("pk", flat=True)[:20]
+    abandoned = (
+        ProvisioningRun.objects.annotate(queued_at=Coalesce("next_retry_at", "created_at"))
+        .filter(
+            Q(status=ProvisioningRun.Status.RUNNING, lease_until__lt=now)
+            | Q(status=ProvisioningRun.Status.QUEUED, lease_until__isnull=True, queued_at__lt=now - QUEUED_PATIENCE)
+        )
+        .values_list("pk", flat=True)[:20]
+    )
     resumed = 0
     for run_id in abandoned:
         execute_run.delay(run_id)
@@ -632,7 +832,7 @@ QUEUED_PATIENCE = timedelta(minutes=5)
 # Where a keys run is the hand-over (in a ready or active window it only moves the keys' expiry).
 HANDING_OVER = (OrderStatus.PROVISIONING, OrderStatus.PROVISIONING_FAILED)
 # What still runs once the order is released (every other run stops before its next step).
-RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE)
+RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:

@@ -68,7 +68,8 @@ def queue(request: HttpRequest) -> HttpResponse:
         Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100]
     ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
     unisolated = list(selectors.orders_on_unisolated_hosts())
-    context = {"sections": sections, "flagged": flagged, "unisolated": unisolated, "now": now}
+    failing = list(selectors.failing_release_runs())
+    context = {"sections": sections, "flagged": flagged, "unisolated": unisolated, "failing": failing, "now": now}
     template = "provisioning/console/queue.html#queue" if request.htmx else "provisioning/console/queue.html"
     return render(request, template, context)
 
@@ -110,10 +111,16 @@ def _number(post, name: str) -> int:
     return number
 
 
+def _optional_number(post, name: str) -> int | None:
+    return _number(post, name) if post.get(name) else None
+
+
 ACTIONS = {
     "approve": lambda order, user, reason, post: services.order_approve(order=order, actor=user),
     "reject": lambda order, user, reason, post: services.order_reject(order=order, actor=user, reason=reason),
-    "retry": lambda order, user, reason, post: services.provisioning_retry(order=order, actor=user),
+    "retry": lambda order, user, reason, post: services.provisioning_retry(
+        order=order, actor=user, run_id=_optional_number(post, "run")
+    ),
     "preflight": lambda order, user, reason, post: services.preflight_rerun(order=order, actor=user),
     "handover": lambda order, user, reason, post: services.provisioning_hand_over(
         order=order, actor=user, reason=reason
@@ -122,7 +129,7 @@ ACTIONS = {
         order=order, actor=user, reason=reason or "torn down by an operator"
     ),
     "provision": lambda order, user, reason, post: services.provisioning_start(order=order, actor=user),
-    "reassign": lambda order, user, reason, post: booking_services.order_reassign_lot(
+    "reassign": lambda order, user, reason, post: services.lot_reassign(
         order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
     ),
     "extend": lambda order, user, reason, post: checkout.order_extension_request(

@@ -539,15 +539,18 @@ def test_a_teardown_reaches_a_host_the_order_was_reassigned_away_from(
     # given the order moved to another host after its account was made on the first one
     Order.objects.filter(pk=order.pk).update(status=OrderStatus.PROVISIONING_FAILED)
     elsewhere = Lot.objects.filter(hardware_class=order.hardware_class).exclude(host=first.host).first()
-    act(client, order, "reassign", {"from_lot": first.pk, "to_lot": elsewhere.pk})
+    act(client, order, "reassign", {"from_lot": first.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
     act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
     order.refresh_from_db()
     assert order.status == OrderStatus.READY
 
-    # when it is torn down, then both hosts' accounts are, the first one included
+    # when it is torn down, then both hosts' accounts are: the first one by its own run at the reassignment
     act(client, order, "teardown", {"reason": "test"}, callbacks=django_capture_on_commit_callbacks)
 
+    release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
+    assert release.status == ProvisioningRun.Status.SUCCEEDED, release.error
+    assert set(release.steps.values_list("host", flat=True)) == {first.host_id}
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
-    assert set(teardown.steps.values_list("host", flat=True)) == {first.host_id, elsewhere.host_id}
+    assert set(teardown.steps.values_list("host", flat=True)) == {elsewhere.host_id}
     assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('provisioning', '0008_container_runtime_runs_containers'),
+        ('provisioning', '0009_run_retry_backoff'),
     ]
 
     operations = [
@@ -71,6 +71,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='provisioningrun',
             name='kind',
-            field=models.CharField(choices=[('provision', 'Provision'), ('preflight', 'Re-run the pre-flight check'), ('keys', 'Hand over: write the keys'), ('wipe', "Delete the customer's files"), ('teardown', 'Teardown')], max_length=16),
+            field=models.CharField(choices=[('provision', 'Provision'), ('preflight', 'Re-run the pre-flight check'), ('keys', 'Hand over: write the keys'), ('wipe', "Delete the customer's files"), ('teardown', 'Teardown'), ('release_host', 'Tear down a host the order left')], max_length=16),
         ),
     ]
