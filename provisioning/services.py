@@ -719,10 +719,13 @@ def _tear_down_released(now: datetime) -> int:
             torn_down += 1
         except ProvisioningError:
             continue
-    # Only those without any teardown: a failed one is retried with backoff, not started again every tick.
+    # Only those without any teardown: a failed one is retried with backoff, not started again every tick. An order
+    # whose window passed while its hand-over still waited (a failed pre-flight, a failed run) keeps no container
+    # either: its status is the operator's to settle, its machines are free for the next window.
     still_open = (
         Order.objects.filter(
-            status__in=RELEASING_STATUSES, accesses__status__in=[Access.Status.PENDING, Access.Status.READY]
+            Q(status__in=RELEASING_STATUSES) | Q(status__in=NEVER_HANDED_OVER, ends_at__lte=now),
+            accesses__status__in=[Access.Status.PENDING, Access.Status.READY],
         )
         .exclude(Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=ProvisioningRun.Kind.TEARDOWN)))
         .values_list("pk", flat=True)
@@ -731,6 +734,9 @@ def _tear_down_released(now: datetime) -> int:
     for order_id in still_open:
         torn_down += access_release(order_id=order_id, reason="released with access left") is not None
     return torn_down
+
+
+NEVER_HANDED_OVER = (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.PROVISIONING_FAILED)
 
 
 def _run_under_way(kind: str, statuses=UNDER_WAY) -> Exists:
@@ -749,7 +755,8 @@ def _renew_moved_keys(now: datetime) -> int:
             accesses__status=Access.Status.READY,
             accesses__keys_expire_at__lt=F("ends_at") + grace,
         )
-        .exclude(_run_under_way(ProvisioningRun.Kind.KEYS))
+        # a keys run that failed waits for the operator's retry (console), not a new run every tick
+        .exclude(_run_under_way(ProvisioningRun.Kind.KEYS, statuses=(*UNDER_WAY, ProvisioningRun.Status.FAILED)))
         .distinct()[:50]
     )
     renewed = 0

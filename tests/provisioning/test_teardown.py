@@ -558,3 +558,40 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
         assert order.status == OrderStatus.PROVISIONING_FAILED
     finally:
         remove_user(admin, username)
+
+
+def test_a_window_that_passed_before_its_hand_over_leaves_no_container_and_the_order_to_the_operator(
+    client, booking_data, admin_user, monkeypatch, django_capture_on_commit_callbacks
+):
+    # given an order whose pre-flight failed and that no operator decided on before its window ended
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("FAIL"))
+    order = paid(client, booking_data, admin_user)
+    services.order_approve(order=order, actor=admin_user)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.provisioning_start(order=order, actor=admin_user)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+    assert tick(django_capture_on_commit_callbacks, order.ends_at - timedelta(minutes=1))["torn_down"] == 0
+
+    # when the window has passed, the beat tears its machines down once, and the order stays for the operator
+    assert tick(django_capture_on_commit_callbacks, order.ends_at + timedelta(minutes=1))["torn_down"] == 1
+    assert tick(django_capture_on_commit_callbacks, order.ends_at + timedelta(minutes=2))["torn_down"] == 0
+    teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+    assert teardown.status == ProvisioningRun.Status.SUCCEEDED
+    assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+
+
+def test_a_failing_keys_renewal_is_not_started_again_every_tick(
+    client, booking_data, admin_user, unreachable, django_capture_on_commit_callbacks
+):
+    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    unreachable(the_host(order))
+    Order.objects.filter(pk=order.pk).update(ends_at=order.ends_at + timedelta(days=7))  # an extension was paid
+    now = timezone.now()
+    assert tick(django_capture_on_commit_callbacks, now)["keys_renewed"] == 1
+    assert tick(django_capture_on_commit_callbacks, now + timedelta(minutes=1))["keys_renewed"] == 0
+    keys_runs = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS)
+    assert keys_runs.filter(status=ProvisioningRun.Status.FAILED).count() == 1
+    assert keys_runs.count() == 2  # the hand-over's, and the one renewal that failed
