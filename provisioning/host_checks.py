@@ -14,6 +14,7 @@ found is provisioning.services.host_check's job.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from provisioning.models import Isolation
 PROBE_TIMEOUT_S = 60
 MAX_REPORT_LINES = 60
 _CHARACTER_DEVICE = "character special file"
+IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 CUSTOMER_PREFIX = "bn-"
 CUSTOMER_GROUP = "binome-customers"
 NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
@@ -151,10 +153,18 @@ def device_paths(lot: LotDevices, device_dir: str = "/dev") -> list[str]:
     return [posixpath.join(device_dir, f"nvidia{index}") for index in lot.gpu_indices]
 
 
-def probe(connection: Connection, *, lots: list[LotDevices], runtime: str = "", device_dir: str = "/dev") -> Finding:
+def probe(
+    connection: Connection,
+    *,
+    lots: list[LotDevices],
+    runtime: str = "",
+    device_dir: str = "/dev",
+    images: list[str] = (),
+) -> Finding:
     """Find the host's isolation mode. `runtime`: the host's container runtime setting (unset: podman and docker
     are looked for, only to tell the operator to set one); `device_dir`: where the GPU device nodes are (tests
-    point it at mknod stand-ins)."""
+    point it at mknod stand-ins); `images`: the catalog's images for the host's lots, each checked for what a
+    customer's container needs when the host has it (an image that cannot serve SSH is named with the reason)."""
     if connection.is_dry_run:
         return Finding(
             Isolation.DRY_RUN,
@@ -167,6 +177,8 @@ def probe(connection: Connection, *, lots: list[LotDevices], runtime: str = "", 
         f"login stack: {note}" for note in stack.notes
     ]
     _devices_protected(connection, lots, device_dir, lines)
+    if runtime_found:
+        lines += _image_lines(connection, Runtime(runtime_found), images)
     guard = _guard_in_place(connection, runtime_found) if runtime_found else False
     lines.append(f"firewall guard around the customers' networks: {'in place' if guard else 'missing'}")
     if runtime_found and stack.ok and not guard:
@@ -183,6 +195,25 @@ def probe(connection: Connection, *, lots: list[LotDevices], runtime: str = "", 
         "login stack lines say; then check the host again"
     )
     return Finding(Isolation.NOT_ISOLATED, _report(lines))
+
+
+def _image_lines(connection: Connection, runtime: Runtime, images: list[str]) -> list[str]:
+    lines = []
+    for reference in list(dict.fromkeys(images))[:20]:
+        if not IMAGE_REFERENCE.fullmatch(reference):
+            lines.append(f"image {reference[:80]!r}: not an image reference")
+            continue
+        found = connection.run(runtime.command("image", "inspect", "--format", "{{.Id}}", reference), check=False)
+        if not found.ok:
+            lines.append(f"image {reference}: not on this host yet (pulled and checked at its first order)")
+            continue
+        problem = image_problem(connection, runtime.command, found.stdout.strip())
+        lines.append(
+            f"image {reference}: cannot be handed to a customer: {problem}"
+            if problem
+            else f"image {reference}: serves SSH and the pre-flight check"
+        )
+    return lines
 
 
 def _guard_in_place(connection: Connection, runtime: str) -> bool:

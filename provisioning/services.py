@@ -21,7 +21,7 @@ from django.utils.translation import gettext_lazy
 
 from booking.locks import lock_order
 from booking.mail import send_to_order_contact
-from booking.models import RELEASING_STATUSES, Lot, Order, OrderEvent, OrderStatus
+from booking.models import RELEASING_STATUSES, EnvironmentImage, Lot, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from booking.services import order_note, order_reassign_lot, order_transition
 from provisioning import host_checks, selectors, steps
@@ -888,6 +888,13 @@ def host_check(
                 lots=devices,
                 runtime=host.container_runtime,
                 device_dir=device_dir or settings.PROVISIONING_DEVICE_DIR,
+                images=list(
+                    EnvironmentImage.objects.filter(
+                        is_active=True, hardware_classes__in={lot.hardware_class_id for lot in lots}
+                    )
+                    .values_list("image_ref", flat=True)
+                    .distinct()
+                ),
             )
     except DriverError as exc:
         raise ProvisioningError(

@@ -262,7 +262,7 @@ def prepare_image(conn: Connection, ctx: StepContext) -> StepOutput:
     moves later (a mutable `latest`) changes nothing for this order. An image that cannot serve SSH (no sshd) is
     refused here, with the reason, before any customer waits on it."""
     runtime = _runtime(ctx)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}", ctx.image_ref):
+    if not host_checks.IMAGE_REFERENCE.fullmatch(ctx.image_ref):
         raise StepFailed(f"not an image reference: {ctx.image_ref[:80]!r}")
     inspect = runtime.command("image", "inspect", "--format", "{{.Id}}", ctx.image_ref)
     found = conn.run(inspect, check=False)

@@ -228,3 +228,40 @@ def test_the_beat_checks_ssh_hosts_never_checked_or_checked_long_ago(probed_host
     assert services.hosts_check_due(now=later) == {"checked": 0, "unreachable": 1}
     probed_host.refresh_from_db()
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+
+
+def test_the_host_check_names_an_image_that_cannot_serve_a_customer_and_why(probed_host, catalog, test_image):
+    import subprocess
+
+    from booking.models import EnvironmentImage
+
+    # an image without an SSH server (many CUDA base images), and one ready for customers, both on the host
+    without = f"localhost/binome-test-nosshd:{secrets.token_hex(3)}"
+    ready = f"localhost/binome-test-ready:{secrets.token_hex(3)}"
+    name = f"binome-make-{secrets.token_hex(3)}"
+    ulimits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+    podman = ["podman", "--runtime", "runc"]
+    subprocess.run([*podman, "run", "--name", name, *ulimits, test_image, "rm", "/usr/sbin/sshd"], check=True)
+    subprocess.run(["podman", "commit", "--quiet", name, without], check=True, capture_output=True)
+    subprocess.run(["podman", "rm", name], check=True, capture_output=True)
+    subprocess.run(["podman", "tag", test_image, ready], check=True)
+    offered = EnvironmentImage.objects.filter(hardware_classes=catalog["b200-pair"]).first()
+    EnvironmentImage.objects.filter(pk=offered.pk).update(image_ref=without)
+    second = EnvironmentImage.objects.create(
+        slug="ready-for-customers",
+        name="Ready",
+        image_ref=ready,
+        runtime=offered.runtime,
+        runtime_version=offered.runtime_version,
+        pytorch_version=offered.pytorch_version,
+    )
+    second.hardware_classes.add(catalog["b200-pair"])
+    try:
+        check(probed_host)
+    finally:
+        subprocess.run(["podman", "rmi", "--force", without, ready], check=False, capture_output=True)
+
+    report = probed_host.isolation_report
+    assert f"image {without}: cannot be handed to a customer: it has no sshd(/usr/sbin/sshd)" in report
+    assert f"image {ready}: serves SSH and the pre-flight check" in report
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER  # the images are the catalog's, not the host's
