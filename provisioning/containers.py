@@ -38,15 +38,18 @@ SUPERVISE_SSHD = (
 
 
 GUARD_IN, GUARD_FORWARD = "BINOME-IN", "BINOME-FWD"
+# The chains are replaced in one iptables-restore transaction (--noflush keeps every other rule): no moment exists
+# in which a chain is empty. Then the jumps to them, added once, at the top of INPUT and FORWARD.
 GUARD_SCRIPT = (
-    f"set -e; for chain in {GUARD_IN} {GUARD_FORWARD}; do iptables -N $chain 2>/dev/null || true; "
-    "iptables -F $chain; done; "
-    f"iptables -A {GUARD_IN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN; "
-    f"iptables -A {GUARD_IN} -p udp --dport 53 -j RETURN; iptables -A {GUARD_IN} -p tcp --dport 53 -j RETURN; "
-    f"iptables -A {GUARD_IN} -j DROP; "
-    f'iptables -A {GUARD_FORWARD} -o "$1" -j DROP; iptables -A {GUARD_FORWARD} -d 169.254.0.0/16 -j DROP; '
+    "set -e; printf '%s\\n' '*filter' "
+    f"':{GUARD_IN} - [0:0]' ':{GUARD_FORWARD} - [0:0]' "
+    f"'-A {GUARD_IN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN' "
+    f"'-A {GUARD_IN} -p udp --dport 53 -j RETURN' '-A {GUARD_IN} -p tcp --dport 53 -j RETURN' "
+    f"'-A {GUARD_IN} -j DROP' "
+    f"\"-A {GUARD_FORWARD} -o $1 -j DROP\" '-A {GUARD_FORWARD} -d 169.254.0.0/16 -j DROP' "
+    "COMMIT | iptables-restore --noflush; "
     f'iptables -C INPUT -i "$1" -j {GUARD_IN} 2>/dev/null || iptables -I INPUT 1 -i "$1" -j {GUARD_IN}; '
-    f'iptables -C FORWARD -i "$1" -j {GUARD_FORWARD} 2>/dev/null || iptables -I FORWARD 1 -i "$1" -j {GUARD_FORWARD}'
+    f'iptables -C "$2" -i "$1" -j {GUARD_FORWARD} 2>/dev/null || iptables -I "$2" 1 -i "$1" -j {GUARD_FORWARD}'
 )
 
 
@@ -91,7 +94,13 @@ class Runtime:
         from the runtime's resolver on the gateway), another container's bridge, or link-local addresses (cloud
         metadata). netavark's own `isolate` rules are not enough: netavark 1.4 drops its jump rule whenever any
         isolated container stops, until another starts."""
-        return ["sh", "-c", GUARD_SCRIPT, "guard", self.bridges]
+        return ["sh", "-c", GUARD_SCRIPT, "guard", self.bridges, self.forward_chain]
+
+    @property
+    def forward_chain(self) -> str:
+        """Where the guard's forwarding rules go: FORWARD (netavark appends its accepting rules below them); docker
+        reorders FORWARD when its daemon restarts and leaves DOCKER-USER, evaluated first, to the operator."""
+        return "FORWARD" if self.is_podman else "DOCKER-USER"
 
     def volume_create(self, name: str, image_path: str) -> list[str]:
         """A volume backed by an ext4 file system in `image_path`: its size is the customer's disk limit. The runtime

@@ -218,9 +218,10 @@ def _image_lines(connection: Connection, runtime: Runtime, images: list[str]) ->
 
 def _guard_in_place(connection: Connection, runtime: str) -> bool:
     """Whether the host's firewall sends the customers' bridges through the portal's guard chains."""
-    bridges = Runtime(runtime).bridges
-    check = f'iptables -C INPUT -i "$1" -j {GUARD_IN} && iptables -C FORWARD -i "$1" -j {GUARD_FORWARD}'
-    return connection.run(["sh", "-c", check, "guard", bridges], check=False, timeout=PROBE_TIMEOUT_S).ok
+    runtime = Runtime(runtime)
+    check = f'iptables -C INPUT -i "$1" -j {GUARD_IN} && iptables -C "$2" -i "$1" -j {GUARD_FORWARD}'
+    argv = ["sh", "-c", check, "guard", runtime.bridges, runtime.forward_chain]
+    return connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S).ok
 
 
 def _answering_runtime(connection: Connection, runtime: str, lines: list[str]) -> str:

@@ -265,3 +265,25 @@ def test_the_host_check_names_an_image_that_cannot_serve_a_customer_and_why(prob
     assert f"image {without}: cannot be handed to a customer: it has no sshd(/usr/sbin/sshd)" in report
     assert f"image {ready}: serves SSH and the pre-flight check" in report
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER  # the images are the catalog's, not the host's
+
+
+def test_a_host_whose_firewall_guard_is_gone_is_not_isolated_until_it_is_rebuilt_once(probed_host, admin):
+    from provisioning.containers import GUARD_IN, Runtime
+
+    runtime = Runtime("podman")
+    jump = ["-i", runtime.bridges, "-j", GUARD_IN]
+    # given a host that rebooted, or whose operator flushed the firewall: the guard's jump is gone
+    admin.run(["iptables", "-D", "INPUT", *jump], check=False)
+    try:
+        check(probed_host)
+        assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
+        assert "firewall guard around the customers' networks is missing" in probed_host.isolation_report
+    finally:
+        # provisioning's own command rebuilds it; run twice, it leaves one jump and the same chain
+        admin.run(runtime.guard_argv())
+        admin.run(runtime.guard_argv())
+    rules = admin.run(["iptables", "-S", "INPUT"]).stdout.splitlines()
+    assert rules.count(f"-A INPUT -i {runtime.bridges} -j {GUARD_IN}") == 1
+    assert admin.run(["iptables", "-S", GUARD_IN]).stdout.splitlines()[-1] == f"-A {GUARD_IN} -j DROP"
+    check(probed_host)
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
