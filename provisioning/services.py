@@ -547,20 +547,10 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
         failed_checks = _failed_preflights(order)
         if failure:
-            order_transition(
-                order=order,
-                to_status=OrderStatus.PROVISIONING_FAILED,
-                actor_kind=OrderEvent.Actor.SYSTEM,
-                reason="provisioning failed",
-                evidence={"error": failure[:500], "run": run.pk},
-            )
+            _provisioning_failed(order, "provisioning failed", {"error": failure[:500], "run": run.pk})
         elif failed_checks:  # the hand-over waits for an operator's decision
-            order_transition(
-                order=order,
-                to_status=OrderStatus.PROVISIONING_FAILED,
-                actor_kind=OrderEvent.Actor.SYSTEM,
-                reason="pre-flight check failed: waiting for an operator",
-                evidence={"run": run.pk, "failed": failed_checks},
+            _provisioning_failed(
+                order, "pre-flight check failed: waiting for an operator", {"run": run.pk, "failed": failed_checks}
             )
         else:
             _handover_start(order=order)
@@ -569,13 +559,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             _handover_start(order=order)
     elif run.kind == ProvisioningRun.Kind.KEYS and order.status in HANDING_OVER:
         if failure and order.status == OrderStatus.PROVISIONING:
-            order_transition(
-                order=order,
-                to_status=OrderStatus.PROVISIONING_FAILED,
-                actor_kind=OrderEvent.Actor.SYSTEM,
-                reason="hand-over failed",
-                evidence={"error": failure[:500], "run": run.pk},
-            )
+            _provisioning_failed(order, "hand-over failed", {"error": failure[:500], "run": run.pk})
         elif not failure:
             note = order.accesses.exclude(handover_note="").values_list("handover_note", flat=True).first()
             actor = _operator(run.triggered_by) if note else {}
@@ -600,6 +584,16 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
             )
     return status
+
+
+def _provisioning_failed(order: Order, reason: str, evidence: dict) -> None:
+    order_transition(
+        order=order,
+        to_status=OrderStatus.PROVISIONING_FAILED,
+        actor_kind=OrderEvent.Actor.SYSTEM,
+        reason=reason,
+        evidence=evidence,
+    )
 
 
 def _failed_preflights(order: Order) -> dict[str, list[str]]:

@@ -412,3 +412,13 @@ def customer_ssh_options(private_key_path, known_hosts) -> list[str]:
         "-o", "IdentityAgent=none", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
         "-i", os.fspath(private_key_path),
     ]  # fmt: skip
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """A staff member with the console's permission."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("olga", password="a-long-operator-password", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
+    return user

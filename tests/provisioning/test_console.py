@@ -5,7 +5,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core import mail
 from django.urls import reverse
 
@@ -19,13 +18,6 @@ from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(django_user_model):
-    user = django_user_model.objects.create_user("olga", password="a-long-operator-password", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
-    return user
 
 
 @pytest.fixture

@@ -1,14 +1,13 @@
 """The console's hosts: which isolation mode each host is in and why, "check host" from the console and the admin,
 and what an operator is told when a host's lots are refused."""
 
-# ruff: noqa: F401, F811 (the fixtures `operator` and `probed_host` come from the modules that define them)
+# ruff: noqa: F401, F811 (the fixture `probed_host` comes from the module that defines it)
 import pytest
 from django.urls import reverse
 
 from booking.models import Lot
 from provisioning.models import Host
 from provisioning.services import host_check
-from tests.provisioning.test_console import operator
 from tests.provisioning.test_host_checks import NO_RUNTIME, probed_host
 
 pytestmark = pytest.mark.django_db

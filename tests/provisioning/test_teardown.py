@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
@@ -39,13 +38,6 @@ def clock(monkeypatch) -> Clock:
     clock = Clock()
     monkeypatch.setattr(timezone, "now", lambda: clock.now)
     return clock
-
-
-@pytest.fixture
-def operator(django_user_model):
-    user = django_user_model.objects.create_user("otto", password="a-long-operator-password", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
-    return user
 
 
 @pytest.fixture
