@@ -19,6 +19,7 @@ from tests.processes import beat_argv, process_env_for_tests, stop_process_group
 from tests.provisioning.conftest import (  # noqa: F401 (fixtures of the operator journey)
     admin,
     environment_images,
+    fake_gpus,
     loopback_host,
     sshd,
     test_image,

@@ -51,14 +51,18 @@ def admin_reviewer(transactional_db):
 
 
 @pytest.fixture
-def operations(live_chain, loopback_host, start_celery_worker, sshd):
+def operations(live_chain, loopback_host, start_celery_worker, sshd, fake_gpus):
     """A worker and beat that reach the loopback host over SSH; two B200 lots on it (GPUs 0,1 and 2,3)."""
     _chain, path = live_chain
     b200 = Lot.objects.filter(host=loopback_host).first().hardware_class
     Lot.objects.create(name="loopback · GPUs 2,3", hardware_class=b200, host=loopback_host, gpu_indices="2,3")
     OperatorSettings.objects.update_or_create(pk=1, defaults={"provision_lead_hours": 72})  # approve = provision
     stop = start_worker_and_beat(
-        start_celery_worker, path, PROVISIONING_SSH_KEY_FILE=str(sshd.host_spec.client_key_path)
+        start_celery_worker,
+        path,
+        PROVISIONING_SSH_KEY_FILE=str(sshd.host_spec.client_key_path),
+        PROVISIONING_DEVICE_DIR=str(fake_gpus),  # the mknod stand-ins of the host's GPUs
+        PROVISIONING_PUBLISH_ADDRESS="127.0.0.1",  # the containers' SSH servers, on loopback only
     )
     yield
     stop()
@@ -118,7 +122,8 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     access = Access.objects.get(order=order)
     page.locator("#order-status").get_by_text("How to log in").wait_for(timeout=30000)
     status = page.inner_text("#order-status")
-    assert access.ssh_command in status and "GPUs 0,1,2,3" in status
+    assert access.ssh_command in status and "You land in a container of" in status
+    assert access.known_hosts_line in status  # the container's host key, to pin
     assert "Pre-flight report: FAIL" in status  # no GPU on the test machine: a report with reasons, not a crash
     assert "gpu_visible" in status
     assert "The operator's note: Test bench without GPUs: the check cannot pass here" in status
