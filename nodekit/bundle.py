@@ -29,11 +29,11 @@ class BundleError(Exception):
     """A script or common.py that cannot be inlined faithfully."""
 
 
-HOST_FILES = ("sshd_config",)
+HOST_FILES = ("sshd_config", "binome-guard")
 
 
 def host_file_bytes(name: str) -> bytes:
-    """A file provisioning installs on container hosts as it is (the sshd configuration of the containers)."""
+    """A file provisioning installs on hosts as it is (the containers' sshd configuration, the firewall guard)."""
     if name not in HOST_FILES:
         raise ValueError(f"no host file {name!r}: one of {', '.join(HOST_FILES)}")
     return (PACKAGE_DIR / name).read_bytes()

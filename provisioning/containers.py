@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from nodekit.bundle import host_file_bytes
+
 # What this kernel's cgroup layout needs (crun fails on it), and limits a runaway data loader cannot exceed.
 OCI_RUNTIME = "runc"
 ULIMITS = ("nofile=1024:1024", "nproc=4096:4096")
@@ -37,20 +39,9 @@ SUPERVISE_SSHD = (
 )
 
 
-GUARD_IN, GUARD_FORWARD = "BINOME-IN", "BINOME-FWD"
-# The chains are replaced in one iptables-restore transaction (--noflush keeps every other rule): no moment exists
-# in which a chain is empty. Then the jumps to them, added once, at the top of INPUT and FORWARD.
-GUARD_SCRIPT = (
-    "set -e; printf '%s\\n' '*filter' "
-    f"':{GUARD_IN} - [0:0]' ':{GUARD_FORWARD} - [0:0]' "
-    f"'-A {GUARD_IN} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN' "
-    f"'-A {GUARD_IN} -p udp --dport 53 -j RETURN' '-A {GUARD_IN} -p tcp --dport 53 -j RETURN' "
-    f"'-A {GUARD_IN} -j DROP' "
-    f"\"-A {GUARD_FORWARD} -o $1 -j DROP\" '-A {GUARD_FORWARD} -d 169.254.0.0/16 -j DROP' "
-    "COMMIT | iptables-restore --noflush; "
-    f'iptables -C INPUT -i "$1" -j {GUARD_IN} 2>/dev/null || iptables -I INPUT 1 -i "$1" -j {GUARD_IN}; '
-    f'iptables -C "$2" -i "$1" -j {GUARD_FORWARD} 2>/dev/null || iptables -I "$2" 1 -i "$1" -j {GUARD_FORWARD}'
-)
+GUARD_IN, GUARD_FORWARD, GUARD_TO = "BINOME-IN", "BINOME-FWD", "BINOME-TO"  # nodekit/binome-guard's chains
+GUARD_PATH = "/usr/local/libexec/binome-guard"
+GUARD_UNIT_PATH = "/etc/systemd/system/binome-guard.service"
 
 
 @dataclass(frozen=True)
@@ -71,15 +62,19 @@ class Runtime:
     def remove(self, name: str) -> list[str]:
         """Stop (5 s, then kill) and remove a container: docker's `rm` has no --time, its --force kills at once."""
         return (
-            self.command("rm", "--force", "--time", "5", name)
+            self.command("rm", "--force", "--volumes", "--time", "5", name)
             if self.is_podman
-            else self.command("rm", "--force", name)
+            else self.command("rm", "--force", "--volumes", name)
         )
 
     def network_create(self, name: str) -> list[str]:
         """A bridge network of the order's own, from which no other customer's network is reachable: netavark's
         `isolate` (podman), inter-container traffic off and docker's isolation between bridges (docker)."""
-        option = "isolate=true" if self.is_podman else "com.docker.network.bridge.enable_icc=false"
+        if self.is_podman:  # no aardvark resolver on the gateway: the container uses the host's upstream resolvers
+            return self.command(
+                "network", "create", "--driver", "bridge", "--disable-dns", "--opt", "isolate=true", name
+            )
+        option = "com.docker.network.bridge.enable_icc=false"
         return self.command("network", "create", "--driver", "bridge", "--opt", option, name)
 
     @property
@@ -94,7 +89,16 @@ class Runtime:
         from the runtime's resolver on the gateway), another container's bridge, or link-local addresses (cloud
         metadata). netavark's own `isolate` rules are not enough: netavark 1.4 drops its jump rule whenever any
         isolated container stops, until another starts."""
-        return ["sh", "-c", GUARD_SCRIPT, "guard", self.bridges, self.forward_chain]
+        return ["sh", "-c", host_file_bytes("binome-guard").decode(), "binome-guard", self.bridges, self.forward_chain]
+
+    def guard_unit(self) -> bytes:
+        """The boot unit that rebuilds the guard before the runtime restarts the containers (--restart always)."""
+        return (
+            "[Unit]\nDescription=Binome: firewall guard around the customers' container networks\n"
+            "Before=podman-restart.service docker.service\nAfter=network-pre.target\n\n"
+            f"[Service]\nType=oneshot\nExecStart={GUARD_PATH} {self.bridges} {self.forward_chain}\n"
+            "RemainAfterExit=yes\n\n[Install]\nWantedBy=multi-user.target\n"
+        ).encode()
 
     @property
     def forward_chain(self) -> str:
@@ -158,6 +162,10 @@ def run_argv(spec: ContainerSpec, runtime: Runtime) -> list[str]:
     # The image's file system is read-only: what the customer writes goes to their volume (sized) or a tmpfs (counted
     # in their memory share), never to the host's container storage (world-writable /var/tmp, /run/lock of images).
     argv += ["--read-only"]  # podman adds tmpfs /run, /tmp and /var/tmp to it (--read-only-tmpfs); docker is told
+    if runtime.is_podman:  # an image's VOLUME declarations become tmpfs (in the memory share), not host storage
+        argv += ["--image-volume", "tmpfs"]
+    # no IPv6 in the container: the bridge's link-local address would otherwise reach the host's services on ::
+    argv += ["--sysctl", "net.ipv6.conf.all.disable_ipv6=1", "--sysctl", "net.ipv6.conf.default.disable_ipv6=1"]
     if not runtime.is_podman:
         argv += ["--tmpfs", "/var/tmp:rw,nosuid,nodev,size=1g", "--tmpfs", "/run:rw,nosuid,nodev,size=64m"]  # noqa: S108
     argv += ["--user", f"{spec.uid}:{spec.gid}", "--cap-drop", "all", "--security-opt", "no-new-privileges"]

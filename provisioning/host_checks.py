@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioning.containers import GUARD_FORWARD, GUARD_IN, Runtime
+from provisioning.containers import GUARD_FORWARD, GUARD_IN, GUARD_TO, Runtime
 from provisioning.drivers.base import Connection
 from provisioning.models import Isolation
 
@@ -216,12 +216,24 @@ def _image_lines(connection: Connection, runtime: Runtime, images: list[str]) ->
     return lines
 
 
+# The guard's three jumps and the last rule of each of its chains (a chain emptied by hand is no guard).
+_GUARD_CHECK = (
+    f'iptables -w 10 -C INPUT -i "$1" -j {GUARD_IN} && iptables -w 10 -C "$2" -i "$1" -j {GUARD_FORWARD} '
+    f'&& iptables -w 10 -C "$2" -o "$1" -j {GUARD_TO} && iptables -w 10 -S {GUARD_IN} | tail -n 1 '
+    f"&& iptables -w 10 -S {GUARD_TO} | tail -n 1"
+)
+
+
 def _guard_in_place(connection: Connection, runtime: str) -> bool:
-    """Whether the host's firewall sends the customers' bridges through the portal's guard chains."""
+    """Whether the host's firewall sends the customers' bridges through the portal's guard chains, whole."""
     runtime = Runtime(runtime)
-    check = f'iptables -C INPUT -i "$1" -j {GUARD_IN} && iptables -C "$2" -i "$1" -j {GUARD_FORWARD}'
-    argv = ["sh", "-c", check, "guard", runtime.bridges, runtime.forward_chain]
-    return connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S).ok
+    if runtime.is_podman:  # the guard matches netavark's bridges (podman0...): CNI names them cni-podman0...
+        backend = connection.run(runtime.command("info", "--format", "{{.Host.NetworkBackend}}"), check=False)
+        if backend.stdout.strip() not in ("netavark", ""):
+            return False
+    argv = ["sh", "-c", _GUARD_CHECK, "guard", runtime.bridges, runtime.forward_chain]
+    answer = connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S)
+    return answer.ok and answer.stdout.split("\n")[:2] == [f"-A {GUARD_IN} -j DROP", f"-A {GUARD_TO} -j DROP"]
 
 
 def _answering_runtime(connection: Connection, runtime: str, lines: list[str]) -> str:

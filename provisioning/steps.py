@@ -190,9 +190,23 @@ def prepare_host(conn: Connection, ctx: StepContext) -> str:
     make = 'groupadd --force "$1" && install -d -m 755 -o root -g root "$2" && install -d -m 700 -o root -g root "$3"'
     conn.run(["sh", "-c", make, "prepare_host", CUSTOMER_GROUP, KIT_ROOT, VOLUME_ROOT])
     conn.run(runtime.guard_argv())
+    # The same guard at boot, before the runtime restarts the containers (where systemd runs the host)
+    written = _install_root_files(
+        conn,
+        {
+            containers.GUARD_PATH: (host_file_bytes("binome-guard"), 0o755, "root"),
+            containers.GUARD_UNIT_PATH: (runtime.guard_unit(), 0o644, "root"),
+        },
+    )
+    enable = (
+        'if [ -d /run/systemd/system ]; then systemctl daemon-reload && systemctl enable --quiet "$1" && echo on; fi'
+    )
+    at_boot = conn.run(["sh", "-c", enable, "prepare_host", "binome-guard.service"], check=False).stdout.strip()
+    boot = "rebuilt at boot" if at_boot == "on" else "no systemd here: rebuilt by each keys run"
+    changed = f" ({len(written)} file(s) written)" if written else ""
     return (
-        f"{runtime.path}: answers; login stack keeps customers out; firewall guard on {runtime.bridges}; "
-        f"{KIT_ROOT} and {VOLUME_ROOT} in place"
+        f"{runtime.path}: answers; login stack keeps customers out; firewall guard on {runtime.bridges}, {boot}"
+        f"{changed}; {KIT_ROOT} and {VOLUME_ROOT} in place"
     )
 
 
@@ -219,18 +233,22 @@ def _disk_bytes(conn: Connection, path: str, field: str) -> int:
 
 
 def _disk_gib(conn: Connection, ctx: StepContext) -> int:
-    """The operator's disk share for this container, or the volumes' file system split over the host's lots (the
-    space is reserved when the volume is made: a share that no longer fits fails there, with the figures)."""
+    """The operator's disk share for this container, or the volumes' file system split over the host's lots, never
+    more than what is free there less a headroom for the host (images, logs, the volumes still kept until their
+    wipe). The space is reserved when the volume is made: a share that does not fit fails there, with the figures."""
     if ctx.disk_gib:
         return ctx.disk_gib
-    size = _disk_bytes(conn, VOLUME_ROOT, "size") if not _dry(conn) else 1000 * 2**30
-    return max(1, int(size * HOST_RESERVE * ctx.lots_in_container / max(1, ctx.lots_on_host) / 2**30))
+    if _dry(conn):
+        return int(1000 * HOST_RESERVE * ctx.lots_in_container / max(1, ctx.lots_on_host))
+    size, free = _disk_bytes(conn, VOLUME_ROOT, "size"), _disk_bytes(conn, VOLUME_ROOT, "avail")
+    share = size * HOST_RESERVE * ctx.lots_in_container / max(1, ctx.lots_on_host)
+    return max(1, int(min(share, free - size * (1 - HOST_RESERVE)) / 2**30))
 
 
 def prepare_data(conn: Connection, ctx: StepContext) -> StepOutput:
-    """The customer's data volume: an ext4 file system of the disk share in a root-owned file (sparse), owned inside
-    by the customer's uid, mounted by the runtime as their home whenever the container starts. Made once; kept until
-    the wipe. Root never looks inside it."""
+    """The customer's data volume: an ext4 file system of the disk share in a root-owned file (space reserved),
+    owned inside by the customer's uid, mounted by the runtime as their home whenever the container starts. Made
+    once; kept until the wipe. Root never looks inside it."""
     uid, gid = _account(conn, ctx.username)
     runtime = _runtime(ctx)
     if conn.run(runtime.command("volume", "inspect", ctx.volume_name), check=False).ok and not _dry(conn):
@@ -550,6 +568,9 @@ def remove_container(conn: Connection, ctx: StepContext) -> str:
         runtime = containers.Runtime(path)
         exists = runtime.command("container", "inspect", "--format", "{{.Id}}", ctx.container_name)
         if conn.run(exists, check=False).exit_status == 0 and not _dry(conn):
+            # frozen first: if the removal fails (a GPU process stuck in the driver), nothing of the customer's,
+            # not even an SSH server of their own on the published port, answers while teardown is retried
+            conn.run(runtime.command("pause", ctx.container_name), check=False, timeout=60)
             conn.run(runtime.remove(ctx.container_name), timeout=120)
             if conn.run(exists, check=False).exit_status == 0:
                 raise StepFailed(f"{path} could not remove the container {ctx.container_name}")

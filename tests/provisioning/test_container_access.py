@@ -252,7 +252,7 @@ def outside_server():
             stderr=subprocess.DEVNULL,
         )
         time.sleep(0.5)
-        yield "198.51.100.2:8080"
+        yield "198.51.100.2:8080", namespace
     finally:
         if server:
             server.kill()
@@ -302,6 +302,11 @@ def test_tenants_reach_neither_each_other_nor_the_host_but_the_outside_world_yes
     network = f"binome-{alice.username}"
     template = "{{range .Subnets}}{{.Gateway}}{{end}}"
     gateway = admin.run(["podman", "network", "inspect", "--format", template, network]).stdout.strip()
+    outside, outside_namespace = outside_server
+    bridge = admin.run(["podman", "network", "inspect", "--format", "{{.NetworkInterface}}", network]).stdout.strip()
+    link_local = admin.run(["ip", "-6", "-o", "addr", "show", "dev", bridge, "scope", "link"]).stdout.split()
+    bridge_v6 = link_local[link_local.index("inet6") + 1].split("/")[0] if "inet6" in link_local else "fe80::1"
+    host_v6_server = socket.create_server(("::", 0), family=socket.AF_INET6)  # a host service on every v6 address
     route = admin.run(["ip", "-4", "route", "get", "192.0.2.1"]).stdout.split()
     own_address = route[route.index("src") + 1] if "src" in route else "127.0.0.1"  # this machine's, not loopback
     own_server = socket.create_server((own_address, 0))  # a host service on a public address (an exporter...)
@@ -312,16 +317,28 @@ def test_tenants_reach_neither_each_other_nor_the_host_but_the_outside_world_yes
         "host_loopback": f"127.0.0.1:{host_loopback_server}",
         "host_loopback_via_gateway": f"{gateway}:{host_loopback_server}",
         "host_public_service": f"{own_address}:{own_server.getsockname()[1]}",
-        "outside": outside_server,
+        "host_ipv6_link_local": f"{bridge_v6}%eth0:{host_v6_server.getsockname()[1]}",
+        "outside": outside,
     }
     try:
         arguments = " ".join(f"{name}={target}" for name, target in targets.items())
         answer = _in(alice, alice_key, f"python3 - {arguments}", input=REACH_PROBE)
     finally:
         own_server.close()
+        host_v6_server.close()
     reached = dict(line.split(" ", 1) for line in answer.stdout.splitlines())
     assert reached.pop("outside") == "reached"  # outbound traffic leaves the container's network
-    assert reached == dict.fromkeys([*list(targets)[:6], "bob_abstract_socket"], "refused"), reached
+    assert reached == dict.fromkeys([*list(targets)[:7], "bob_abstract_socket"], "refused"), reached
+    # and from the outside, a machine routed through the host reaches no container port that is not published
+    direct = subprocess.run(
+        ["ip", "netns", "exec", outside_namespace, "python3", "-", f"bob_direct={bob_address}:8765"],
+        input=REACH_PROBE,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert direct.stdout.splitlines()[0] == "bob_direct refused", direct.stdout + direct.stderr
 
 
 REACH_PROBE = """
@@ -329,8 +346,12 @@ import socket, sys
 for argument in sys.argv[1:]:
     name, target = argument.split("=")
     host, port = target.rsplit(":", 1)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        socket.create_connection((host, int(port)), timeout=3).close()
+        address = socket.getaddrinfo(host, int(port), family, socket.SOCK_STREAM)[0][4]
+        with socket.socket(family, socket.SOCK_STREAM) as connection:
+            connection.settimeout(3)
+            connection.connect(address)
         print(name, "reached")
     except OSError:
         print(name, "refused")

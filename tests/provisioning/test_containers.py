@@ -50,7 +50,7 @@ def test_docker_s_own_parser_accepts_every_command_the_steps_give_it():
     if docker is None:
         pytest.fail("the docker client is missing: run `make system-deps`", pytrace=False)
     runtime = Runtime(docker)
-    assert runtime.remove("x") == [docker, "rm", "--force", "x"]  # docker's rm has no --time
+    assert runtime.remove("x") == [docker, "rm", "--force", "--volumes", "x"]  # docker's rm has no --time
     # the check can fail: the podman words it replaces are refused by docker's parser
     refused = subprocess.run(
         [docker, "--host", "unix:///nonexistent/binome-test.sock", "rm", "--force", "--time", "5", "x"],
@@ -94,4 +94,6 @@ def test_the_podman_commands_name_runc_and_the_container_holds_only_its_lot_s_de
     ):
         assert expected in joined
     assert "--network host" not in joined and "--privileged" not in joined
-    assert Runtime("podman").remove("x")[-4:] == ["--force", "--time", "5", "x"]
+    assert Runtime("podman").remove("x")[-5:] == ["--force", "--volumes", "--time", "5", "x"]
+    for expected in ("--read-only", "--image-volume tmpfs", "--sysctl net.ipv6.conf.all.disable_ipv6=1"):
+        assert expected in joined
