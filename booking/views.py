@@ -264,8 +264,11 @@ def _order_or_404(public_id: str, token: str) -> Order:
 
 
 def mark_private(response: HttpResponse) -> HttpResponse:
-    """The order page is a secret: never sent as a referrer, never indexed (never_cache keeps it out of caches)."""
-    response["Referrer-Policy"] = "no-referrer"
+    """The order page is a secret: never sent as a referrer to another site, never indexed (never_cache keeps it
+    out of caches). `same-origin`, not `no-referrer`: under `no-referrer` Chromium posts this page's forms with
+    `Origin: null`, which the CSRF check refuses; `same-origin` gives our own server the real origin (and the
+    referrer, which its logs redact) and every other site nothing, not even our origin (docs/architecture.md)."""
+    response["Referrer-Policy"] = "same-origin"
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
 

@@ -3,6 +3,7 @@
 import html
 import re
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from django.core import mail
@@ -108,7 +109,7 @@ def test_placing_an_order_holds_specific_lots_and_opens_the_order_page(client, c
     assert page.status_code == 200
     assert order.public_id in page.content.decode()
     assert "no-store" in page["Cache-Control"]
-    assert page["Referrer-Policy"] == "no-referrer"
+    assert page["Referrer-Policy"] == "same-origin"
 
 
 def test_the_order_link_is_emailed_in_the_customer_language_and_opens_the_order(
@@ -370,7 +371,7 @@ def test_the_first_poll_of_a_fresh_order_page_is_unchanged_and_a_transition_show
         order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
     changed = client.get(url, headers={"HX-Request": "true"})
     assert changed.status_code == 200 and "being confirmed on chain" in changed.content.decode()
-    assert changed["Referrer-Policy"] == "no-referrer" and "no-store" in changed["Cache-Control"]
+    assert changed["Referrer-Policy"] == "same-origin" and "no-store" in changed["Cache-Control"]
     assert "__binome_csrf_token__" not in changed.content.decode()
 
 
@@ -440,7 +441,7 @@ def test_a_page_that_already_shows_the_current_block_gets_no_content(
     with django_assert_num_queries(0):
         unchanged = client.get(url, headers={"HX-Request": "true"})
     assert unchanged.status_code == 204 and unchanged.content == b""
-    assert unchanged["Referrer-Policy"] == "no-referrer" and "no-store" in unchanged["Cache-Control"]
+    assert unchanged["Referrer-Policy"] == "same-origin" and "no-store" in unchanged["Cache-Control"]
 
     with django_capture_on_commit_callbacks(execute=True):
         order_transition(order=order, to_status=OrderStatus.PAYMENT_PROCESSING, actor_kind="system")
@@ -471,7 +472,7 @@ def test_an_unchanged_poll_is_answered_before_sessions_and_csrf_with_the_securit
     assert "Content-Language" not in unchanged and "Vary" not in unchanged  # LocaleMiddleware never ran
     assert "script-src 'self'" in unchanged["Content-Security-Policy"]
     assert unchanged["X-Frame-Options"] == "DENY" and unchanged["X-Content-Type-Options"] == "nosniff"
-    assert unchanged["Referrer-Policy"] == "no-referrer" and unchanged["X-Robots-Tag"] == "noindex, nofollow"
+    assert unchanged["Referrer-Policy"] == "same-origin" and unchanged["X-Robots-Tag"] == "noindex, nofollow"
     assert "no-store" in unchanged["Cache-Control"]
 
 
@@ -612,7 +613,7 @@ def test_a_customer_revokes_every_link_of_an_order_and_gets_a_new_one_by_email(
         )
 
     answer = html.unescape(revoked.content.decode())
-    assert revoked.status_code == 200 and revoked["Referrer-Policy"] == "no-referrer"
+    assert revoked.status_code == 200 and revoked["Referrer-Policy"] == "same-origin"
     assert f"Every link to order {order.public_id} has stopped working" in answer and "a•••@example.org" in answer
     assert client.get(order_url(order, token)).status_code == 404
     assert client.get(mailed).status_code == 404
@@ -644,3 +645,93 @@ def test_an_order_address_of_any_length_is_a_404_never_an_error(client, catalog)
         page = client.get(f"/orders/{public_id}/{'t' * 43}/")
         poll = client.get(f"/orders/{public_id}/{'t' * 43}/?v={'0' * 16}", headers={"HX-Request": "true"})
         assert page.status_code == poll.status_code == 404
+
+
+def headers_a_browser_sends(page, *, page_url: str, action_url: str) -> dict[str, str]:
+    """The `Origin` and `Referer` Chromium sends with a form's POST from `page` (the answer to a GET of `page_url`)
+    to `action_url`: Fetch's "serialize a request origin" and "determine request's referrer" for a navigation, under
+    the page's Referrer-Policy (Chromium's default when it sets none). A test client sends neither unless told."""
+    source, target = urlsplit(page_url), urlsplit(action_url)
+    policy = page.get("Referrer-Policy", "strict-origin-when-cross-origin").split(",")[-1].strip()
+    same_origin = (source.scheme, source.netloc) == (target.scheme, target.netloc)
+    downgrade = source.scheme == "https" and target.scheme != "https"
+    origin = f"{source.scheme}://{source.netloc}"
+    if policy == "no-referrer" or (policy == "same-origin" and not same_origin):
+        return {"Origin": "null"}
+    if policy in ("strict-origin", "strict-origin-when-cross-origin", "no-referrer-when-downgrade") and downgrade:
+        return {"Origin": "null"}
+    full = same_origin and policy in ("same-origin", "strict-origin-when-cross-origin", "origin-when-cross-origin")
+    return {"Origin": origin, "Referer": page_url if full or policy == "unsafe-url" else origin + "/"}
+
+
+def _form_token(page) -> str:
+    return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+
+
+ORDER_PAGE_ACTIONS = {
+    # action: (its URL, what the form sends, how to check it took effect)
+    "cancel": (
+        lambda order, token: reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}),
+        lambda order, token: {},
+        lambda order, token, client: Order.objects.get(pk=order.pk).status == OrderStatus.CANCELLED,
+    ),
+    "revoke links": (
+        lambda order, token: reverse(
+            "booking:order-revoke-links", kwargs={"public_id": order.public_id, "token": token}
+        ),
+        lambda order, token: {},
+        lambda order, token, client: client.get(order_url(order, token)).status_code == 404,
+    ),
+    "language": (
+        lambda order, token: reverse("set_language"),
+        lambda order, token: {"language": "fr", "next": order_url(order, token)},
+        lambda order, token, client: 'lang="fr"' in client.get(order_url(order, token)).content.decode(),
+    ),
+}
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["http", "https"])
+@pytest.mark.parametrize("action", list(ORDER_PAGE_ACTIONS))
+def test_the_order_pages_forms_pass_the_csrf_check_with_the_headers_a_browser_sends(
+    client, catalog, booking_data, secure, action
+):
+    url_of, data_of, took_effect = ORDER_PAGE_ACTIONS[action]
+    order, token = place(client, booking_data(lots="1"))
+    browser = Client(enforce_csrf_checks=True)  # checks CSRF as production does; the default test client does not
+    page_url = f"{'https' if secure else 'http'}://testserver{order_url(order, token)}"
+    page = browser.get(page_url, secure=secure)
+    action_url = f"{'https' if secure else 'http'}://testserver{url_of(order, token)}"
+    headers = headers_a_browser_sends(page, page_url=page_url, action_url=action_url)
+
+    answer = browser.post(
+        action_url, {"csrfmiddlewaretoken": _form_token(page), **data_of(order, token)}, headers=headers, secure=secure
+    )
+
+    assert answer.status_code in (200, 302), (answer.status_code, headers)  # 403 under `no-referrer`: Origin null
+    assert took_effect(order, token, browser)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "null"},  # a page (or sandboxed frame) that hides its origin: it could be anyone's
+        {"Origin": "http://attacker.example"},
+        {"Origin": "http://attacker.example", "Referer": "http://testserver/"},
+    ],
+    ids=["opaque origin", "another site", "another site with a forged referer"],
+)
+def test_a_cancel_posted_from_another_origin_is_refused_even_with_the_csrf_token(
+    client, catalog, booking_data, headers
+):
+    order, token = place(client, booking_data(lots="1"))
+    browser = Client(enforce_csrf_checks=True)
+    page = browser.get(order_url(order, token))
+
+    answer = browser.post(
+        reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}),
+        {"csrfmiddlewaretoken": _form_token(page)},
+        headers=headers,
+    )
+
+    assert answer.status_code == 403
+    assert Order.objects.get(pk=order.pk).status == OrderStatus.AWAITING_PAYMENT
