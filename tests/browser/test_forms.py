@@ -1,0 +1,241 @@
+"""Every form of the customer pages, submitted by Chromium and checked by its effect.
+
+A test client sends no `Origin` or `Referer` unless told; Chromium derives them from the page's Referrer-Policy. Under
+`no-referrer` it posted `Origin: null` from the order page, which Django's CSRF check refuses (403): these tests are
+the proof that each form works in a real browser, and that the order's secret link still reaches no other site."""
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from booking.models import Order, OrderStatus, SplitTrialReport
+from booking.services import order_transition
+from payments.selectors import current_invoice
+from payments.services import invoice_mark_paid
+from tests.booking.test_split_trial_report import VALID as SPLIT_TRIAL_REPORT
+from tests.browser.steps import ORDER_URL, fill_booking, place_order
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def researcher(page):
+    """The page of a researcher who answers yes to the pages' "Are you sure?" questions, and whose refused posts
+    are kept to explain a failure."""
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.refused = []
+    page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
+    return page
+
+
+def submitted(page, button, *, to: re.Pattern | None = None) -> None:
+    """Press `button` (a locator), wait for the page its form answers with, and check it was not refused (and is
+    `to`, when given)."""
+    with page.expect_navigation():
+        button.click()
+    assert not page.refused, f"refused (403): {page.refused}"
+    assert to is None or to.fullmatch(page.url), page.url
+
+
+def test_a_researcher_changes_the_asset_then_cancels_the_order(researcher, live_server, live_chain, catalog):
+    page = researcher
+    order = place_order(page, live_server.url, email="asset@example.org")
+    assert current_invoice(order).asset_symbol == "dEURC"
+
+    page.select_option("select[name=asset]", "31337:dUSDT")
+    submitted(page, page.get_by_role("button", name="Get new instructions"), to=ORDER_URL)
+    assert "New payment instructions below" in page.inner_text("ul.messages")
+    assert current_invoice(order).asset_symbol == "dUSDT"
+    assert "dUSDT" in page.inner_text("#payment")
+
+    submitted(page, page.get_by_role("button", name="Cancel this order"), to=ORDER_URL)
+    assert "Your order is cancelled and its lots are released." in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+
+
+def test_without_javascript_ive_paid_and_the_language_switch_are_plain_forms(
+    new_page, live_server, live_chain, catalog
+):
+    page = new_page(java_script_enabled=False)
+    page.refused = []
+    page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
+    order = place_order(page, live_server.url, email="nojs@example.org")
+
+    page.fill("input[name=tx_hint]", "0x" + "ab" * 32)
+    submitted(page, page.get_by_role("button", name="I've paid"), to=ORDER_URL)
+    assert "We are looking for your transfer on chain" in page.inner_text("ul.messages")
+    invoice = current_invoice(order)
+    assert invoice.customer_paid_at is not None and invoice.customer_tx_hint == "0x" + "ab" * 32
+
+    page.select_option("#language-select", "fr")
+    submitted(page, page.locator(".language-switch button"), to=ORDER_URL)
+    assert page.get_attribute("html", "lang") == "fr"
+    assert "Vous nous avez indiqué avoir payé" in page.inner_text("#order-status")
+
+
+def test_the_language_switch_keeps_the_order_page_open_and_ive_paid_answers_in_place(
+    researcher, live_server, live_chain, catalog
+):
+    page = researcher
+    order = place_order(page, live_server.url, email="langue@example.org")
+    order_address = page.url
+
+    with page.expect_navigation():
+        page.select_option("#language-select", "fr")  # sends its form by itself (portal.js)
+    assert not page.refused, f"refused (403): {page.refused}"
+    assert page.url == order_address
+    assert page.get_attribute("html", "lang") == "fr"
+    assert "En attente de paiement" in page.inner_text("#order-status")
+
+    # With JavaScript, "I've paid" is an htmx post (its CSRF token in a header) that swaps the status block.
+    page.get_by_role("button", name="J’ai payé").click()
+    page.locator("#order-status").get_by_text("Vous nous avez indiqué avoir payé").wait_for(timeout=15000)
+    assert not page.refused, f"refused (403): {page.refused}"
+    assert page.url == order_address and current_invoice(order).customer_paid_at is not None
+
+
+def test_a_split_trial_report_is_uploaded_from_the_order_page(researcher, live_server, live_chain, catalog, admin_user):
+    page = researcher
+    order = place_order(page, live_server.url, email="trial@example.org")
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    page.reload()
+
+    page.set_input_files(
+        "input[name=report]",
+        {"name": "report.json", "mimeType": "application/json", "buffer": json.dumps(SPLIT_TRIAL_REPORT).encode()},
+    )
+    submitted(page, page.get_by_role("button", name="Upload"))
+    assert "Split-trial report added to your order." in page.inner_text("ul.messages")
+    assert SPLIT_TRIAL_REPORT["conclusion"] in page.inner_text("#split-trial")
+    assert SplitTrialReport.objects.get(order=order).report["conclusion"] == SPLIT_TRIAL_REPORT["conclusion"]
+
+
+def mailed_links(mail_dir: Path, order: Order, *, count: int, timeout: float = 30) -> list[str]:
+    """The first `count` links to `order` in the e-mails the worker wrote to `mail_dir`, oldest first."""
+    pattern = re.compile(rf"https?://[^\s/]+/orders/{re.escape(order.public_id)}/[A-Za-z0-9_-]+/")
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted(mail_dir.glob("*.log"), key=lambda path: path.stat().st_mtime_ns) if mail_dir.exists() else []
+        links = [link for path in files for link in pattern.findall(path.read_text())]
+        if len(links) >= count or time.monotonic() > deadline:
+            assert len(links) >= count, f"{len(links)} link(s) mailed, {count} expected"
+            return links[:count]
+        time.sleep(0.2)
+
+
+def test_revoking_the_links_and_asking_for_them_again_mail_links_that_open_the_order(
+    researcher, live_server, live_chain, catalog, start_celery_worker, tmp_path
+):
+    page = researcher
+    _chain, chains_path = live_chain
+    mail_dir = tmp_path / "mail"
+    start_celery_worker(
+        PAYMENTS_CHAINS_FILE=str(chains_path), SITE_URL=live_server.url, EMAIL_URL=f"filemail:///{mail_dir}"
+    )
+    order = place_order(page, live_server.url, email="revoke@example.org")
+    leaked_address = page.url
+    (booking_mail_link,) = mailed_links(mail_dir, order, count=1)  # a link of its own (the worker mints it)
+
+    # Revoke: every link stops working, the one in the address bar included; a new one is mailed.
+    submitted(page, page.get_by_role("button", name="Revoke every link to this order"))
+    assert "Every link to order" in page.inner_text("main")
+    assert order.events.filter(reason="links revoked").exists()
+
+    # The answer's language switch (the answer is sent under the order page's policy too), then back to English.
+    with page.expect_navigation():
+        page.select_option("#language-select", "fr")
+    assert not page.refused, f"refused (403): {page.refused}"
+    assert page.get_attribute("html", "lang") == "fr"
+    with page.expect_navigation():
+        page.select_option("#language-select", "en")
+    assert page.get_attribute("html", "lang") == "en"
+
+    assert page.goto(leaked_address).status == 404 and page.goto(booking_mail_link).status == 404
+    _booked, new_link = mailed_links(mail_dir, order, count=2)
+    assert page.goto(new_link).status == 200 and order.public_id in page.inner_text("h1")
+
+    # Find my order: the form answers the same for everyone, and the links come by e-mail.
+    page.goto(live_server.url + "/orders/resend-link/")
+    page.fill("input[name=email]", "revoke@example.org")
+    submitted(page, page.get_by_role("button", name="Send me my order links"))
+    assert "a message with their links is on its way" in page.inner_text("main")
+    *_earlier, resent_link = mailed_links(mail_dir, order, count=3)
+    assert page.goto(resent_link).status == 200 and order.public_id in page.inner_text("h1")
+
+
+def test_the_sold_out_page_books_the_next_date_or_goes_back_to_the_form(researcher, live_server, live_chain, catalog):
+    page = researcher
+    place_order(page, live_server.url, lots="6", email="first@example.org")
+    page.goto(live_server.url + "/")
+    fill_booking(page, lots="1", email="second@example.org")
+    submitted(page, page.get_by_role("button", name="Place the order and hold the lots"))
+    assert "Sold out" in page.inner_text("#sold-out")
+
+    submitted(page, page.get_by_role("button", name="Change my choices"))
+    assert page.input_value("input[name=contact_email]") == "second@example.org"
+    page.go_back()
+
+    next_date = page.locator(".next-dates button").first
+    day = next_date.get_attribute("value")
+    submitted(page, next_date, to=ORDER_URL)
+    order = Order.objects.get(contact_email="second@example.org")
+    assert order.starts_at.date().isoformat() == day and order.status == OrderStatus.AWAITING_PAYMENT
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Another site: it keeps the headers of every request it receives."""
+
+    received: list[dict[str, str]]
+
+    def do_GET(self):
+        self.received.append(dict(self.headers))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(b"another site")
+
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture
+def another_site():
+    handler = type("Recorder", (_Recorder,), {"received": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler.received
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_link_followed_from_the_order_page_tells_the_other_site_nothing(
+    researcher, live_server, live_chain, catalog, another_site
+):
+    """A link on the order page (a block explorer, a pasted address in a message) must not carry the page's
+    address: the other site's logs would hold the order's key."""
+    page = researcher
+    place_order(page, live_server.url, email="leak@example.org")
+    token = page.url.rstrip("/").rsplit("/", 1)[1]
+    url, received = another_site
+
+    page.evaluate(
+        "url => { const a = document.createElement('a'); a.href = url; a.id = 'away'; a.textContent = 'away';"
+        " document.querySelector('main').append(a); }",
+        url + "/explorer",
+    )
+    with page.expect_navigation(url=url + "/explorer"):
+        page.click("#away")
+
+    assert len(received) == 1
+    headers = {name.lower(): value for name, value in received[0].items()}
+    assert "referer" not in headers, headers
+    assert not any(token in value for value in headers.values())
