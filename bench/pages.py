@@ -70,6 +70,10 @@ def bench_environment(database_url: str, redis_url: str, static_root: str) -> di
         "REDIS_URL": redis_url,
         "ALLOWED_HOSTS": "127.0.0.1,testserver",
         "SECURE_SSL_REDIRECT": "0",
+        # Production refuses a loopback SITE_URL and console mail: the public address a deployment would give (no
+        # link is followed here), and a mail server that no bench sends to.
+        "SITE_URL": "https://book.example.org",
+        "EMAIL_URL": "smtp://127.0.0.1:9",
         "STATIC_ROOT": static_root,
         "RATELIMIT_ENABLE": "0",
         # Production settings refuse the demo key: a public BIP-32 test vector (depth 3) stands in.

@@ -14,6 +14,8 @@ from csp.constants import SELF as CSP_SELF
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
+from portal.production import email_backend_refusal, site_url_refusal
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -33,8 +35,17 @@ if not DEBUG and (SECRET_KEY == _DEVELOPMENT_SECRET_KEY or len(SECRET_KEY) < 50)
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
-# Absolute base of the links sent by e-mail (the order's secret link).
+# Absolute base of the links sent by e-mail (the order's secret link). Production refuses a loopback, private or
+# plain-http address (dead or readable links) unless SITE_URL_PRIVATE_NETWORK says the portal is only reached
+# inside the lab's own network (a VPN, an SSH tunnel): portal/production.py, docs/operations.md.
 SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000").rstrip("/")
+SITE_URL_PRIVATE_NETWORK = env.bool("SITE_URL_PRIVATE_NETWORK", default=False)
+if not DEBUG and (refusal := site_url_refusal(SITE_URL, private_network=SITE_URL_PRIVATE_NETWORK)):
+    raise ImproperlyConfigured(
+        f"SITE_URL={SITE_URL!r} is refused when DEBUG is off: {refusal}. Give the portal's public https address "
+        "(https://book.example.org), or set SITE_URL_PRIVATE_NETWORK=1 if it is only reached inside your own "
+        "network (docs/operations.md)."
+    )
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -220,7 +231,13 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 256_000 + 8192  # the report, the CSRF token and t
 FILE_UPLOAD_HANDLERS = ["django.core.files.uploadhandler.MemoryFileUploadHandler"]
 
 # --- E-mail -------------------------------------------------------------------------------------------------
-vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+_EMAIL = env.email_url("EMAIL_URL", default="consolemail://")
+vars().update(_EMAIL)
+if not DEBUG and (refusal := email_backend_refusal(_EMAIL["EMAIL_BACKEND"])):
+    raise ImproperlyConfigured(
+        f"EMAIL_URL is refused when DEBUG is off: {refusal}. Name your mail server, e.g. "
+        "smtp+tls://user:password@smtp.example.org:587 (docs/operations.md)."
+    )
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Binôme <bookings@binome.invalid>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 

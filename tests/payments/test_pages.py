@@ -195,7 +195,14 @@ def test_deposit_addresses_come_from_the_xpub_and_are_never_reused(client, chain
 def _settings_in_production(**env) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key not in ("DEBUG", "PAYMENTS_XPUB")}
     environment.update(
-        {"DEBUG": "0", "SECRET_KEY": "s" * 64, "PAYMENTS_CHAINS_FILE": "payments/chains.demo.toml", **env}
+        {
+            "DEBUG": "0",
+            "SECRET_KEY": "s" * 64,
+            "SITE_URL": "https://book.example.org",
+            "EMAIL_URL": "smtp+tls://binome:s3cret@mail.example.org:587",
+            "PAYMENTS_CHAINS_FILE": "payments/chains.demo.toml",
+            **env,
+        }
     )
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],

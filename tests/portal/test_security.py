@@ -264,12 +264,26 @@ def production_chains(tmp_path) -> Path:
     return path
 
 
-def _production(*args: str, command: tuple[str, ...] = (sys.executable, "manage.py"), **env: str):
+# What a production site gives besides its secrets: its public address and its mail server.
+PRODUCTION_SITE = {"SITE_URL": "https://book.example.org", "EMAIL_URL": "smtp+tls://binome:s3cret@mail.example.org:587"}
+
+
+def _production(*args: str, command: tuple[str, ...] = (sys.executable, "manage.py"), **env: str | None):
     # A production environment: none of the development or test switches (the browser tests set
-    # DJANGO_ALLOW_ASYNC_UNSAFE for Playwright in this process).
-    dropped = ("DEBUG", "SECRET_KEY", "PAYMENTS_XPUB", "PAYMENTS_CHAINS_FILE", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    # DJANGO_ALLOW_ASYNC_UNSAFE for Playwright in this process). A variable given as None is left unset.
+    dropped = (
+        "DEBUG",
+        "SECRET_KEY",
+        "PAYMENTS_XPUB",
+        "PAYMENTS_CHAINS_FILE",
+        "DJANGO_ALLOW_ASYNC_UNSAFE",
+        "SITE_URL",
+        "SITE_URL_PRIVATE_NETWORK",
+        "EMAIL_URL",
+    )
     environment = {key: value for key, value in os.environ.items() if key not in dropped}
-    environment.update({"DEBUG": "0", **env})
+    environment.update({"DEBUG": "0", **PRODUCTION_SITE, **env})
+    environment = {key: value for key, value in environment.items() if value is not None}
     return subprocess.run(
         [*command, *args], cwd=ROOT, env=environment, capture_output=True, text=True, check=False, timeout=120
     )
@@ -323,6 +337,83 @@ def test_production_refuses_the_demo_chain_and_its_tokens(tmp_path, chains, refu
     assert result.returncode != 0 and refusal in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("site_url", "reason"),
+    [
+        (None, "SITE_URL='http://127.0.0.1:8000' is refused when DEBUG is off: a loopback address"),
+        ("http://book.example.org", "SITE_URL='http://book.example.org' is refused when DEBUG is off: plain http"),
+        ("https://10.8.0.1", "SITE_URL='https://10.8.0.1' is refused when DEBUG is off: a private address"),
+    ],
+    ids=["unset", "plain-http", "private-address"],
+)
+def test_production_refuses_a_site_address_whose_links_are_dead_or_readable(production_chains, site_url, reason):
+    result = _production(
+        "check",
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        SITE_URL=site_url,
+    )
+    assert result.returncode != 0 and reason in result.stderr, result.stderr[-2000:]
+    assert "set SITE_URL_PRIVATE_NETWORK=1 if it is only reached inside your own network" in result.stderr
+
+
+def test_a_lab_on_its_own_network_may_serve_plain_http_once_it_says_so(production_chains):
+    refused = _production(
+        "check",
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        SITE_URL="http://10.8.0.1:8000",
+    )
+    accepted = _production(
+        "check",
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        SITE_URL="http://10.8.0.1:8000",
+        SITE_URL_PRIVATE_NETWORK="1",
+    )
+    assert refused.returncode != 0 and "a private address" in refused.stderr
+    assert accepted.returncode == 0, accepted.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("email_url", "reason"),
+    [
+        (None, "consolemail:// prints every e-mail, secret order links included, to the worker's output"),
+        ("consolemail://", "consolemail:// prints every e-mail"),
+        ("filemail:////tmp/binome-mail", "filemail:// writes every e-mail"),
+        ("dummymail://", "dummymail:// drops every e-mail"),
+    ],
+    ids=["unset", "console", "file", "dummy"],
+)
+def test_production_refuses_a_development_mail_backend(production_chains, email_url, reason):
+    result = _production(
+        "check",
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        EMAIL_URL=email_url,
+    )
+    assert result.returncode != 0 and "EMAIL_URL is refused when DEBUG is off" in result.stderr
+    assert reason in result.stderr, result.stderr[-2000:]
+
+
+def test_the_worker_that_sends_the_links_refuses_to_start_with_console_mail(production_chains):
+    """The worker sends the e-mails: it is the process that would print every order's key to its output."""
+    result = _production(
+        command=("bash", "bin/worker"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # celery, from the virtualenv
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        EMAIL_URL="consolemail://",
+    )
+    assert result.returncode != 0 and "EMAIL_URL is refused when DEBUG is off" in result.stderr
+    assert "ready." not in result.stdout + result.stderr
+
+
 @pytest.mark.django_db
 def test_production_refuses_the_demo_operator_with_its_public_password(settings):
     from django.core.checks import run_checks
@@ -360,6 +451,7 @@ def test_docker_compose_has_no_default_password_and_serves_gunicorn_through_the_
     services = dict(re.findall(r"(?m)^  ([a-z-]+):\n((?:    .*\n|\n)+)", compose.split("\nservices:\n", 1)[1]))
 
     assert "POSTGRES_PASSWORD:-" not in compose and "${POSTGRES_PASSWORD:?" in compose
+    assert "${SITE_URL:?" in compose and "${EMAIL_URL:?" in compose  # production refuses the development ones
     assert "ports:" in services["proxy"] and "ports:" not in services["web"]
     assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in nginx
     assert "proxy_set_header X-Forwarded-Proto" in nginx and "TRUSTED_PROXY_COUNT: ${TRUSTED_PROXY_COUNT:-1}" in compose
