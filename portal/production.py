@@ -55,6 +55,11 @@ def site_url_refusal(url: str, *, private_network: bool) -> str | None:
     return None
 
 
+def served_over_https(url: str) -> bool:
+    """Whether customers open `url` over https (`HTTPS://` too: urlsplit lowercases the scheme)."""
+    return urlsplit(url).scheme == "https"
+
+
 def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(host)

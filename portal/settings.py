@@ -14,7 +14,7 @@ from csp.constants import SELF as CSP_SELF
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
-from portal.production import email_backend_refusal, site_url_refusal
+from portal.production import email_backend_refusal, served_over_https, site_url_refusal
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -46,6 +46,9 @@ if not DEBUG and (refusal := site_url_refusal(SITE_URL, private_network=SITE_URL
         "(https://book.example.org), or set SITE_URL_PRIVATE_NETWORK=1 if it is only reached inside your own "
         "network (docs/operations.md)."
     )
+# Served over https (the SITE_URL says so): production redirects to https and keeps its cookies https-only. A lab
+# on plain http (SITE_URL_PRIVATE_NETWORK) can do neither: browsers would drop those cookies, and every form with them.
+SERVED_OVER_HTTPS = served_over_https(SITE_URL)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -336,10 +339,10 @@ X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=SERVED_OVER_HTTPS)
+    SESSION_COOKIE_SECURE = SERVED_OVER_HTTPS
+    CSRF_COOKIE_SECURE = SERVED_OVER_HTTPS
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if SERVED_OVER_HTTPS else 0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     # Preloading commits the domain to HTTPS in browsers for good: on by default (check --deploy asks for it),
     # turn it off with SECURE_HSTS_PRELOAD=0 before the domain is ready for that.

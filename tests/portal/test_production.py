@@ -4,7 +4,7 @@ tests/browser/test_private_network.py)."""
 
 import pytest
 
-from portal.production import DEVELOPMENT_EMAIL_BACKENDS, email_backend_refusal, site_url_refusal
+from portal.production import DEVELOPMENT_EMAIL_BACKENDS, email_backend_refusal, served_over_https, site_url_refusal
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,11 @@ def test_production_refuses_every_development_mail_backend(backend):
 
 def test_smtp_is_accepted():
     assert email_backend_refusal("django.core.mail.backends.smtp.EmailBackend") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "https"),
+    [("https://book.example.org", True), ("HTTPS://Book.Example.org", True), ("http://10.8.0.1:8000", False)],
+)
+def test_the_https_only_settings_follow_the_scheme_however_it_is_written(url, https):
+    assert served_over_https(url) is https
