@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioning.containers import GUARD_FORWARD, GUARD_IN, GUARD_TO, Runtime
+from provisioning.containers import CUSTOMER_GROUP, GUARD_FORWARD, GUARD_IN, GUARD_TO, Runtime
 from provisioning.drivers.base import Connection
 from provisioning.models import Isolation
 
@@ -27,7 +27,6 @@ MAX_REPORT_LINES = 60
 _CHARACTER_DEVICE = "character special file"
 IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 CUSTOMER_PREFIX = "bn-"
-CUSTOMER_GROUP = "binome-customers"
 NO_LOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
 
 

@@ -26,7 +26,7 @@ from provisioning.drivers.base import CommandFailed, Connection
 KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one kit directory per account, which is also the account's home
 VOLUME_ROOT = "/var/lib/binome-volumes"  # root-owned, 700: the file systems of the customers' data volumes
 CUSTOMER_PREFIX = "bn-"  # provisioning.services.username_for
-CUSTOMER_GROUP = "binome-customers"  # the host's sshd denies it (docs/operations.md); the host check reads that
+CUSTOMER_GROUP = containers.CUSTOMER_GROUP  # the host's sshd denies it (docs/operations.md)
 NOLOGIN = "/usr/sbin/nologin"
 # Every key gets `restrict` (no agent or X11 forwarding, no ~/.ssh/rc), then what researchers need is given back: a
 # terminal, and port forwarding (-L, -D for VS Code Remote-SSH), which reaches only what the container reaches.

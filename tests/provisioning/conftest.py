@@ -147,7 +147,7 @@ def _sshd_config(directory: Path, port: int, *, per_source_penalties: bool, cont
     if per_source_penalties:  # OpenSSH >= 9.8 only: would lock the test client out after a few failed logins
         lines.append("PerSourcePenalties no")
     if containers:  # a host prepared as docs/operations.md says: its sshd denies the customers' accounts
-        from provisioning.steps import CUSTOMER_GROUP
+        from provisioning.containers import CUSTOMER_GROUP  # no Django here: bench/provisioning.py runs it first
 
         lines.append(f"DenyGroups {CUSTOMER_GROUP}")
     return "\n".join(lines) + "\n"
