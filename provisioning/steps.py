@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import posixpath
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -187,8 +188,17 @@ def prepare_host(conn: Connection, ctx: StepContext) -> str:
         stack = host_checks.login_stack(conn)
         if not stack.ok:
             raise StepFailed("the host's login stack could reach a customer: " + "; ".join(stack.problems))
-    make = 'groupadd --force "$1" && install -d -m 755 -o root -g root "$2" && install -d -m 700 -o root -g root "$3"'
-    conn.run(["sh", "-c", make, "prepare_host", CUSTOMER_GROUP, KIT_ROOT, VOLUME_ROOT])
+    # The guard's and its unit's directories too: Debian has no /usr/local/libexec until something makes it
+    make = (
+        'groupadd --force "$1" && install -d -m 755 -o root -g root "$2" && install -d -m 700 -o root -g root "$3"'
+        ' && install -d -m 755 -o root -g root "$4" "$5"'
+    )
+    conn.run(
+        [
+            *("sh", "-c", make, "prepare_host", CUSTOMER_GROUP, KIT_ROOT, VOLUME_ROOT),
+            *(posixpath.dirname(containers.GUARD_PATH), posixpath.dirname(containers.GUARD_UNIT_PATH)),
+        ]
+    )
     conn.run(runtime.guard_argv())
     # The same guard at boot, before the runtime restarts the containers (where systemd runs the host)
     written = _install_root_files(

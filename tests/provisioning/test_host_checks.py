@@ -287,3 +287,39 @@ def test_a_host_whose_firewall_guard_is_gone_is_not_isolated_until_it_is_rebuilt
     assert admin.run(["iptables", "-S", GUARD_IN]).stdout.splitlines()[-1] == f"-A {GUARD_IN} -j DROP"
     check(probed_host)
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+
+
+def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory_yet(admin, tmp_path):
+    """Debian makes no /usr/local/libexec: the first provisioning on a fresh host must make it for the guard."""
+    from datetime import UTC, datetime
+
+    from provisioning import containers, steps
+
+    libexec = Path(containers.GUARD_PATH).parent
+    kept = tmp_path / "libexec-before"
+    if libexec.exists():
+        libexec.rename(kept)  # the host as Debian leaves it
+    try:
+        ctx = steps.StepContext(
+            username="bn-fresh",
+            comment="",
+            authorized_keys="",
+            gpu_indices=[0, 1],
+            expect_arch="",
+            expect_vendor="nvidia",
+            image_ref="",
+            container_runtime="podman",
+            keys_expire_at=datetime.now(UTC),
+        )
+        summary = steps.prepare_host(admin, ctx)
+
+        assert "firewall guard on" in summary
+        guard = Path(containers.GUARD_PATH)
+        assert guard.read_bytes().startswith(b"#!") and stat.S_IMODE(guard.stat().st_mode) == 0o755
+    finally:
+        if kept.exists() and not libexec.exists():
+            kept.rename(libexec)
+        elif kept.exists():
+            for entry in kept.iterdir():
+                if not (libexec / entry.name).exists():
+                    entry.rename(libexec / entry.name)
