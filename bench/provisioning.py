@@ -122,8 +122,10 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     Lot.objects.filter(hardware_class=b200).update(status=Lot.Status.MAINTENANCE)
     Lot.objects.create(name="loopback · GPUs 0,1", hardware_class=b200, host=host, gpu_indices="0,1")
     policy = BookingPolicy.current()
-    # Windows start at the earliest date: within a lead time this long, approval provisions at once.
-    OperatorSettings.objects.update_or_create(pk=1, defaults={"provision_lead_hours": 24 * 40})
+    # Trial k's window starts 12k days after the earliest date: within a lead time this long, approval provisions
+    # every trial at once.
+    lead_hours = 24 * (12 * trials + 28)
+    OperatorSettings.objects.update_or_create(pk=1, defaults={"provision_lead_hours": lead_hours})
     admin = get_user_model().objects.create_superuser("bench", "bench@example.org", "bench-password-long")
     keys_dir = Path(tempfile.mkdtemp(prefix="binome-bench-keys-"))
     totals, by_step = [], {}
