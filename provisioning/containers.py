@@ -89,23 +89,19 @@ class Runtime:
         nothing from a container's bridge reaches the host itself (but answers to the host's own connections and DNS
         from the runtime's resolver on the gateway), another container's bridge, or link-local addresses (cloud
         metadata). netavark's own `isolate` rules are not enough: netavark 1.4 drops its jump rule whenever any
-        isolated container stops, until another starts."""
-        return ["sh", "-c", host_file_bytes("binome-guard").decode(), "binome-guard", self.bridges, self.forward_chain]
+        isolated container stops, until another starts. The guard lives in the mangle table, which the kernel
+        walks before the filter table: the accepting rules netavark and docker insert at the top of the filter
+        table's FORWARD (on a fresh host, or at boot, after the guard) can never pass a packet it drops."""
+        return ["sh", "-c", host_file_bytes("binome-guard").decode(), "binome-guard", self.bridges]
 
     def guard_unit(self) -> bytes:
         """The boot unit that rebuilds the guard before the runtime restarts the containers (--restart always)."""
         return (
             "[Unit]\nDescription=Binome: firewall guard around the customers' container networks\n"
             "Before=podman-restart.service docker.service\nAfter=network-pre.target\n\n"
-            f"[Service]\nType=oneshot\nExecStart={GUARD_PATH} {self.bridges} {self.forward_chain}\n"
+            f"[Service]\nType=oneshot\nExecStart={GUARD_PATH} {self.bridges}\n"
             "RemainAfterExit=yes\n\n[Install]\nWantedBy=multi-user.target\n"
         ).encode()
-
-    @property
-    def forward_chain(self) -> str:
-        """Where the guard's forwarding rules go: FORWARD (netavark appends its accepting rules below them); docker
-        reorders FORWARD when its daemon restarts and leaves DOCKER-USER, evaluated first, to the operator."""
-        return "FORWARD" if self.is_podman else "DOCKER-USER"
 
     def volume_create(self, name: str, image_path: str) -> list[str]:
         """A volume backed by an ext4 file system in `image_path`: its size is the customer's disk limit. The runtime

@@ -215,11 +215,13 @@ def _image_lines(connection: Connection, runtime: Runtime, images: list[str]) ->
     return lines
 
 
-# The guard's three jumps and the last rule of each of its chains (a chain emptied by hand is no guard).
+# The guard's three jumps (mangle table) and the last rule of each of its chains (a chain emptied is no guard).
 _GUARD_CHECK = (
-    f'iptables -w 10 -C INPUT -i "$1" -j {GUARD_IN} && iptables -w 10 -C "$2" -i "$1" -j {GUARD_FORWARD} '
-    f'&& iptables -w 10 -C "$2" -o "$1" -j {GUARD_TO} && iptables -w 10 -S {GUARD_IN} | tail -n 1 '
-    f"&& iptables -w 10 -S {GUARD_TO} | tail -n 1"
+    f'iptables -w 10 -t mangle -C INPUT -i "$1" -j {GUARD_IN} '
+    f'&& iptables -w 10 -t mangle -C FORWARD -i "$1" -j {GUARD_FORWARD} '
+    f'&& iptables -w 10 -t mangle -C FORWARD -o "$1" -j {GUARD_TO} '
+    f"&& iptables -w 10 -t mangle -S {GUARD_IN} | tail -n 1 "
+    f"&& iptables -w 10 -t mangle -S {GUARD_TO} | tail -n 1"
 )
 
 
@@ -230,7 +232,7 @@ def _guard_in_place(connection: Connection, runtime: str) -> bool:
         backend = connection.run(runtime.command("info", "--format", "{{.Host.NetworkBackend}}"), check=False)
         if backend.stdout.strip() not in ("netavark", ""):
             return False
-    argv = ["sh", "-c", _GUARD_CHECK, "guard", runtime.bridges, runtime.forward_chain]
+    argv = ["sh", "-c", _GUARD_CHECK, "guard", runtime.bridges]
     answer = connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S)
     return answer.ok and answer.stdout.split("\n")[:2] == [f"-A {GUARD_IN} -j DROP", f"-A {GUARD_TO} -j DROP"]
 

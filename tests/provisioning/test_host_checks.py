@@ -273,7 +273,7 @@ def test_a_host_whose_firewall_guard_is_gone_is_not_isolated_until_it_is_rebuilt
     runtime = Runtime("podman")
     jump = ["-i", runtime.bridges, "-j", GUARD_IN]
     # given a host that rebooted, or whose operator flushed the firewall: the guard's jump is gone
-    admin.run(["iptables", "-D", "INPUT", *jump], check=False)
+    admin.run(["iptables", "-t", "mangle", "-D", "INPUT", *jump], check=False)
     try:
         check(probed_host)
         assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
@@ -282,9 +282,9 @@ def test_a_host_whose_firewall_guard_is_gone_is_not_isolated_until_it_is_rebuilt
         # provisioning's own command rebuilds it; run twice, it leaves one jump and the same chain
         admin.run(runtime.guard_argv())
         admin.run(runtime.guard_argv())
-    rules = admin.run(["iptables", "-S", "INPUT"]).stdout.splitlines()
+    rules = admin.run(["iptables", "-t", "mangle", "-S", "INPUT"]).stdout.splitlines()
     assert rules.count(f"-A INPUT -i {runtime.bridges} -j {GUARD_IN}") == 1
-    assert admin.run(["iptables", "-S", GUARD_IN]).stdout.splitlines()[-1] == f"-A {GUARD_IN} -j DROP"
+    assert admin.run(["iptables", "-t", "mangle", "-S", GUARD_IN]).stdout.splitlines()[-1] == f"-A {GUARD_IN} -j DROP"
     check(probed_host)
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
 
