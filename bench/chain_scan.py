@@ -101,9 +101,9 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from booking.ssh_keys import parse_public_key
     from payments import config, services
     from payments.chain import ChainClient, ChainUnavailable
+    from payments.checkout import order_place
     from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
     from payments.selectors import current_invoice
-    from portal.checkout import order_place
     from provisioning.demo import seed_demo_catalog
     from tests.factories import make_ssh_key
     from tests.processes import beat_argv, worker_argv

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from booking import availability
 from portal.singleton import SingletonRow
 
 
@@ -478,6 +479,21 @@ class OrderEvent(models.Model):
         return f"{self.order_id}: {self.from_status or '∅'} → {self.to_status}"
 
 
+class AllocationQuerySet(models.QuerySet):
+    """Every write to allocations changes what can be booked. Single saves and deletes say so through the receivers
+    booking/apps.py connects; the bulk writes, which send no signal, say so here, so no caller bumps by hand."""
+
+    def update(self, **values) -> int:
+        count = super().update(**values)
+        availability.bump_generation()
+        return count
+
+    def bulk_create(self, objs, *args, **kwargs) -> list:
+        created = super().bulk_create(objs, *args, **kwargs)
+        availability.bump_generation()
+        return created
+
+
 class Allocation(models.Model):
     """A lot held for an order over [window start − turnaround, window end + turnaround).
 
@@ -490,6 +506,8 @@ class Allocation(models.Model):
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AllocationQuerySet.as_manager()
 
     class Meta:
         ordering = ["lot__name"]

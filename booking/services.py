@@ -13,9 +13,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from booking import page_cache, selectors
+from booking import availability, notices, selectors
 from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
-from booking.mail import send_in_language, send_to_order_contact
 from booking.models import (
     ORDER_TRANSITIONS,
     RELEASING_STATUSES,
@@ -31,7 +30,7 @@ from booking.models import (
     OrderStatus,
     WindowDays,
 )
-from booking.page_cache import bump_generation
+from booking.notices import Notice
 from booking.rules import (
     BookingError,
     InvalidTransition,
@@ -127,7 +126,7 @@ def _availability_hint(
         return free, *_elsewhen(request=request, policy=policy, now=now)
 
     key = f"booking:availability:{request.hardware_class.pk}:{request.start_date}:{request.days}:{request.lot_count}"
-    return page_cache.remember(key, compute)
+    return availability.remember(key, compute)
 
 
 def _price_per_lot(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
@@ -218,7 +217,6 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
     from booking.tasks import send_order_link
 
     send_order_link.delay_on_commit(order.pk)
-    bump_generation()
     return order, token
 
 
@@ -336,10 +334,9 @@ def order_transition(
     from_status = locked.status
     update_fields = ["status", "updated_at"]
     if to_status in RELEASING_STATUSES:
+        # Bumps availability first among the on-commit callbacks (AllocationQuerySet): the booking page shows the
+        # lots free before any order page says they were released.
         Allocation.objects.filter(order=locked, released_at__isnull=True).update(released_at=now)
-        # First among the on-commit callbacks: the booking page shows the lots free before any order page says
-        # they were released.
-        bump_generation()
         locked.hold_expires_at = None
         update_fields.append("hold_expires_at")
     OrderEvent.objects.create(
@@ -391,7 +388,6 @@ def order_reallocate_after_late_payment(
         evidence=evidence,
         now=now,
     )
-    bump_generation()
 
 
 # Before access exists on a host, its lots can move; later, tear down first.
@@ -433,7 +429,6 @@ def order_reassign_lot(
         actor=actor,
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
     )
-    bump_generation()
 
 
 def extension_check(*, order: Order, days: int) -> selectors.Window:
@@ -482,7 +477,6 @@ def order_extend(*, order: Order, days: int, evidence: dict) -> None:
         actor_kind=OrderEvent.Actor.SYSTEM,
         evidence={**evidence, "new_end": window.ends_at.isoformat()},
     )
-    bump_generation()
 
 
 def order_cancel_by_customer(*, order: Order) -> None:
@@ -558,12 +552,7 @@ def orders_expire_stale_holds(*, now: datetime | None = None, batch_size: int = 
 def order_send_link(*, order: Order) -> None:
     """E-mail a fresh secret link to the order's contact (a new token, so no secret travels through the broker)."""
     token = _issue_token(order=order)
-    send_to_order_contact(
-        order=order,
-        subject=gettext_lazy("Your Binôme order %(number)s"),
-        template="booking/email/order_link.txt",
-        context={"link": order_link(order=order, token=token)},
-    )
+    notices.send(Notice.ORDER_LINK, order=order, link=order_link(order=order, token=token))
 
 
 @transaction.atomic
@@ -587,14 +576,7 @@ def orders_send_links(*, email: str, language: str, now: datetime | None = None)
     if not orders:
         return 0
     links = [(order, order_link(order=order, token=_issue_token(order=order))) for order in orders]
-    send_in_language(
-        language=language,
-        to=orders[0].contact_email,
-        subject=gettext_lazy("Your Binôme orders"),
-        subject_values={},
-        template="booking/email/order_links.txt",
-        context={"links": links},
-    )
+    notices.send(Notice.ORDER_LINKS, to=orders[0].contact_email, language=language, links=links)
     return len(orders)
 
 
@@ -622,7 +604,6 @@ def split_trial_upload(*, order: Order, raw: bytes):
 
 
 def _split_trial_messages() -> dict:
-    from django.utils.translation import gettext_lazy
 
     return {
         "too_large": gettext_lazy("This report is too large: a split-trial report is a few kilobytes of JSON."),

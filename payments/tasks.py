@@ -1,12 +1,10 @@
 """Thin Celery wrappers for the chain queue."""
 
 from celery import shared_task
-from django.conf import settings
-from django.core.mail import send_mail
-from django.template.loader import render_to_string
-from django.utils import timezone, translation
-from django.utils.translation import gettext as _
+from django.utils import timezone
 
+from booking import notices
+from booking.notices import Notice
 from payments import config, services
 from payments.chain import ChainUnavailable
 from payments.models import Invoice
@@ -58,12 +56,5 @@ def check_invoice(self, invoice_id: int) -> str:
 @shared_task(name="payments.send_payment_received", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def send_payment_received(invoice_id: int) -> None:
     invoice = Invoice.objects.select_related("order").filter(pk=invoice_id).first()
-    if invoice is None:
-        return
-    order = invoice.order
-    with translation.override(order.language):
-        subject = _("Payment received for your Binôme order %(number)s") % {"number": order.public_id}
-        body = render_to_string("payments/email/payment_received.txt", {"order": order, "invoice": invoice})
-    send_mail(subject, body, None, [order.contact_email])
-    if settings.PAYMENTS_NOTIFY_EMAIL:
-        send_mail(f"[Binôme] {order.public_id} paid, awaiting approval", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])
+    if invoice is not None:
+        notices.send(Notice.PAYMENT_RECEIVED, order=invoice.order, invoice=invoice)

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "booking",
     "payments",
     "provisioning",
+    "web",  # the pages above the apps: customer pages, console, e-mails (last: it reads every app)
 ]
 
 MIDDLEWARE = [
@@ -74,7 +75,7 @@ MIDDLEWARE = [
     "portal.middleware.PermissionsPolicyMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",  # first too: static files and 204 polls get it
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "booking.middleware.UnchangedStatusMiddleware",  # the order page's "unchanged" polls stop here
+    "web.poll.UnchangedStatusMiddleware",  # the order page's "unchanged" polls stop here
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "portal.middleware.RequestSizeLimitMiddleware",  # before anything reads the body (CSRF reads POST)

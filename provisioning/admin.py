@@ -1,10 +1,40 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
+from booking.rules import BookingError
 from portal.singleton import SingletonAdmin
+from provisioning import services
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
-from provisioning.views import report_host_check
+
+
+def report_host_check(request: HttpRequest, host: Host) -> None:
+    """Check the host's isolation and tell the operator what was found (console and admin action)."""
+    try:
+        check = services.host_check(host=host, actor=request.user)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+        return
+    mode = Host.Isolation(check.finding.mode)
+    values = {"host": host.name, "mode": mode.label}
+    if mode == Host.Isolation.NOT_ISOLATED:
+        message = _(
+            "%(host)s is not isolated: its lots are not offered to customers. Install podman or docker on it, "
+            "remove world access to its GPU device nodes, or keep a single lot on it, then check it again."
+        )
+        messages.warning(request, message % values)
+    elif mode == Host.Isolation.DRY_RUN:
+        messages.info(request, _("%(host)s uses the dry-run driver: nothing was probed.") % values)
+    else:
+        messages.success(request, _("%(host)s: %(mode)s; its lots are offered.") % values)
+    if check.orders_left_unisolated:
+        orders = ", ".join(order.public_id for order in check.orders_left_unisolated)
+        message = _(
+            "Booked orders stay on %(host)s and are not cancelled: %(orders)s. Reassign their lots or restore "
+            "isolation before their window."
+        )
+        messages.warning(request, message % {"host": host.name, "orders": orders})
 
 
 @admin.register(Host)
@@ -19,7 +49,7 @@ class HostAdmin(admin.ModelAdmin):
             {"fields": ["name", "address", "ssh_port", "driver", "admin_user", "use_sudo", "host_key", "is_active"]},
         ),
         (
-            _("Each lot's container"),
+            gettext_lazy("Each lot's container"),
             {
                 "fields": [
                     "container_runtime",
@@ -32,14 +62,14 @@ class HostAdmin(admin.ModelAdmin):
             },
         ),
         (
-            _("Isolation (found by checking the host)"),
+            gettext_lazy("Isolation (found by checking the host)"),
             {"fields": ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]},
         ),
         (None, {"fields": ["notes"]}),
     ]
     readonly_fields = ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]
 
-    @admin.action(description=_("Check the selected hosts' isolation"), permissions=["change"])
+    @admin.action(description=gettext_lazy("Check the selected hosts' isolation"), permissions=["change"])
     def check_hosts(self, request: HttpRequest, queryset) -> None:
         for host in queryset[:50]:  # each check is an SSH session: a bounded batch per click
             report_host_check(request, host)

@@ -6,15 +6,14 @@ class ProvisioningConfig(AppConfig):
     verbose_name = "Provisioning"
 
     def ready(self) -> None:
-        from booking.apps import connect_page_signals
+        from booking.apps import connect_availability
         from booking.signals import order_status_changed
         from provisioning import (
             checks,  # noqa: F401 (registers the production checks)
             services,
         )
-        from provisioning.models import Access, Host, ProvisioningRun
+        from provisioning.models import Host
 
-        # Hosts carry lots (the booking page); accesses are what the order page shows once ready, runs the
-        # progress while they are prepared (a run is saved as each step starts).
-        connect_page_signals(app="provisioning", catalog=(Host,), order_rows=(Access, ProvisioningRun))
+        # Hosts carry lots: a host taken out of service or found not isolated changes what can be booked.
+        connect_availability(Host, app="provisioning")
         order_status_changed.connect(services.on_order_status_changed, dispatch_uid="provisioning-lifecycle")

@@ -17,11 +17,11 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 
+from booking import notices
 from booking.locks import lock_order
-from booking.mail import send_to_order_contact
 from booking.models import RELEASING_STATUSES, EnvironmentImage, Lot, Order, OrderEvent, OrderStatus
+from booking.notices import Notice
 from booking.rules import BookingError
 from booking.services import order_note, order_reassign_lot, order_transition
 from provisioning import host_checks, selectors, steps
@@ -623,12 +623,7 @@ def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **ac
 
 
 def access_email_send(*, order: Order) -> None:
-    send_to_order_contact(
-        order=order,
-        subject=gettext_lazy("Your Binôme machines are ready: order %(number)s"),
-        template="provisioning/email/access_ready.txt",
-        context={"accesses": list(order.accesses.select_related("host"))},
-    )
+    notices.send(Notice.ACCESS_READY, order=order, accesses=list(order.accesses.select_related("host")))
 
 
 # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -837,16 +832,12 @@ RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, 
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:
-    send_to_order_contact(
+    notices.send(
+        Notice.END_WARNING,
         order=order,
-        subject=gettext_lazy("Your Binôme window ends in %(left)s: order %(number)s"),
-        subject_values={"left": kind.replace("h", " h")},
-        template="provisioning/email/end_warning.txt",
-        context={
-            "kind": kind,
-            "wipe_at": wipe_date(order),
-            "wipe_after_days": OperatorSettings.current().wipe_after_days,
-        },
+        kind=kind,
+        wipe_at=wipe_date(order),
+        wipe_after_days=OperatorSettings.current().wipe_after_days,
     )
 
 

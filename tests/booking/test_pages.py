@@ -380,8 +380,8 @@ def test_a_write_committed_while_the_page_is_drawn_never_leaves_it_current(
 ):
     """The order changes right after the page read it: the page shows the old state, so its poll must not be
     answered "unchanged"; it brings the new state."""
-    from booking import views
     from booking.services import order_transition
+    from web.customer import order as views
 
     order, token = place(client, booking_data())
     read_order = views._order_or_404
@@ -461,7 +461,7 @@ def _polled_url(client, order: Order, token: str) -> str:
 def test_an_unchanged_poll_is_answered_before_sessions_and_csrf_with_the_security_headers(
     client, catalog, booking_data
 ):
-    """The 204 comes from booking.middleware, ahead of the session, CSRF and messages: it sets no cookie, yet
+    """The 204 comes from web.poll, ahead of the session, CSRF and messages: it sets no cookie, yet
     carries the headers every answer has."""
     order, token = place(client, booking_data())
     url = _polled_url(client, order, token)

@@ -386,7 +386,7 @@ def ready_order(client, booking_data, admin_user) -> Order:
 
 
 def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booking_data, admin_user):
-    from portal.checkout import order_extension_request
+    from payments.checkout import order_extension_request
 
     order = ready_order(client, booking_data, admin_user)
     end = order.ends_at
@@ -476,7 +476,7 @@ def test_a_payment_still_unconfirmed_when_monitoring_ends_is_invalid_and_flagged
 
 def test_an_extension_paid_ten_days_after_the_booking_has_its_own_quote_clock(client, chain, booking_data, admin_user):
     """Regression: extension invoices were created already expired (their expiry was the booking's hold)."""
-    from portal.checkout import order_extension_request
+    from payments.checkout import order_extension_request
 
     order = ready_order(client, booking_data, admin_user)
     end = order.ends_at

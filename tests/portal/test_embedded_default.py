@@ -280,7 +280,7 @@ def operator_clicks(operator: Visitor, public_id: str, action: str) -> None:
     answer = operator.post(f"{console_page}{action}/", {}, form_page=console_page)
     from django.utils import translation
 
-    from provisioning.views import ACTION_NAMES
+    from web.console.views import ACTION_NAMES
 
     with translation.override("en"):  # the operator reads English; another test may have left French active
         done = f"{public_id}: {ACTION_NAMES[action]} done."

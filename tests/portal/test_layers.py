@@ -1,6 +1,6 @@
-"""The apps depend on each other one way only: booking ← payments ← provisioning (design.md). booking imports
-neither, payments never imports provisioning, and no module imports the orchestrator or the URLconf above them,
-not even inside a function. Other apps react to an order's transitions through booking's order_status_changed."""
+"""The apps depend on each other one way only: booking ← payments ← provisioning ← web (design.md). booking imports
+neither, payments never imports provisioning, no app imports the pages above them (web/) nor the URLconf, not
+even inside a function. Other apps react to an order's transitions through booking's order_status_changed."""
 
 import ast
 from pathlib import Path
@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("booking", "payments", "provisioning")
-BELOW = {"booking": {"booking"}, "payments": {"booking", "payments"}, "provisioning": set(APPS)}
-# The project's shared helpers any app may use (client: the client address behind the proxies); provisioning's
-# console also calls the orchestrator.
+APPS = ("booking", "payments", "provisioning", "web")
+BELOW = {
+    "booking": {"booking"},
+    "payments": {"booking", "payments"},
+    "provisioning": {"booking", "payments", "provisioning"},
+    "web": set(APPS),
+}
+# The project's shared helpers any app may use (client: the client address behind the proxies).
 PORTAL_HELPERS = {"numbers", "singleton", "client"}
-PORTAL_FOR = {"booking": PORTAL_HELPERS, "payments": PORTAL_HELPERS, "provisioning": {*PORTAL_HELPERS, "checkout"}}
+PORTAL_FOR = dict.fromkeys(APPS, PORTAL_HELPERS)
 
 
 def imports_of(path: Path) -> set[str]:
@@ -43,7 +47,7 @@ def test_an_app_imports_only_the_apps_below_it(app):
     wrong = sorted(
         f"{path.relative_to(ROOT)}: {name}" for path in app_files(app) for name in imports_of(path) if upward(name, app)
     )
-    assert not wrong, "imports against booking <- payments <- provisioning:\n" + "\n".join(wrong)
+    assert not wrong, "imports against booking <- payments <- provisioning <- web:\n" + "\n".join(wrong)
 
 
 def test_the_import_graph_of_the_apps_has_no_cycle():
@@ -51,4 +55,9 @@ def test_the_import_graph_of_the_apps_has_no_cycle():
         app: {name.split(".")[0] for path in app_files(app) for name in imports_of(path)} & set(APPS) - {app}
         for app in APPS
     }
-    assert graph == {"booking": set(), "payments": {"booking"}, "provisioning": {"booking", "payments"}}
+    assert graph == {
+        "booking": set(),
+        "payments": {"booking"},
+        "provisioning": {"booking"},
+        "web": {"booking", "payments", "provisioning"},
+    }

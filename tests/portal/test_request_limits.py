@@ -10,10 +10,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from booking import split_trial_report
-from booking.forms import BookingForm, FitForm, no_markup
 from booking.models import Order, OrderStatus, SplitTrialReport
 from booking.services import order_transition
 from tests.booking.test_pages import place
+from web.customer.forms import BookingForm, FitForm, no_markup
 
 pytestmark = pytest.mark.django_db
 

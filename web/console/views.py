@@ -19,10 +19,11 @@ from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Lot, Order, OrderStatus
 from booking.rules import BookingError
 from booking.selectors import free_lot_ids, window_for
+from payments import checkout
 from payments.models import Invoice
-from portal import checkout
 from portal.numbers import whole_number
 from provisioning import selectors, services
+from provisioning.admin import report_host_check
 from provisioning.models import Host
 
 OPERATE = "booking.operate_orders"
@@ -70,7 +71,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     unisolated = list(selectors.orders_on_unisolated_hosts())
     failing = list(selectors.failing_release_runs())
     context = {"sections": sections, "flagged": flagged, "unisolated": unisolated, "failing": failing, "now": now}
-    template = "provisioning/console/queue.html#queue" if request.htmx else "provisioning/console/queue.html"
+    template = "console/queue.html#queue" if request.htmx else "console/queue.html"
     return render(request, template, context)
 
 
@@ -100,7 +101,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "free_lots": free_lots,
         "awaits_decision": services.awaits_preflight_decision(order),
     }
-    template = "provisioning/console/order.html#runs" if request.htmx else "provisioning/console/order.html"
+    template = "console/order.html#runs" if request.htmx else "console/order.html"
     return render(request, template, context)
 
 
@@ -209,7 +210,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
                         cell["state"] = "ending"
             cells.append(cell)
         rows.append({"lot": lot, "cells": cells})
-    return render(request, "provisioning/console/calendar.html", {"days": days, "rows": rows})
+    return render(request, "console/calendar.html", {"days": days, "rows": rows})
 
 
 # --- hosts ---------------------------------------------------------------------------------------------------
@@ -222,7 +223,7 @@ def hosts(request: HttpRequest) -> HttpResponse:
         "hosts": list(selectors.hosts_for_console().select_related("exclusive_lot")),
         "flagged_orders": list(selectors.orders_on_unisolated_hosts()),
     }
-    return render(request, "provisioning/console/hosts.html", context)
+    return render(request, "console/hosts.html", context)
 
 
 @require_GET
@@ -235,7 +236,7 @@ def host_detail(request: HttpRequest, name: str) -> HttpResponse:
         "lots": list(host.lots.select_related("hardware_class").order_by("name")),
         "booked_orders": list(selectors.orders_booked_on(host=host)[:100]),
     }
-    return render(request, "provisioning/console/host.html", context)
+    return render(request, "console/host.html", context)
 
 
 @require_POST
@@ -243,31 +244,3 @@ def host_detail(request: HttpRequest, name: str) -> HttpResponse:
 def host_check(request: HttpRequest, name: str) -> HttpResponse:
     report_host_check(request, get_object_or_404(Host, name=name))
     return redirect("console:host", name=name)
-
-
-def report_host_check(request: HttpRequest, host: Host) -> None:
-    """Check the host's isolation and tell the operator what was found (console and admin action)."""
-    try:
-        check = services.host_check(host=host, actor=request.user)
-    except BookingError as exc:
-        messages.error(request, exc.message)
-        return
-    mode = Host.Isolation(check.finding.mode)
-    values = {"host": host.name, "mode": mode.label}
-    if mode == Host.Isolation.NOT_ISOLATED:
-        message = _(
-            "%(host)s is not isolated: its lots are not offered to customers. Install podman or docker on it, "
-            "remove world access to its GPU device nodes, or keep a single lot on it, then check it again."
-        )
-        messages.warning(request, message % values)
-    elif mode == Host.Isolation.DRY_RUN:
-        messages.info(request, _("%(host)s uses the dry-run driver: nothing was probed.") % values)
-    else:
-        messages.success(request, _("%(host)s: %(mode)s; its lots are offered.") % values)
-    if check.orders_left_unisolated:
-        orders = ", ".join(order.public_id for order in check.orders_left_unisolated)
-        message = _(
-            "Booked orders stay on %(host)s and are not cancelled: %(orders)s. Reassign their lots or restore "
-            "isolation before their window."
-        )
-        messages.warning(request, message % {"host": host.name, "orders": orders})

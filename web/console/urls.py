@@ -1,6 +1,6 @@
 from django.urls import path
 
-from provisioning import views
+from web.console import views
 
 app_name = "console"
 

@@ -212,6 +212,25 @@ def quote_initial(*, catalog: Catalog, earliest: date) -> dict:
     }
 
 
+def _fit_number(label, *, whole: bool = False, step: str = "any", **bounds) -> forms.Field:
+    """An optional number of the advisor (it updates live: `data-fit`); a whole one for shapes, counts and sizes."""
+    if whole:
+        return forms.IntegerField(
+            label=label,
+            required=False,
+            min_value=1,
+            max_value=10**7,
+            widget=forms.NumberInput(attrs={"data-fit": ""}),
+        )
+    return forms.FloatField(
+        label=label, required=False, widget=forms.NumberInput(attrs={"step": step, "data-fit": ""}), **bounds
+    )
+
+
+def _fit_choice(label, choices: list, initial: str, *, widget=forms.Select) -> forms.ChoiceField:
+    return forms.ChoiceField(label=label, choices=choices, widget=widget(attrs={"data-fit": ""}), initial=initial)
+
+
 class FitForm(forms.Form):
     """The memory-fit advisor's inputs (booking/fit.py). Prefixed "fit" on the booking page."""
 
@@ -222,93 +241,33 @@ class FitForm(forms.Form):
         widget=forms.NumberInput(attrs={"step": "any", "data-fit": ""}),
         error_messages={"invalid": _("Give the model size in billions of parameters, e.g. 7 or 0.35.")},
     )
-    mode = forms.ChoiceField(
-        label=_("Use"),
-        choices=[("training", _("Training")), ("inference", _("Inference"))],
-        widget=forms.RadioSelect(attrs={"data-fit": ""}),
-        initial="training",
+    mode = _fit_choice(
+        _("Use"), [("training", _("Training")), ("inference", _("Inference"))], "training", widget=forms.RadioSelect
     )
-    weight_precision = forms.ChoiceField(
-        label=_("Weights in"),
-        choices=[("bf16", "bf16"), ("fp32", "fp32"), ("fp8", "fp8")],
-        widget=forms.Select(attrs={"data-fit": ""}),
-        initial="bf16",
-    )
-    optimizer = forms.ChoiceField(
-        label=_("Optimizer"),
-        choices=[
+    weight_precision = _fit_choice(_("Weights in"), [("bf16", "bf16"), ("fp32", "fp32"), ("fp8", "fp8")], "bf16")
+    optimizer = _fit_choice(
+        _("Optimizer"),
+        [
             ("adamw", "AdamW"),
             ("sgd_momentum", _("SGD with momentum")),
             ("adafactor", _("Adafactor-like")),
             ("none", _("None")),
         ],
-        widget=forms.Select(attrs={"data-fit": ""}),
-        initial="adamw",
+        "adamw",
     )
-    optimizer_precision = forms.ChoiceField(
-        label=_("Optimizer state in"),
-        choices=[("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "fp8")],
-        widget=forms.Select(attrs={"data-fit": ""}),
-        initial="fp32",
+    optimizer_precision = _fit_choice(
+        _("Optimizer state in"), [("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "fp8")], "fp32"
     )
-    activations_gb = forms.FloatField(
-        label=_("Activations per card (GB), if measured"),
-        required=False,
-        min_value=0,
-        max_value=100000,
-        widget=forms.NumberInput(attrs={"step": "any", "data-fit": ""}),
+    activations_gb = _fit_number(_("Activations per card (GB), if measured"), min_value=0, max_value=100000)
+    batch = _fit_number(_("Batch per card"), whole=True)
+    sequence = _fit_number(_("Sequence length"), whole=True)
+    hidden = _fit_number(_("Hidden size"), whole=True)
+    layers = _fit_number(_("Layers"), whole=True)
+    checkpointing_factor = _fit_number(
+        _("Activations kept (1 = no checkpointing)"), step="0.05", min_value=0.01, max_value=1, initial=1.0
     )
-    batch = forms.IntegerField(
-        label=_("Batch per card"),
-        required=False,
-        min_value=1,
-        max_value=10**7,
-        widget=forms.NumberInput(attrs={"data-fit": ""}),
-    )
-    sequence = forms.IntegerField(
-        label=_("Sequence length"),
-        required=False,
-        min_value=1,
-        max_value=10**7,
-        widget=forms.NumberInput(attrs={"data-fit": ""}),
-    )
-    hidden = forms.IntegerField(
-        label=_("Hidden size"),
-        required=False,
-        min_value=1,
-        max_value=10**7,
-        widget=forms.NumberInput(attrs={"data-fit": ""}),
-    )
-    layers = forms.IntegerField(
-        label=_("Layers"),
-        required=False,
-        min_value=1,
-        max_value=10**7,
-        widget=forms.NumberInput(attrs={"data-fit": ""}),
-    )
-    checkpointing_factor = forms.FloatField(
-        label=_("Activations kept (1 = no checkpointing)"),
-        required=False,
-        min_value=0.01,
-        max_value=1,
-        initial=1.0,
-        widget=forms.NumberInput(attrs={"step": "0.05", "data-fit": ""}),
-    )
-    kv_cache_gb = forms.FloatField(
-        label=_("KV cache (GB), inference"),
-        required=False,
-        min_value=0,
-        max_value=100000,
-        widget=forms.NumberInput(attrs={"step": "any", "data-fit": ""}),
-    )
-    reserve_percent = forms.FloatField(
-        label=_("Runtime reserve (%)"),
-        required=False,
-        min_value=0,
-        max_value=50,
-        initial=10,
-        widget=forms.NumberInput(attrs={"step": "1", "data-fit": ""}),
-    )
+    kv_cache_gb = _fit_number(_("KV cache (GB), inference"), min_value=0, max_value=100000)
+    reserve_percent = _fit_number(_("Runtime reserve (%)"), step="1", min_value=0, max_value=50, initial=10)
 
     def clean(self) -> dict:
         cleaned = super().clean()

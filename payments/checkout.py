@@ -1,10 +1,8 @@
-"""The orchestrator: the few sequences that must write to booking and payments in one transaction.
+"""Checkout: the few sequences that write an order and its invoice in one transaction.
 
-Dependencies between the apps run one way, booking ← payments ← provisioning, and an app reacts to another's
-transitions through `booking.signals.order_status_changed`. What cannot wait for an event lives here instead,
-above the apps (Saleor's `checkout/complete_checkout.py`): an order is never placed without its invoice, nor an
-extension asked for without its own. Views and tasks call these functions; the apps never import this module
-(the booking page gets `order_place` through the URLconf, portal/urls.py).
+An order is never placed without its invoice, nor an extension asked for without its own (Saleor's
+`checkout/complete_checkout.py`). Payments sits above booking (booking ← payments ← provisioning), so it may call
+booking's services in the same transaction; booking never calls back. The pages (web/) call these functions.
 """
 
 from datetime import datetime

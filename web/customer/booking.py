@@ -1,36 +1,33 @@
-"""Customer pages: parse, call one service or selector, render. Every page works without JavaScript; htmx only
-swaps the live regions (`#quote` on the booking page, `#order-status` on the order page)."""
+"""The booking page, the memory-fit advisor, the guide, the split-trial kit and "resend my link": parse, call
+one service or selector, render. Every page works without JavaScript; htmx only swaps the live regions (`#quote`
+on the booking page, `#fit` for the advisor)."""
 
 import hashlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.db import InterfaceError, OperationalError, connection
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
-from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_http_methods, require_POST
-from django_htmx.http import HttpResponseStopPolling
+from django.views.decorators.http import require_http_methods
 from django_ratelimit.core import is_ratelimited
 
-from booking import advisor, page_cache, selectors, services, status_cache
-from booking.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
-from booking.models import BookingPolicy, Order, OrderStatus
-from booking.page_cache import PLACEHOLDER_MARK, cached_page
+from booking import advisor, availability, selectors, services
+from booking.models import BookingPolicy
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
 from nodekit.bundle import script_bytes
+from payments import checkout
 from portal import client
+from web.customer.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
+from web.page_cache import PLACEHOLDER_MARK, cached_page
 
 logger = logging.getLogger(__name__)
 
@@ -80,14 +77,11 @@ def _shared_query(request: HttpRequest) -> list[tuple[str, str]] | None:
     return [(name, request.GET[name]) for name in sorted(request.GET)]
 
 
-PlaceOrder = Callable[..., tuple[Order, str]]
-
-
 @require_http_methods(["GET", "POST"])
-def book(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
+def book(request: HttpRequest) -> HttpResponse:
     """The booking page. GET (with or without choices) and POST action=quote only refresh the quote; a POST
-    without it places the order through `place_order` (the orchestrator, portal/checkout.py, given by the
-    URLconf). Anonymous GETs come from the shared page cache (booking/page_cache.py)."""
+    without it places the order with its invoice (payments/checkout.py). Anonymous GETs come from the shared page
+    cache (web/page_cache.py)."""
     if request.method == "GET" and (query := _shared_query(request)) is not None:
         canonical = urlencode(query)
         digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -99,13 +93,13 @@ def book(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
             render=lambda extra_context: _booking_page(request, {**extra_context, **shared}),
         )
     if request.method == "POST" and request.POST.get("action") != "quote":
-        return _place(request, place_order)
+        return _place(request)
     return _booking_page(request)
 
 
 def _catalog_and_policy() -> tuple[Catalog, BookingPolicy]:
     """The classes on offer and the booking rules, from the shared cache until the catalog changes."""
-    return page_cache.remember(
+    return availability.remember(
         "booking:catalog", lambda: (Catalog(classes=list(selectors.offered_classes())), BookingPolicy.current())
     )
 
@@ -146,7 +140,7 @@ def _booking_page(request: HttpRequest, extra_context: dict | None = None) -> Ht
     return _draw(request, desk, form=form, fit_form=None, quote_form=quote_form, extra_context=extra_context)
 
 
-def _place(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
+def _place(request: HttpRequest) -> HttpResponse:
     """Place the order and go to its page; or the sold-out answer; or the form again, everything typed kept.
     Only a booking that passed the form counts against the client's rate limit: junk costs us nothing to refuse,
     and counting it would let anyone use up the limit of everyone behind the same address."""
@@ -166,7 +160,7 @@ def _place(request: HttpRequest, place_order: PlaceOrder) -> HttpResponse:
             booking_request = _booking_request(
                 form, language=get_language(), client_key=client.client_key(request), **fit
             )
-            order, token = place_order(request=booking_request, policy=desk.policy)
+            order, token = checkout.order_place(request=booking_request, policy=desk.policy)
         except SoldOut as exc:
             return _sold_out_page(request, form, exc)
         except BookingError as exc:
@@ -205,8 +199,8 @@ def _draw(
         **(extra_context or {}),
     }
     if request.htmx and request.method == "GET":
-        return render(request, "booking/book.html#quote", context)
-    return render(request, "booking/book.html", context, status=status)
+        return render(request, "customer/book.html#quote", context)
+    return render(request, "customer/book.html", context, status=status)
 
 
 def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -> HttpResponse:
@@ -229,7 +223,7 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
         "hardware_class": data["hardware_class"],
         "language_next": reverse("booking:book"),
     }
-    return render(request, "booking/sold_out.html", context)
+    return render(request, "customer/sold_out.html", context)
 
 
 def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit) -> services.BookingRequest:
@@ -256,141 +250,6 @@ def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit
     )
 
 
-def _order_or_404(public_id: str, token: str) -> Order:
-    order = selectors.order_for_link(public_id=public_id, token=token)
-    if order is None:
-        raise Http404("No such order.")
-    return order
-
-
-def mark_private(response: HttpResponse) -> HttpResponse:
-    """The order page is a secret: never sent as a referrer to another site, never indexed (never_cache keeps it
-    out of caches). `same-origin`, not `no-referrer`: under `no-referrer` Chromium posts this page's forms with
-    `Origin: null`, which the CSRF check refuses; `same-origin` gives our own server the real origin (and the
-    referrer, which its logs redact) and every other site nothing, not even our origin (docs/architecture.md)."""
-    response["Referrer-Policy"] = "same-origin"
-    response["X-Robots-Tag"] = "noindex, nofollow"
-    return response
-
-
-@require_http_methods(["GET"])
-@never_cache
-def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    """The order page, or its polled status block for htmx. A poll whose block is still current never gets
-    here: booking.middleware answers it "unchanged"."""
-    versions = status_cache.current_versions(public_id)  # before the order is read (booking/status_cache.py)
-    return order_page(request, _order_or_404(public_id, token), token, versions=versions)
-
-
-END_WARNING = timedelta(hours=48)  # the order page warns this long before an active window ends
-
-
-def _status_fresh_for(order: Order, *, now) -> float:
-    """How long the status block's text stays true without a write: until the end warning appears, if due."""
-    time_left = order.ends_at - now
-    if order.status == OrderStatus.ACTIVE and time_left >= END_WARNING:
-        return (time_left - END_WARNING).total_seconds()
-    return float(status_cache.RECORD_TTL)
-
-
-ACCESS_SHOWN = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
-
-
-def _order_context(order: Order, token: str) -> dict:
-    split_trials = (
-        list(order.split_trials.all()[:5])
-        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
-        else []
-    )
-    now = timezone.now()
-    accesses = order.accesses.select_related("host")
-    if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
-        accesses = accesses.exclude(status="revoked")
-    return {
-        "order": order,
-        "token": token,
-        "events": list(order.events.all()),
-        "ssh_keys": list(order.ssh_keys.all()),
-        "split_trials": split_trials,
-        "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
-        "accesses": list(accesses) if order.status in ACCESS_SHOWN else [],
-        "now": now,
-        "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
-        "progress": _provisioning_progress(order),
-    }
-
-
-def _provisioning_progress(order: Order) -> dict | None:
-    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order)."""
-    if order.status != OrderStatus.PROVISIONING:
-        return None
-    run = order.provisioning_runs.filter(kind="provision").first()
-    if run is None:
-        return None
-    statuses = list(run.steps.values_list("status", flat=True))
-    done = statuses.count("done")
-    return {"step": min(done + 1, len(statuses)), "steps": len(statuses)}
-
-
-def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict | None = None) -> HttpResponse:
-    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts).
-
-    Either way the block names its rendering in its poll URL, and the rendering is remembered with the versions
-    it was drawn at (booking/status_cache.py): the very first poll of a page that is still current gets 204.
-    `versions` must have been read before `order` was; without them the order is read again after them."""
-    if versions is None:
-        versions = status_cache.current_versions(order.public_id)
-        order = _order_or_404(order.public_id, token)
-    rendering_id = status_cache.new_token()
-    context = {**_order_context(order, token), "poll_version": rendering_id}
-    status_cache.remember_rendering(
-        public_id=order.public_id,
-        token=token,
-        rendering_id=rendering_id,
-        versions=versions,
-        fresh_for=_status_fresh_for(order, now=context["now"]),
-    )
-    if request.htmx:
-        response = render(request, "booking/order.html#order-status", context)
-        if order.is_settled:
-            response = HttpResponseStopPolling(response.content)
-        return mark_private(response)
-    return mark_private(render(request, "booking/order.html", context))
-
-
-@require_POST
-@never_cache
-def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    order = _order_or_404(public_id, token)
-    try:
-        services.order_cancel_by_customer(order=order)
-    except BookingError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, _("Your order is cancelled and its lots are released."))
-    return redirect("booking:order", public_id=order.public_id, token=token)
-
-
-@require_POST
-@never_cache
-def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    """Revoke every link to the order (this one included) and mail a new one to the order's contact."""
-    order = _order_or_404(public_id, token)
-    services.order_links_revoke(order=order)
-    context = {
-        "order": order,
-        "masked_email": _masked_email(order.contact_email),
-        "language_next": reverse("booking:book"),
-    }
-    return mark_private(render(request, "booking/links_revoked.html", context))
-
-
-def _masked_email(email: str) -> str:
-    """Enough of the address for its owner to recognise it, not enough to learn it: a•••@example.org."""
-    local, _at, domain = email.partition("@")
-    return f"{local[:1]}•••@{domain}"
-
-
 @require_http_methods(["GET", "POST"])
 def resend_link(request: HttpRequest) -> HttpResponse:
     form = ResendLinkForm(request.POST or None)
@@ -410,14 +269,14 @@ def resend_link(request: HttpRequest) -> HttpResponse:
             return render(request, "429.html", status=429)
         services.orders_request_links(email=email, language=get_language())
         sent = True
-    return render(request, "booking/resend_link.html", {"form": form, "sent": sent})
+    return render(request, "customer/resend_link.html", {"form": form, "sent": sent})
 
 
 @require_http_methods(["GET"])
 def guide(request: HttpRequest) -> HttpResponse:
     """The researcher's guide, written per language (long-form text reads better than translated fragments)."""
     language = request.LANGUAGE_CODE if request.LANGUAGE_CODE in dict(settings.LANGUAGES) else "en"
-    return render(request, f"booking/guide_{language}.html")
+    return render(request, f"customer/guide_{language}.html")
 
 
 @require_http_methods(["GET"])
@@ -428,8 +287,8 @@ def fit_advisor(request: HttpRequest) -> HttpResponse:
     advice = _fit_advice(form, hypothesis=request.GET.get("hypothesis", "")[:40], catalog=catalog)
     context = {"fit_form": form, "advice": advice}
     if request.htmx:
-        return render(request, "booking/fit.html#advice", context)
-    return render(request, "booking/fit.html", context)
+        return render(request, "customer/fit.html#advice", context)
+    return render(request, "customer/fit.html", context)
 
 
 def _fit_advice(form: FitForm, *, hypothesis: str, catalog: Catalog) -> dict | None:
@@ -439,25 +298,6 @@ def _fit_advice(form: FitForm, *, hypothesis: str, catalog: Catalog) -> dict | N
     if inputs is None:
         return None
     return advisor.advise(inputs=inputs, classes=catalog.classes, hypothesis=hypothesis)
-
-
-@require_POST
-@never_cache
-def split_trial_upload(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
-    order = _order_or_404(public_id, token)
-    upload = request.FILES.get("report")
-    if upload is None:
-        messages.error(request, _("Choose the report file (report.json) written by the split-trial kit."))
-    elif upload.size > 256_000:
-        messages.error(request, str(services.SPLIT_TRIAL_MESSAGES["too_large"]))
-    else:
-        try:
-            services.split_trial_upload(order=order, raw=upload.read(256_001))
-        except BookingError as exc:
-            messages.error(request, str(exc.message))
-        else:
-            messages.success(request, _("Split-trial report added to your order."))
-    return redirect(reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#split-trial")
 
 
 @require_http_methods(["GET"])

@@ -1,6 +1,6 @@
 """The order page's "unchanged" answer: which rendering of the live status block is still current.
 
-Every open order page polls its status block (`booking/order.html#order-status`) every few seconds, and nearly
+Every open order page polls its status block (`customer/order.html#order-status`) every few seconds, and nearly
 every answer is "nothing changed". Each rendering of the block, in the full page or alone, gets an id that is
 written into the block's own poll URL (`?v=`), and a small record under that id: the link it was rendered for
 (order number and token hash) and the versions of what it shows:
@@ -13,7 +13,7 @@ written into the block's own poll URL (`?v=`), and a small record under that id:
   delayed" depends on the chain's cursor, not only on the invoice).
 
 A poll naming a record whose versions are still the current ones, for the same link, is answered "204 No
-Content" (htmx keeps the block) by `booking.middleware.UnchangedStatusMiddleware`, before sessions, locale,
+Content" (htmx keeps the block) by `web.poll.UnchangedStatusMiddleware`, before sessions, locale,
 CSRF, authentication and messages run: one cache round trip of three small values, no query. Anything else is
 rendered afresh by the view. Versions are random, so a value evicted and set again cannot match an older
 record; records expire after `RECORD_TTL` seconds, and sooner when the block's text depends on the time (the

@@ -1,7 +1,7 @@
 """The order page's poll, answered before the rest of the stack when nothing it shows has changed.
 
 Every open order page polls its status block every few seconds, and nearly every answer is "unchanged". That
-answer needs one cache round trip (`booking.status_cache.unchanged`) and nothing of the session, the language,
+answer needs one cache round trip (`web.status_cache.unchanged`) and nothing of the session, the language,
 CSRF, the user or the messages: this middleware sits right after the security ones (so the answer carries their
 headers) and answers "204 No Content" there. Anything else, a changed block included, goes on to the view.
 """
@@ -11,8 +11,8 @@ from functools import lru_cache
 from django.http import HttpResponse
 from django.urls import Resolver404, get_urlconf, resolve
 
-from booking import status_cache
-from booking.views import mark_private, order_detail
+from web import status_cache
+from web.customer.order import mark_private, order_detail
 
 NEVER_CACHE = {"Cache-Control": "max-age=0, no-cache, no-store, must-revalidate, private"}
 LONGEST_ORDER_PATH = 256  # "/orders/<number>/<token>/" is about 70 characters; longer paths are not remembered
@@ -20,7 +20,7 @@ LONGEST_ORDER_PATH = 256  # "/orders/<number>/<token>/" is about 70 characters; 
 
 @lru_cache(maxsize=4096)
 def _order_link(path: str, urlconf) -> tuple[str, str] | None:
-    """(order number, token) when `path` is an order page's address, from Django's resolver (booking/urls.py stays
+    """(order number, token) when `path` is an order page's address, from Django's resolver (web/customer/urls.py stays
     the one route). Remembered per path: an open page polls the same address every few seconds, and resolving
     costs about as much as the rest of the "unchanged" answer."""
     try:

@@ -1,0 +1,31 @@
+"""What a customer, or the operators, must be told, as facts. The apps decide when; the presentation layer writes
+the e-mail in the customer's language (web/mail.py), so no app renders a template a customer reads.
+
+    notices.send(Notice.ACCESS_READY, order=order, accesses=accesses)
+
+It is a Django signal with one writer, connected by web/apps.py. It is sent, not sent robustly: a mail that cannot
+go out fails the task that sends it, which retries. A notice with no writer is a configuration error, never
+silence.
+"""
+
+from enum import StrEnum
+
+from django.core.exceptions import ImproperlyConfigured
+from django.dispatch import Signal
+
+
+class Notice(StrEnum):
+    ORDER_LINK = "order_link"  # order=, link=: a fresh secret link to the order's contact
+    ORDER_LINKS = "order_links"  # to=, language=, links=[(order, link)]: every recent order of an address
+    PAYMENT_RECEIVED = "payment_received"  # order=, invoice=: to the contact, and a copy to the operators
+    ACCESS_READY = "access_ready"  # order=, accesses=: how to log in
+    END_WARNING = "end_warning"  # order=, kind= ("48h", "6h"), wipe_at=, wipe_after_days=
+
+
+notice = Signal()
+
+
+def send(kind: Notice, /, **facts) -> None:
+    if not notice.has_listeners(kind):
+        raise ImproperlyConfigured(f"nothing writes the {kind} notice: is the `web` app installed?")
+    notice.send(sender=kind, **facts)

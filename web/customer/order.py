@@ -1,0 +1,219 @@
+"""The order page and what a customer does on it: read it (and poll its status block), cancel, revoke the links,
+add a split-trial report, say "I've paid", change the asset. Parse, call one service or selector, render."""
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseStopPolling
+from django_ratelimit.core import is_ratelimited
+
+from booking import selectors, services
+from booking.models import Order, OrderStatus
+from booking.rules import BookingError
+from payments import selectors as payment_selectors
+from payments import services as payment_services
+from portal.numbers import whole_number
+from web import status_cache
+
+
+def _order_or_404(public_id: str, token: str) -> Order:
+    order = selectors.order_for_link(public_id=public_id, token=token)
+    if order is None:
+        raise Http404("No such order.")
+    return order
+
+
+def mark_private(response: HttpResponse) -> HttpResponse:
+    """The order page is a secret: never sent as a referrer to another site, never indexed (never_cache keeps it
+    out of caches). `same-origin`, not `no-referrer`: under `no-referrer` Chromium posts this page's forms with
+    `Origin: null`, which the CSRF check refuses; `same-origin` gives our own server the real origin (and the
+    referrer, which its logs redact) and every other site nothing, not even our origin (docs/architecture.md)."""
+    response["Referrer-Policy"] = "same-origin"
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return response
+
+
+@require_http_methods(["GET"])
+@never_cache
+def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """The order page, or its polled status block for htmx. A poll whose block is still current never gets
+    here: web.poll answers it "unchanged"."""
+    versions = status_cache.current_versions(public_id)  # before the order is read (web/status_cache.py)
+    return order_page(request, _order_or_404(public_id, token), token, versions=versions)
+
+
+END_WARNING = timedelta(hours=48)  # the order page warns this long before an active window ends
+
+
+def _status_fresh_for(order: Order, *, now) -> float:
+    """How long the status block's text stays true without a write: until the end warning appears, if due."""
+    time_left = order.ends_at - now
+    if order.status == OrderStatus.ACTIVE and time_left >= END_WARNING:
+        return (time_left - END_WARNING).total_seconds()
+    return float(status_cache.RECORD_TTL)
+
+
+ACCESS_SHOWN = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+
+
+def _order_context(order: Order, token: str) -> dict:
+    split_trials = (
+        list(order.split_trials.all()[:5])
+        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+        else []
+    )
+    now = timezone.now()
+    accesses = order.accesses.select_related("host")
+    if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
+        accesses = accesses.exclude(status="revoked")
+    return {
+        "order": order,
+        "token": token,
+        "events": list(order.events.all()),
+        "ssh_keys": list(order.ssh_keys.all()),
+        "split_trials": split_trials,
+        "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
+        "accesses": list(accesses) if order.status in ACCESS_SHOWN else [],
+        "now": now,
+        "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
+        "progress": _provisioning_progress(order),
+    }
+
+
+def _provisioning_progress(order: Order) -> dict | None:
+    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order)."""
+    if order.status != OrderStatus.PROVISIONING:
+        return None
+    run = order.provisioning_runs.filter(kind="provision").first()
+    if run is None:
+        return None
+    statuses = list(run.steps.values_list("status", flat=True))
+    done = statuses.count("done")
+    return {"step": min(done + 1, len(statuses)), "steps": len(statuses)}
+
+
+def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict | None = None) -> HttpResponse:
+    """The order page, or its live status block for htmx (also the answer to the payment actions' htmx posts).
+
+    Either way the block names its rendering in its poll URL, and the rendering is remembered with the versions
+    it was drawn at (web/status_cache.py): the very first poll of a page that is still current gets 204.
+    `versions` must have been read before `order` was; without them the order is read again after them."""
+    if versions is None:
+        versions = status_cache.current_versions(order.public_id)
+        order = _order_or_404(order.public_id, token)
+    rendering_id = status_cache.new_token()
+    context = {**_order_context(order, token), "poll_version": rendering_id}
+    status_cache.remember_rendering(
+        public_id=order.public_id,
+        token=token,
+        rendering_id=rendering_id,
+        versions=versions,
+        fresh_for=_status_fresh_for(order, now=context["now"]),
+    )
+    if request.htmx:
+        response = render(request, "customer/order.html#order-status", context)
+        if order.is_settled:
+            response = HttpResponseStopPolling(response.content)
+        return mark_private(response)
+    return mark_private(render(request, "customer/order.html", context))
+
+
+@require_POST
+@never_cache
+def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    try:
+        services.order_cancel_by_customer(order=order)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("Your order is cancelled and its lots are released."))
+    return redirect("booking:order", public_id=order.public_id, token=token)
+
+
+@require_POST
+@never_cache
+def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Revoke every link to the order (this one included) and mail a new one to the order's contact."""
+    order = _order_or_404(public_id, token)
+    services.order_links_revoke(order=order)
+    context = {
+        "order": order,
+        "masked_email": _masked_email(order.contact_email),
+        "language_next": reverse("booking:book"),
+    }
+    return mark_private(render(request, "customer/links_revoked.html", context))
+
+
+def _masked_email(email: str) -> str:
+    """Enough of the address for its owner to recognise it, not enough to learn it: a•••@example.org."""
+    local, _at, domain = email.partition("@")
+    return f"{local[:1]}•••@{domain}"
+
+
+@require_POST
+@never_cache
+def split_trial_upload(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    upload = request.FILES.get("report")
+    if upload is None:
+        messages.error(request, _("Choose the report file (report.json) written by the split-trial kit."))
+    elif upload.size > 256_000:
+        messages.error(request, str(services.SPLIT_TRIAL_MESSAGES["too_large"]))
+    else:
+        try:
+            services.split_trial_upload(order=order, raw=upload.read(256_001))
+        except BookingError as exc:
+            messages.error(request, str(exc.message))
+        else:
+            messages.success(request, _("Split-trial report added to your order."))
+    return redirect(reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#split-trial")
+
+
+@require_POST
+@never_cache
+def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    if is_ratelimited(request, group="i-paid", key="ip", rate="30/h", method="POST", increment=True):
+        messages.error(request, _("You pressed “I've paid” many times: we keep checking the chain on our own."))
+        return redirect("booking:order", public_id=public_id, token=token)
+    invoice_id = whole_number(request.POST.get("invoice"))
+    invoice = (
+        order.invoices.filter(pk=invoice_id).first()
+        if invoice_id is not None
+        else payment_selectors.current_invoice(order)
+    )
+    if invoice is None:
+        messages.error(request, _("This order has no invoice to pay."))
+    else:
+        try:
+            payment_services.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
+        except payment_services.PaymentError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(
+                request, _("Thank you. We are looking for your transfer on chain; this page updates by itself.")
+            )
+    if request.htmx:
+        return order_page(request, order, token)
+    return redirect("booking:order", public_id=public_id, token=token)
+
+
+@require_POST
+@never_cache
+def invoice_asset(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    order = _order_or_404(public_id, token)
+    try:
+        payment_services.invoice_change_asset(order=order, asset_key=request.POST.get("asset", "")[:40])
+    except payment_services.PaymentError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("New payment instructions below: use these, not the previous ones."))
+    return redirect("booking:order", public_id=public_id, token=token)

@@ -1,0 +1,20 @@
+from django.urls import path
+
+from web.customer import booking, order
+
+# The customer pages, under the "booking" namespace (the name their links have always had).
+app_name = "booking"
+
+urlpatterns = [
+    path("", booking.book, name="book"),
+    path("guide/", booking.guide, name="guide"),
+    path("fit/", booking.fit_advisor, name="fit"),
+    path("tools/split_trial.py", booking.split_trial_kit, name="split-trial-kit"),
+    path("orders/resend-link/", booking.resend_link, name="resend-link"),
+    path("orders/<str:public_id>/<str:token>/", order.order_detail, name="order"),
+    path("orders/<str:public_id>/<str:token>/cancel/", order.order_cancel, name="order-cancel"),
+    path("orders/<str:public_id>/<str:token>/revoke-links/", order.order_links_revoke, name="order-revoke-links"),
+    path("orders/<str:public_id>/<str:token>/split-trial/", order.split_trial_upload, name="order-split-trial"),
+    path("orders/<str:public_id>/<str:token>/paid/", order.invoice_paid, name="order-paid"),
+    path("orders/<str:public_id>/<str:token>/asset/", order.invoice_asset, name="order-asset"),
+]

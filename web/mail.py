@@ -1,0 +1,104 @@
+"""The e-mails customers and operators read, written from the apps' notices (booking/notices.py) in the language
+the customer booked in."""
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.template.loader import render_to_string
+from django.utils import translation
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy
+
+from booking.models import Order
+from booking.notices import Notice
+
+
+def send_in_language(
+    *, language: str, to: str, subject: Promise, subject_values: dict, template: str, context: dict
+) -> str:
+    """Render `template` and the lazily translated `subject` (formatted with `subject_values`) in `language` and
+    send them to `to`. Returns the body, for copies to the operators."""
+    with translation.override(language):
+        subject_text = str(subject) % subject_values
+        body = render_to_string(template, context)
+    send_mail(subject_text, body, None, [to])
+    return body
+
+
+def send_to_order_contact(
+    *, order: Order, subject: Promise, template: str, context: dict | None = None, subject_values: dict | None = None
+) -> str:
+    """`send_in_language` to the order's contact, in the order's language; the subject may name the order's
+    number as %(number)s and the template sees `order`."""
+    return send_in_language(
+        language=order.language,
+        to=order.contact_email,
+        subject=subject,
+        subject_values={"number": order.public_id, **(subject_values or {})},
+        template=template,
+        context={"order": order, **(context or {})},
+    )
+
+
+def _order_link(*, order: Order, link: str) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme order %(number)s"),
+        template="email/order_link.txt",
+        context={"link": link},
+    )
+
+
+def _order_links(*, to: str, language: str, links: list[tuple[Order, str]]) -> None:
+    send_in_language(
+        language=language,
+        to=to,
+        subject=gettext_lazy("Your Binôme orders"),
+        subject_values={},
+        template="email/order_links.txt",
+        context={"links": links},
+    )
+
+
+def _payment_received(*, order: Order, invoice) -> None:
+    body = send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Payment received for your Binôme order %(number)s"),
+        template="email/payment_received.txt",
+        context={"invoice": invoice},
+    )
+    if settings.PAYMENTS_NOTIFY_EMAIL:
+        send_mail(f"[Binôme] {order.public_id} paid, awaiting approval", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])
+
+
+def _access_ready(*, order: Order, accesses: list) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme machines are ready: order %(number)s"),
+        template="email/access_ready.txt",
+        context={"accesses": accesses},
+    )
+
+
+def _end_warning(*, order: Order, kind: str, wipe_at, wipe_after_days: int) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme window ends in %(left)s: order %(number)s"),
+        subject_values={"left": kind.replace("h", " h")},
+        template="email/end_warning.txt",
+        context={"kind": kind, "wipe_at": wipe_at, "wipe_after_days": wipe_after_days},
+    )
+
+
+WRITERS = {
+    Notice.ORDER_LINK: _order_link,
+    Notice.ORDER_LINKS: _order_links,
+    Notice.PAYMENT_RECEIVED: _payment_received,
+    Notice.ACCESS_READY: _access_ready,
+    Notice.END_WARNING: _end_warning,
+}
+
+
+def write(sender: Notice, **facts) -> None:
+    """The receiver of booking.notices.notice: one e-mail (and its copies) per notice."""
+    facts.pop("signal", None)
+    WRITERS[sender](**facts)
