@@ -25,7 +25,8 @@ from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from payments import config
 from payments.addresses import deposit_address
-from payments.chain import MAX_TRANSFER_UNITS, ChainClient, ChainUnavailable, FeedRound, TransferLog
+from payments.chain import ChainClient, ChainUnavailable
+from payments.chain_answers import MAX_TRANSFER_UNITS, FeedRound, TransferLog
 from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, PaymentSettings, Transfer
 from portal.numbers import whole_number
 

@@ -11,7 +11,8 @@ import pytest
 
 from booking.models import OrderStatus
 from payments import services
-from payments.chain import TRANSFER_TOPIC, checksum, parse_block
+from payments.chain import checksum
+from payments.chain_answers import TRANSFER_TOPIC, parse_block
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
