@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from payments import config, services
+from payments.errors import PaymentError
 from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Transfer
 from payments.selectors import format_units
 from portal.singleton import SingletonAdmin
@@ -147,7 +148,7 @@ class InvoiceAdmin(admin.ModelAdmin):
             for invoice in queryset:
                 try:
                     services.invoice_mark_paid(invoice=invoice, user=request.user, reason=form.cleaned_data["reason"])
-                except services.PaymentError as exc:
+                except PaymentError as exc:
                     self.message_user(request, f"{invoice.order}: {exc.message}", messages.ERROR)
                 else:
                     self.log_change(request, invoice, f"Marked paid: {form.cleaned_data['reason']}")

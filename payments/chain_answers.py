@@ -13,6 +13,7 @@ node.
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 
 # keccak("Transfer(address,address,uint256)"), the topic of every ERC-20 Transfer log (tests/payments check it).
@@ -271,3 +272,11 @@ def parse_block_ref(block) -> tuple[str, int]:
     if not isinstance(value, str) or not _HASH.fullmatch(value.lower()):
         raise ValueError("block without a valid hash")
     return value.lower(), parse_quantity(block.get("timestamp"))
+
+
+def parse_timestamp(timestamp: int) -> datetime | None:
+    """A block's or a feed's unix time as a datetime, or None when it is none."""
+    try:
+        return datetime.fromtimestamp(timestamp, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # a node's nonsense is no time at all
+        return None

@@ -8,8 +8,8 @@ Locks, when several are taken: order, then invoice, then allocation rows (conven
 import logging
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_CEILING, Decimal
+from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -26,8 +26,10 @@ from booking.rules import BookingError
 from payments import config
 from payments.addresses import deposit_address
 from payments.chain import ChainClient, ChainUnavailable
-from payments.chain_answers import MAX_TRANSFER_UNITS, FeedRound, TransferLog
-from payments.models import ChainCursor, DerivationSlot, Invoice, OperatorRate, PaymentSettings, Transfer
+from payments.chain_answers import MAX_TRANSFER_UNITS, TransferLog, parse_timestamp
+from payments.errors import PaymentError
+from payments.models import ChainCursor, DerivationSlot, Invoice, PaymentSettings, Transfer
+from payments.quotes import default_asset, quote
 from portal.numbers import whole_number
 
 logger = logging.getLogger(__name__)
@@ -35,100 +37,7 @@ logger = logging.getLogger(__name__)
 _TX_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
-class PaymentError(BookingError):
-    """A payment rule said no; the message is translated and safe to show."""
-
-
-# --- quotes and invoices -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Quote:
-    asset: config.Asset
-    amount_due_units: int
-    rate: Decimal
-    rate_source: str
-
-
-def default_asset() -> config.Asset | None:
-    """The configured default, else the first stablecoin pegged to the price currency, else the first asset."""
-    configured = settings.PAYMENTS_DEFAULT_ASSET
-    if configured:
-        chain_id, _sep, symbol = configured.partition(":")
-        if (number := whole_number(chain_id)) is not None and (found := config.asset(number, symbol)):
-            return found
-    assets = config.assets()
-    pegged = [asset for asset in assets if asset.pegged_to == settings.PRICE_CURRENCY]
-    return (pegged or assets or [None])[0]
-
-
-class FeedRefused(PaymentError):
-    """A rate feed's answer was refused; `reason` says why, for the log and the operators."""
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def feed_problem(feed: FeedRound, *, asset: config.Asset, fiat_currency: str, now: datetime) -> str:
-    """Why a feed's answer cannot price an invoice ("" when it can): no contract at the address, an answer that is
-    not a round or not positive, older than the asset's heartbeat, carried over from an earlier round, or a pair
-    quoted in another currency than the order's."""
-    if not feed.has_code:
-        return f"no contract at {asset.rate_feed} (chains file)"
-    if feed.rate is None or feed.rate <= 0:
-        return f"the answer is not a positive rate ({feed.rate})"
-    age = now.timestamp() - feed.updated_at
-    if age < -300:
-        return f"the answer is dated {int(-age)} s in the future"
-    if age > asset.rate_feed_heartbeat:
-        return f"the answer is {int(age)} s old, beyond the heartbeat of {asset.rate_feed_heartbeat} s"
-    if feed.answered_in_round < feed.round_id:
-        return f"the answer was carried over (answeredInRound {feed.answered_in_round} < roundId {feed.round_id})"
-    pair = [part.strip().upper() for part in feed.description.split("/")]
-    if len(pair) != 2 or pair[1] != fiat_currency.upper():
-        return f"the feed quotes {feed.description!r}, not a price in {fiat_currency}"
-    return ""
-
-
-def quote(*, asset: config.Asset, fiat_amount: Decimal, fiat_currency: str, now: datetime | None = None) -> Quote:
-    """How many base units of `asset` pay `fiat_amount`: at par for a stablecoin of that currency, else at the rate
-    of the asset's feed (read on chain) or the operator's rate. Rounded up to the unit: never short."""
-    if asset.pegged_to:
-        if asset.pegged_to != fiat_currency:
-            raise PaymentError(
-                _("%(asset)s is pegged to %(peg)s, not to %(currency)s.")
-                % {"asset": asset.symbol, "peg": asset.pegged_to, "currency": fiat_currency}
-            )
-        rate, source = Decimal(1), f"peg 1 {asset.symbol} = 1 {fiat_currency}"
-    elif asset.rate_feed:
-        chain = config.chain(asset.chain_id)
-        try:
-            feed = ChainClient(chain).feed_round(asset.rate_feed)
-        except ChainUnavailable as exc:
-            raise PaymentError(
-                _("The %(asset)s rate cannot be read right now. Choose another asset or try again in a minute.")
-                % {"asset": asset.symbol}
-            ) from exc
-        problem = feed_problem(feed, asset=asset, fiat_currency=fiat_currency, now=now or timezone.now())
-        if problem:
-            logger.error("rate feed of %s refused: %s", asset.key, problem)
-            raise FeedRefused(
-                _("The %(asset)s rate cannot be trusted right now. Choose another asset or try again later.")
-                % {"asset": asset.symbol},
-                reason=problem,
-            )
-        rate = feed.rate
-        source = f"feed {asset.rate_feed} round {feed.round_id} at {_from_timestamp(feed.updated_at).isoformat()}"
-    else:
-        operator_rate = OperatorRate.objects.filter(
-            chain_id=asset.chain_id, asset_symbol=asset.symbol, fiat_currency=fiat_currency
-        ).first()
-        if operator_rate is None:
-            raise PaymentError(_("%(asset)s cannot be used: no rate is set for it.") % {"asset": asset.symbol})
-        rate, source = operator_rate.rate, f"operator rate of {operator_rate.updated_at.isoformat()}"
-    units = (fiat_amount / rate).scaleb(asset.decimals).to_integral_value(rounding=ROUND_CEILING)
-    return Quote(asset=asset, amount_due_units=int(units), rate=rate, rate_source=source)
+# --- invoices ------------------------------------------------------------------------------------------------
 
 
 # How many derived addresses in a row may be found already used before giving up on this invoice.
@@ -718,7 +627,7 @@ def _record_transfer(
         transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
         changed = True
     if on_canonical_block and block_time and transfer.block_time is None:
-        transfer.block_time = _from_timestamp(block_time)
+        transfer.block_time = parse_timestamp(block_time)
         changed = True
     if changed:
         transfer.save()
@@ -772,7 +681,7 @@ def _native_balance_checks(*, chain: config.Chain, client: ChainClient, confirme
                 defaults={
                     "block_number": confirmed,
                     "block_hash": block_hash,
-                    "block_time": _from_timestamp(block_time) if block_time else None,
+                    "block_time": parse_timestamp(block_time) if block_time else None,
                     "to_address": invoice.deposit_address,
                     "amount_units": min(unexplained, MAX_TRANSFER_UNITS),
                     "invoice": invoice,
@@ -783,13 +692,6 @@ def _native_balance_checks(*, chain: config.Chain, client: ChainClient, confirme
             )
         Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(native_checked_at=now)
     return len(invoices)
-
-
-def _from_timestamp(timestamp: int) -> datetime | None:
-    try:
-        return datetime.fromtimestamp(timestamp, tz=UTC)
-    except (OverflowError, OSError, ValueError):  # a node's nonsense is no time at all
-        return None
 
 
 def _chain_sums(invoice_ids: list[int]) -> dict[int, tuple[int, int]]:

@@ -10,6 +10,7 @@ from django_ratelimit.core import is_ratelimited
 
 from booking.views import _order_or_404, order_page
 from payments import selectors, services
+from payments.errors import PaymentError
 from portal.numbers import whole_number
 
 
@@ -29,7 +30,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     else:
         try:
             services.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
-        except services.PaymentError as exc:
+        except PaymentError as exc:
             messages.error(request, exc.message)
         else:
             messages.success(
@@ -46,7 +47,7 @@ def invoice_asset(request: HttpRequest, public_id: str, token: str) -> HttpRespo
     order = _order_or_404(public_id, token)
     try:
         services.invoice_change_asset(order=order, asset_key=request.POST.get("asset", "")[:40])
-    except services.PaymentError as exc:
+    except PaymentError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, _("New payment instructions below: use these, not the previous ones."))

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from payments import config, services
+from payments import config, quotes, services
 from payments.demo import DEMO_ETH_EUR
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
@@ -39,7 +39,7 @@ def test_a_fresh_feed_answer_prices_the_invoice_with_its_round(client, chain, bo
 def test_a_feed_answer_older_than_its_heartbeat_is_refused(client, chain, booking_data):
     order, _token = place(client, booking_data(lots="1"))
 
-    with pytest.raises(services.FeedRefused) as refused:
+    with pytest.raises(quotes.FeedRefused) as refused:
         services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH", now=timezone.now() + timedelta(hours=2))
 
     assert "beyond the heartbeat of 3600 s" in refused.value.reason
@@ -84,7 +84,7 @@ def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
     settings.PAYMENTS_CHAINS_FILE = str(path)
     order, token = place(client, booking_data(lots="1"))
 
-    with pytest.raises(services.FeedRefused) as refused:
+    with pytest.raises(quotes.FeedRefused) as refused:
         services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
     assert reason in refused.value.reason
     assert switch_to_eth(client, order, token).status_code == 200  # the page says so; never a 500
