@@ -99,7 +99,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
-    from payments import config, services
+    from payments import config, invoices, services
     from payments.chain import ChainClient, ChainUnavailable
     from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
     from payments.selectors import current_invoice
@@ -160,7 +160,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     ether = chain.asset("ETH")
     for target in LEVELS:
         while created < target:
-            services.invoice_create(order=anchor, fiat_amount=Decimal("10.00"), asset=ether if created % 2 else None)
+            invoices.invoice_create(order=anchor, fiat_amount=Decimal("10.00"), asset=ether if created % 2 else None)
             created += 1
         for invoice in anchor.invoices.order_by("-pk")[:3]:  # a few payments in flight
             pay_invoice(client, invoice, units=1_000000)

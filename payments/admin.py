@@ -10,7 +10,7 @@ from django.shortcuts import render
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from payments import config, services
+from payments import config, invoices, services
 from payments.errors import PaymentError
 from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Transfer
 from payments.selectors import format_units
@@ -137,7 +137,7 @@ class InvoiceAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Re-check on chain now"), permissions=["review"])
     def recheck_on_chain(self, request, queryset):
-        queued = sum(services.invoice_request_check(invoice_id=invoice.pk) for invoice in queryset)
+        queued = sum(invoices.invoice_request_check(invoice_id=invoice.pk) for invoice in queryset)
         self.message_user(request, _("%(count)d check(s) queued.") % {"count": queued}, messages.SUCCESS)
 
     @admin.action(description=_("Mark paid (reason required)"), permissions=["review"])

@@ -9,7 +9,7 @@ from django.views.decorators.http import require_POST
 from django_ratelimit.core import is_ratelimited
 
 from booking.views import _order_or_404, order_page
-from payments import selectors, services
+from payments import invoices, selectors
 from payments.errors import PaymentError
 from portal.numbers import whole_number
 
@@ -29,7 +29,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
         messages.error(request, _("This order has no invoice to pay."))
     else:
         try:
-            services.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
+            invoices.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
         except PaymentError as exc:
             messages.error(request, exc.message)
         else:
@@ -46,7 +46,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 def invoice_asset(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     order = _order_or_404(public_id, token)
     try:
-        services.invoice_change_asset(order=order, asset_key=request.POST.get("asset", "")[:40])
+        invoices.invoice_change_asset(order=order, asset_key=request.POST.get("asset", "")[:40])
     except PaymentError as exc:
         messages.error(request, exc.message)
     else:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from booking.models import OrderStatus
-from payments import services
+from payments import invoices, services
 from payments.chain import checksum
 from payments.chain_answers import TRANSFER_TOPIC, parse_block
 from payments.demo import pay_invoice
@@ -165,7 +165,7 @@ def test_a_block_with_more_logs_than_the_provider_returns_still_credits_the_paym
     in_token, _ = place(client, booking_data(lots="1"))
     in_spammed, _ = place(client, booking_data(lots="1", contact_email="spammed@example.org"))
     token_invoice = current_invoice(in_token)
-    spammed_invoice = services.invoice_change_asset(order=in_spammed, asset_key=f"{CHAIN_ID}:dHOST")
+    spammed_invoice = invoices.invoice_change_asset(order=in_spammed, asset_key=f"{CHAIN_ID}:dHOST")
     crowd_invoices(token_invoice, 1200)  # more watched addresses than one filter may name
     spammer = chain.accounts()[5]
     in_one_block(

@@ -6,7 +6,7 @@ import time
 from django.conf import settings
 
 from booking.models import OrderStatus
-from payments import services
+from payments import invoices, services
 from payments.addresses import deposit_addresses
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice
@@ -42,7 +42,7 @@ def test_an_honest_payment_among_10000_open_invoices_is_credited_within_the_targ
     use_chains_file(strict.url)
     crowd, _ = place(client, booking_data(lots="1", contact_email="crowd@example.org"))
     in_coin, _ = place(client, booking_data(lots="1", contact_email="coin@example.org"))
-    native = services.invoice_change_asset(order=in_coin, asset_key="31337:ETH")
+    native = invoices.invoice_change_asset(order=in_coin, asset_key="31337:ETH")
     crowd_invoices(native, services.NATIVE_BALANCE_CHECKS_PER_CYCLE)
     services.chain_scan(chain_id=31337)
     waiting = current_invoice(crowd)  # as it is before its payment: the model of the crowd

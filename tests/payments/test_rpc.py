@@ -3,7 +3,7 @@ heads (a real anvil behind tests/payments/rpc_proxy.py, a JSON-RPC proxy that en
 and misbehaves on purpose)."""
 
 from booking.models import OrderStatus
-from payments import config, services
+from payments import config, invoices, services
 from payments.chain import ChainClient
 from payments.demo import pay_invoice
 from payments.selectors import current_invoice
@@ -112,7 +112,7 @@ def test_requests_stay_inside_provider_caps_and_do_not_grow_with_the_invoices(
 
     few = one_cycle()
     for _ in range(60):  # 60 more open invoices, on the same order
-        services.invoice_create(order=order, fiat_amount=current_invoice(order).fiat_amount)
+        invoices.invoice_create(order=order, fiat_amount=current_invoice(order).fiat_amount)
     many = one_cycle()
 
     assert few == many and few[0] <= 5
