@@ -93,7 +93,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
     from payments.selectors import current_invoice
-    from payments.services import invoice_mark_paid
+    from payments.settlement import invoice_mark_paid
     from portal.celery import app as celery_app
     from portal.checkout import order_place
     from provisioning import services

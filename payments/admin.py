@@ -10,7 +10,7 @@ from django.shortcuts import render
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from payments import config, invoices, services
+from payments import config, invoices, settlement
 from payments.errors import PaymentError
 from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Transfer
 from payments.selectors import format_units
@@ -147,7 +147,7 @@ class InvoiceAdmin(admin.ModelAdmin):
             done = 0
             for invoice in queryset:
                 try:
-                    services.invoice_mark_paid(invoice=invoice, user=request.user, reason=form.cleaned_data["reason"])
+                    settlement.invoice_mark_paid(invoice=invoice, user=request.user, reason=form.cleaned_data["reason"])
                 except PaymentError as exc:
                     self.message_user(request, f"{invoice.order}: {exc.message}", messages.ERROR)
                 else:

@@ -28,7 +28,7 @@ class PaymentsConfig(AppConfig):
 
         from booking.apps import connect_page_signals
         from booking.signals import order_status_changed
-        from payments import services
+        from payments import settlement
         from payments.checks import chain_contracts_match_the_chains_file, log_chain_checks
         from payments.models import ChainCursor, Invoice, Transfer
 
@@ -36,6 +36,6 @@ class PaymentsConfig(AppConfig):
         post_save.connect(_transfer_changed, sender=Transfer, dispatch_uid="status-cache-Transfer")
         post_delete.connect(_transfer_changed, sender=Transfer, dispatch_uid="status-cache-del-Transfer")
         post_save.connect(_cursor_changed, sender=ChainCursor, dispatch_uid="status-cache-ChainCursor")
-        order_status_changed.connect(services.on_order_status_changed, dispatch_uid="payments-refunds")
+        order_status_changed.connect(settlement.on_order_status_changed, dispatch_uid="payments-refunds")
         register(chain_contracts_match_the_chains_file, "payments", deploy=True)
         worker_ready.connect(log_chain_checks, dispatch_uid="payments-chain-checks", weak=False)

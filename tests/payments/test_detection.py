@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from booking.models import Order, OrderStatus
 from booking.services import orders_expire_stale_holds
-from payments import config, services
+from payments import config, services, settlement
 from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
 from payments.models import Invoice, Transfer
@@ -379,7 +379,7 @@ def ready_order(client, booking_data, admin_user) -> Order:
     from booking.services import order_transition
 
     order, _token = place(client, booking_data(lots="1"))
-    services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    settlement.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
         order_transition(order=order, to_status=status, actor_kind="system")
     return order
