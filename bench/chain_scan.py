@@ -99,9 +99,10 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
-    from payments import config, invoices, services
+    from payments import config, invoices
     from payments.chain import ChainClient, ChainUnavailable
     from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
+    from payments.scanner import chain_scan
     from payments.selectors import current_invoice
     from portal.checkout import order_place
     from provisioning.demo import seed_demo_catalog
@@ -170,7 +171,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
             proxy.reset_counts()
             scanner = ChainClient(chain)
             started = time.perf_counter()
-            result = services.chain_scan(chain_id=31337, client=scanner)
+            result = chain_scan(chain_id=31337, client=scanner)
             durations.append((time.perf_counter() - started) * 1000)
             calls.append(proxy.requests)
             wire.append(proxy.bytes_in + proxy.bytes_out)

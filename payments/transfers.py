@@ -2,8 +2,8 @@
 final and canonical, removed when a reorganisation replaced their block) and the native coin that reached a
 deposit address without a transaction to it, found by reading balances. The chain is hostile input: every credit
 comes from a parsed log or transaction (`payments/chain_answers.py`) or a balance read at a confirmed block, each
-is stored in its own savepoint, and a credit, once confirmed, is never revisited. `payments/scan.py` decides what
-to read and commits each range with its cursor.
+is stored in its own savepoint, and a credit, once confirmed, is never revisited. `payments/scanner.py` decides
+what to read and commits each range with its cursor.
 """
 
 import logging

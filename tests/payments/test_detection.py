@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from booking.models import Order, OrderStatus
 from booking.services import orders_expire_stale_holds
-from payments import config, services, settlement
+from payments import config, scanner, settlement
 from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
 from payments.models import Invoice, Transfer
@@ -22,8 +22,8 @@ from tests.booking.test_pages import place
 CHAIN_ID = 31337
 
 
-def scan(**kwargs) -> services.ScanResult:
-    return services.chain_scan(chain_id=CHAIN_ID, **kwargs)
+def scan(**kwargs) -> scanner.ScanResult:
+    return scanner.chain_scan(chain_id=CHAIN_ID, **kwargs)
 
 
 def order_page(client, order: Order, token: str) -> str:

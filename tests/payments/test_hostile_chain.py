@@ -10,7 +10,7 @@ import time
 import pytest
 
 from booking.models import OrderStatus
-from payments import invoices, services
+from payments import invoices, scanner
 from payments.chain import checksum
 from payments.chain_answers import TRANSFER_TOPIC, parse_block
 from payments.demo import pay_invoice
@@ -40,8 +40,8 @@ def topic(address: str) -> bytes:
     return bytes(12) + bytes.fromhex(address.removeprefix("0x"))
 
 
-def scan() -> services.ScanResult:
-    return services.chain_scan(chain_id=CHAIN_ID)
+def scan() -> scanner.ScanResult:
+    return scanner.chain_scan(chain_id=CHAIN_ID)
 
 
 def test_a_64_byte_amount_from_a_stranger_contract_stops_nothing_and_later_payments_are_credited(

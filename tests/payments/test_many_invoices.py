@@ -6,7 +6,7 @@ import time
 from django.conf import settings
 
 from booking.models import OrderStatus
-from payments import invoices, services, transfers
+from payments import invoices, scanner, transfers
 from payments.addresses import deposit_addresses
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice
@@ -44,12 +44,12 @@ def test_an_honest_payment_among_10000_open_invoices_is_credited_within_the_targ
     in_coin, _ = place(client, booking_data(lots="1", contact_email="coin@example.org"))
     native = invoices.invoice_change_asset(order=in_coin, asset_key="31337:ETH")
     crowd_invoices(native, transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE)
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
     waiting = current_invoice(crowd)  # as it is before its payment: the model of the crowd
     pay_invoice(chain, waiting)
     chain.mine(2)
     strict.reset_counts()
-    alone_result = services.chain_scan(chain_id=31337)
+    alone_result = scanner.chain_scan(chain_id=31337)
     alone = (strict.requests, strict.largest_request)
 
     crowd_invoices(waiting, OPEN_INVOICES // 2)
@@ -60,7 +60,7 @@ def test_an_honest_payment_among_10000_open_invoices_is_credited_within_the_targ
 
     strict.reset_counts()
     started = time.perf_counter()
-    result = services.chain_scan(chain_id=31337)
+    result = scanner.chain_scan(chain_id=31337)
     elapsed = time.perf_counter() - started
 
     order.refresh_from_db()

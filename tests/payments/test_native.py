@@ -6,7 +6,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from booking.models import OrderStatus
-from payments import invoices, services, transfers
+from payments import invoices, scanner, transfers
 from payments.addresses import deposit_address
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice, Transfer
@@ -29,7 +29,7 @@ def pay_in_eth(client, booking_data, **overrides):
 
 
 def scan():
-    return services.chain_scan(chain_id=CHAIN_ID)
+    return scanner.chain_scan(chain_id=CHAIN_ID)
 
 
 def sweep(chain, address: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from payments import config, invoices, quotes, services
+from payments import config, invoices, quotes, scanner
 from payments.demo import DEMO_ETH_EUR
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
@@ -117,16 +117,16 @@ def test_a_replaced_quote_that_received_nothing_stops_being_watched_when_it_woul
     replaced = current_invoice(order)
     invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:dUSDT")
     now = timezone.now()
-    assert replaced.deposit_address in services._watched_addresses(CHAIN_ID, now)
+    assert replaced.deposit_address in scanner._watched_addresses(CHAIN_ID, now)
 
     after_expiry = replaced.expires_at + timedelta(minutes=1)
-    assert replaced.deposit_address not in services._watched_addresses(CHAIN_ID, after_expiry)
-    assert current_invoice(order).deposit_address in services._watched_addresses(CHAIN_ID, after_expiry)
+    assert replaced.deposit_address not in scanner._watched_addresses(CHAIN_ID, after_expiry)
+    assert current_invoice(order).deposit_address in scanner._watched_addresses(CHAIN_ID, after_expiry)
 
     # Before that, a payment still sent there is recorded and kept for an operator.
     pay_invoice(chain, Invoice.objects.get(pk=replaced.pk))
     chain.mine(2)
-    services.chain_scan(chain_id=CHAIN_ID)
+    scanner.chain_scan(chain_id=CHAIN_ID)
     replaced.refresh_from_db()
     assert Transfer.objects.get().invoice_id == replaced.pk and replaced.needs_operator
-    assert replaced.deposit_address in services._watched_addresses(CHAIN_ID, after_expiry)  # it received something
+    assert replaced.deposit_address in scanner._watched_addresses(CHAIN_ID, after_expiry)  # it received something

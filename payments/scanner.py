@@ -1,6 +1,13 @@
-"""Every write of the payments app: quoting and creating invoices, recording "I've paid", scanning a chain and
-applying what it shows, admin review. The scanner is the source of truth: nothing here trusts an amount, an
-address or a transaction from a request.
+"""The chain scanner, the only code that moves an invoice towards paid: `chain_scan` reads one chain from its
+persisted cursor and applies what it shows. The scanner is the source of truth: nothing here trusts an amount,
+an address or a transaction from a request.
+
+A cycle holds the chain through a lease on its `ChainCursor` (a second scan at the same moment skips), reads the
+allow-listed token logs and, where the native coin is accepted, the blocks of each range, records them
+(`payments/transfers.py`) and commits each range with the cursor, then moves the invoices whose amounts or
+deadlines changed, each in its own transaction (`payments/settlement.py`). While the chain does not answer, the
+outage is recorded on the cursor and the holds about to run out are kept alive; when it answers again, quotes and
+holds move by the length of the outage.
 
 Locks, when several are taken: order, then invoice, then allocation rows (conventions.md #4).
 """
@@ -24,8 +31,6 @@ from payments.transfers import WatchedAddress, apply_logs, native_balance_checks
 
 logger = logging.getLogger(__name__)
 
-
-# --- scanning ------------------------------------------------------------------------------------------------
 
 # How long a scan holds its chain before another may take it over (renewed at every range it commits).
 SCAN_LEASE = timedelta(minutes=2)
