@@ -99,10 +99,11 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
-    from payments import config, services
+    from payments import config, invoices
     from payments.chain import ChainClient, ChainUnavailable
     from payments.checkout import order_place
     from payments.demo import demo_client, deploy_demo_contracts, pay_invoice
+    from payments.scanner import chain_scan
     from payments.selectors import current_invoice
     from provisioning.demo import seed_demo_catalog
     from tests.factories import make_ssh_key
@@ -160,7 +161,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     ether = chain.asset("ETH")
     for target in LEVELS:
         while created < target:
-            services.invoice_create(order=anchor, fiat_amount=Decimal("10.00"), asset=ether if created % 2 else None)
+            invoices.invoice_create(order=anchor, fiat_amount=Decimal("10.00"), asset=ether if created % 2 else None)
             created += 1
         for invoice in anchor.invoices.order_by("-pk")[:3]:  # a few payments in flight
             pay_invoice(client, invoice, units=1_000000)
@@ -170,7 +171,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
             proxy.reset_counts()
             scanner = ChainClient(chain)
             started = time.perf_counter()
-            result = services.chain_scan(chain_id=31337, client=scanner)
+            result = chain_scan(chain_id=31337, client=scanner)
             durations.append((time.perf_counter() - started) * 1000)
             calls.append(proxy.requests)
             wire.append(proxy.bytes_in + proxy.bytes_out)

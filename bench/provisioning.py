@@ -94,7 +94,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from booking.ssh_keys import parse_public_key
     from payments.checkout import order_place
     from payments.selectors import current_invoice
-    from payments.services import invoice_mark_paid
+    from payments.settlement import invoice_mark_paid
     from portal.celery import app as celery_app
     from provisioning import services
     from provisioning.demo import seed_demo_catalog

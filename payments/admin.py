@@ -10,7 +10,8 @@ from django.shortcuts import render
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from payments import config, services
+from payments import config, invoices, settlement
+from payments.errors import PaymentError
 from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Transfer
 from payments.selectors import format_units
 from portal.singleton import SingletonAdmin
@@ -136,7 +137,7 @@ class InvoiceAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Re-check on chain now"), permissions=["review"])
     def recheck_on_chain(self, request, queryset):
-        queued = sum(services.invoice_request_check(invoice_id=invoice.pk) for invoice in queryset)
+        queued = sum(invoices.invoice_request_check(invoice_id=invoice.pk) for invoice in queryset)
         self.message_user(request, _("%(count)d check(s) queued.") % {"count": queued}, messages.SUCCESS)
 
     @admin.action(description=_("Mark paid (reason required)"), permissions=["review"])
@@ -146,8 +147,8 @@ class InvoiceAdmin(admin.ModelAdmin):
             done = 0
             for invoice in queryset:
                 try:
-                    services.invoice_mark_paid(invoice=invoice, user=request.user, reason=form.cleaned_data["reason"])
-                except services.PaymentError as exc:
+                    settlement.invoice_mark_paid(invoice=invoice, user=request.user, reason=form.cleaned_data["reason"])
+                except PaymentError as exc:
                     self.message_user(request, f"{invoice.order}: {exc.message}", messages.ERROR)
                 else:
                     self.log_change(request, invoice, f"Marked paid: {form.cleaned_data['reason']}")

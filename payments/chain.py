@@ -5,7 +5,10 @@ the head, the confirmed block, ERC-20 Transfer logs of the allow-listed contract
 transactions (native coin paid to deposit addresses is matched in Python), a bounded batch of native balances. It
 rotates to the next RPC URL when one fails, backs off when rate-limited, shrinks an eth_getLogs range that a
 provider refuses (a single block that still overflows is read per contract, then by recipient), and raises
-`ChainUnavailable` when nothing answers. Every round trip is counted (`calls`), for bench/chain_scan.py.
+`ChainUnavailable` when nothing answers. Every round trip is counted (`calls`), for bench/chain_scan.py. What
+the nodes answer is parsed and judged by `payments/chain_answers.py` (what counts as a transfer, how a refusal is
+classified), which needs no web3; this module sends the requests and keeps what needs web3 (keccak selectors,
+checksummed addresses, ABI encoding).
 
 `DevChain` adds what the demo and the tests do on a local development chain (anvil): deploy the project's own
 contracts, mint, transfer from an unlocked account, mine. It sends transactions from the node's unlocked
@@ -15,10 +18,7 @@ accounts: no private key is handled here either.
 import hashlib
 import json
 import logging
-import re
 import time
-from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
 import requests
@@ -26,6 +26,20 @@ from django.core.cache import cache
 from web3 import Web3
 from web3.providers.rpc import HTTPProvider
 
+from payments.chain_answers import (
+    TRANSFER_TOPIC,
+    BlockRange,
+    FeedRound,
+    LogRange,
+    classify_error,
+    parse_block,
+    parse_block_ref,
+    parse_feed_round,
+    parse_log_list,
+    parse_quantity,
+    parse_transfer_log,
+    parse_uint256,
+)
 from payments.config import Chain
 
 logger = logging.getLogger(__name__)
@@ -35,7 +49,6 @@ def _keccak_hex(text: str) -> str:
     return "0x" + Web3.keccak(text=text).hex().removeprefix("0x")
 
 
-TRANSFER_TOPIC = _keccak_hex("Transfer(address,address,uint256)")
 DECIMALS_CALL = _keccak_hex("decimals()")[:10]
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts" / "build"
 
@@ -45,32 +58,6 @@ MAX_TOPICS = 1000  # topics in one eth_getLogs filter
 # Blocks asked with their transactions in one batch: a mainnet block is 100-300 kB that way, so a catch-up over
 # thousands of blocks goes in answers of a few tens of megabytes at most.
 FULL_BLOCKS_PER_BATCH = 100
-# An amount no real token reaches (2^128 base units is 3.4e20 coins of 18 decimals): anything above is refused, so
-# that no sum of credits can approach the 78 digits an amount column holds.
-MAX_TRANSFER_UNITS = 2**128 - 1
-
-_HASH = re.compile(r"0x[0-9a-f]{64}")
-_QUANTITY = re.compile(r"0x[0-9a-f]{1,16}")
-_ADDRESS_TOPIC = re.compile(r"0x0{24}[0-9a-f]{40}")
-_WORD = re.compile(r"0x[0-9a-f]{64}")
-_ADDRESS = re.compile(r"0x[0-9a-f]{40}")
-_VALUE = re.compile(r"0x[0-9a-f]{1,64}")
-
-# How providers word their refusals. A rate limit is recognised first: Infura answers both a rate limit and a
-# too-wide eth_getLogs with code -32005.
-_RATE_LIMIT_WORDS = ("rate limit", "rate-limit", "ratelimit", "too many requests", "request count exceeded", "throttl")
-_RANGE_REFUSAL_WORDS = (
-    "block range",
-    "range is too",
-    "range too",
-    "more than",
-    "too many blocks",
-    "results",
-    "response size",
-    "response is too big",
-    "query timeout",
-)
-RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
 
 
 # A URL that rate-limited is asked last by the following scans for this long.
@@ -97,161 +84,6 @@ class RpcError(Exception):
 
 class Lagging(Exception):
     """The node's head is behind a block this scan already relies on: it is late, not reorganised."""
-
-
-def classify_error(error: dict, method: str) -> str:
-    """`rate_limited`, `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error object."""
-    message = str(error.get("message", "")).lower()
-    code = error.get("code")
-    if any(word in message for word in _RATE_LIMIT_WORDS):
-        return "rate_limited"
-    if method == "eth_getLogs" and any(word in message for word in _RANGE_REFUSAL_WORDS):
-        return "range_refused"
-    if code in RATE_LIMIT_CODES:
-        return "rate_limited"
-    return "error"
-
-
-@dataclass(frozen=True)
-class TransferLog:
-    """A credit read on chain: an ERC-20 Transfer log, or the native coin carried by a transaction (`token` "" and
-    `log_index` -1: a transaction carries one value)."""
-
-    tx_hash: str
-    log_index: int
-    block_number: int
-    block_hash: str
-    token: str  # lower-case contract address
-    sender: str  # lower-case
-    recipient: str  # lower-case
-    amount: int
-
-
-@dataclass(frozen=True)
-class LogRange:
-    """The well-formed transfers of allow-listed tokens in [start, end], and how many logs were skipped."""
-
-    start: int
-    end: int
-    logs: list[TransferLog]
-    skipped: int
-
-
-@dataclass(frozen=True)
-class BlockRange:
-    """The canonical (hash, timestamp) of every block of [start, end], the native coin its transactions carried to
-    the watched addresses, and how many such transactions were skipped as malformed."""
-
-    blocks: dict[int, tuple[str, int]]
-    transfers: list[TransferLog]
-    skipped: int
-
-
-def _address_from_topic(topic: str) -> str:
-    return "0x" + topic[-40:].lower()
-
-
-def _quantity(value: object) -> int:
-    if not isinstance(value, str) or not _QUANTITY.fullmatch(value.lower()):
-        raise ValueError(f"not a quantity: {value!r}"[:100])
-    return int(value, 16)
-
-
-def parse_transfer_log(entry: object, *, tokens: frozenset[str]) -> TransferLog | None:
-    """A log as a transfer of an allow-listed token, or None when it is anything else: another contract, another
-    event, missing or extra topics, data that is not exactly one 32-byte word, an amount of zero or beyond
-    MAX_TRANSFER_UNITS, a log the node flags as removed, fields that are not what they claim. The chain is hostile
-    input: nothing here raises."""
-    if not isinstance(entry, dict) or entry.get("removed") not in (None, False):
-        return None
-    topics, data = entry.get("topics"), entry.get("data")
-    address = entry.get("address")
-    if not isinstance(address, str) or address.lower() not in tokens:
-        return None
-    if not isinstance(topics, list) or len(topics) != 3 or not all(isinstance(topic, str) for topic in topics):
-        return None
-    topics = [topic.lower() for topic in topics]
-    if topics[0] != TRANSFER_TOPIC or not all(_ADDRESS_TOPIC.fullmatch(topic) for topic in topics[1:]):
-        return None
-    if not isinstance(data, str) or not _WORD.fullmatch(data.lower()):
-        return None
-    amount = int(data, 16)
-    if not 0 < amount <= MAX_TRANSFER_UNITS:
-        return None
-    tx_hash, block_hash = entry.get("transactionHash"), entry.get("blockHash")
-    if not (isinstance(tx_hash, str) and _HASH.fullmatch(tx_hash.lower())):
-        return None
-    if not (isinstance(block_hash, str) and _HASH.fullmatch(block_hash.lower())):
-        return None
-    try:
-        block_number, log_index = _quantity(entry.get("blockNumber")), _quantity(entry.get("logIndex"))
-    except ValueError:
-        return None
-    if block_number >= 2**63 or log_index >= 2**63:
-        return None
-    return TransferLog(
-        tx_hash=tx_hash.lower(),
-        log_index=log_index,
-        block_number=block_number,
-        block_hash=block_hash.lower(),
-        token=address.lower(),
-        sender=_address_from_topic(topics[1]),
-        recipient=_address_from_topic(topics[2]),
-        amount=amount,
-    )
-
-
-def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> BlockRange:
-    """A block asked with its transactions: its hash and time, and the native coin its transactions sent to
-    `recipients`. A block that is not one (missing, another number, transactions as bare hashes) raises ValueError:
-    the URL that answered it failed, the next is asked. A transaction to a recipient that is malformed (a value out
-    of range, a bad hash) is skipped and counted; transactions to anyone else are not looked at.
-
-    A value sent to a deposit address cannot have failed: the address holds no code, so nothing runs that could
-    revert, and a transaction without the gas a plain transfer needs is never included in a block."""
-    if not isinstance(block, dict):
-        raise ValueError(f"block {number} missing")
-    block_hash, timestamp = _block_ref(block)
-    if _quantity(block.get("number")) != number:
-        raise ValueError(f"asked for block {number}, answered another")
-    transactions = block.get("transactions")
-    if not isinstance(transactions, list) or not all(isinstance(tx, dict) for tx in transactions):
-        raise ValueError(f"block {number} without its transactions")
-    transfers, skipped = [], 0
-    for tx in transactions:
-        recipient = tx.get("to")
-        if not isinstance(recipient, str) or recipient.lower() not in recipients:
-            continue
-        value, tx_hash, sender = tx.get("value"), tx.get("hash"), tx.get("from")
-        if not (isinstance(value, str) and _VALUE.fullmatch(value.lower())):
-            skipped += 1
-            continue
-        amount = int(value, 16)
-        if amount == 0:
-            continue  # a call that pays nothing
-        valid = (
-            amount <= MAX_TRANSFER_UNITS
-            and isinstance(tx_hash, str)
-            and _HASH.fullmatch(tx_hash.lower())
-            and isinstance(sender, str)
-            and _ADDRESS.fullmatch(sender.lower())
-        )
-        if not valid:
-            skipped += 1
-            continue
-        transfers.append(
-            TransferLog(
-                tx_hash=tx_hash.lower(),
-                log_index=-1,
-                block_number=number,
-                block_hash=block_hash,
-                token="",
-                sender=sender.lower(),
-                recipient=recipient.lower(),
-                amount=amount,
-            )
-        )
-    return BlockRange(blocks={number: (block_hash, timestamp)}, transfers=transfers, skipped=skipped)
 
 
 def _address_topic(address: str) -> str:
@@ -334,7 +166,7 @@ class ChainClient:
         response = provider.make_request("eth_blockNumber", [])
         if not isinstance(response, dict) or response.get("error") or "result" not in response:
             raise Lagging(f"its head could not be read ({str(response)[:200]})")
-        head = _quantity(response["result"])
+        head = parse_quantity(response["result"])
         if head < self._required_head:
             raise Lagging(f"head {head} behind block {self._required_head}")
 
@@ -392,7 +224,7 @@ class ChainClient:
         client goes to a URL whose head is at least this one."""
 
         def parse(result) -> int:
-            head = _quantity(result)
+            head = parse_quantity(result)
             if head < not_below:
                 raise Lagging(f"head {head} behind the cursor at {not_below}")
             return head
@@ -406,7 +238,7 @@ class ChainClient:
         """The newest block considered final: the node's `finalized` tag, or head − confirmations + 1."""
         if self.chain.finality == "finalized":
             number = self.request(
-                "eth_getBlockByNumber", ["finalized", False], lambda block: _quantity(block["number"])
+                "eth_getBlockByNumber", ["finalized", False], lambda block: parse_quantity(block["number"])
             )
             return min(number, head)
         return max(0, head - self.chain.confirmations + 1)
@@ -442,7 +274,7 @@ class ChainClient:
             "address": addresses,
             "topics": topics or [TRANSFER_TOPIC],
         }
-        return self.request("eth_getLogs", [query], _log_list)
+        return self.request("eth_getLogs", [query], parse_log_list)
 
     def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
         """The logs of one block that holds more than a provider returns at once (anyone can fill a block with
@@ -506,7 +338,7 @@ class ChainClient:
         calls = [("eth_getBlockByNumber", [hex(block), False])]
         for address in addresses:
             calls += [("eth_getBalance", [address, hex(block)]), ("eth_getTransactionCount", [address, hex(block)])]
-        results = self.batch(calls, [_block_ref] + [_quantity_any] * (len(calls) - 1))
+        results = self.batch(calls, [parse_block_ref] + [parse_uint256] * (len(calls) - 1))
         pairs = [(results[1 + 2 * position], results[2 + 2 * position]) for position in range(len(addresses))]
         return results[0], pairs
 
@@ -514,13 +346,13 @@ class ChainClient:
         """The canonical (hash, timestamp) of each block (("", 0) for a block the node does not have), in batched
         round trips."""
         wanted = sorted(set(numbers))
-        results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], _block_ref)
+        results = self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in wanted], parse_block_ref)
         return dict(zip(wanted, results, strict=True))
 
     def address_used(self, address: str) -> bool:
         """Whether an address holds native coin or has sent a transaction (its nonce), in one batched round trip."""
         balance, nonce = self.batch(
-            [("eth_getBalance", [address, "latest"]), ("eth_getTransactionCount", [address, "latest"])], _quantity_any
+            [("eth_getBalance", [address, "latest"]), ("eth_getTransactionCount", [address, "latest"])], parse_uint256
         )
         return balance > 0 or nonce > 0
 
@@ -555,7 +387,7 @@ class ChainClient:
 
         return self._send(send, "eth_call")
 
-    def feed_round(self, feed: str) -> "FeedRound":
+    def feed_round(self, feed: str) -> FeedRound:
         """A Chainlink-style aggregator's latest round, its decimals and description, and whether the address holds
         code at all, in one batched round trip. Raises ChainUnavailable only when the node does not answer; what
         the feed answered is for the caller to judge."""
@@ -563,71 +395,8 @@ class ChainClient:
             ("eth_call", [{"to": feed, "data": _keccak_hex(signature)[:10]}, "latest"])
             for signature in ("decimals()", "latestRoundData()", "description()")
         ]
-        code, decimals_raw, round_raw, description_raw = self.batch(calls)
-        if not isinstance(code, str) or code in ("0x", "0x0", ""):
-            return FeedRound(has_code=False)
-        try:
-            decimals = int(decimals_raw, 16)
-            words = [int(round_raw[2 + 64 * index : 2 + 64 * (index + 1)], 16) for index in range(5)]
-        except (TypeError, ValueError):
-            return FeedRound(has_code=True)
-        answer = words[1] - 2**256 if words[1] >= 2**255 else words[1]
-        if not 0 <= decimals <= 36:
-            return FeedRound(has_code=True)
-        return FeedRound(
-            has_code=True,
-            rate=Decimal(answer).scaleb(-decimals),
-            round_id=words[0],
-            updated_at=words[3],
-            answered_in_round=words[4],
-            description=_abi_string(description_raw),
-        )
-
-
-@dataclass(frozen=True)
-class FeedRound:
-    """What a rate feed answered; `rate` is None when the answer could not be read as a round."""
-
-    has_code: bool
-    rate: Decimal | None = None
-    round_id: int = 0
-    updated_at: int = 0  # unix seconds
-    answered_in_round: int = 0
-    description: str = ""
-
-
-def _abi_string(raw: object) -> str:
-    """An ABI-encoded string return value, or "" when it is not one (bounded: a description is short)."""
-    try:
-        data = bytes.fromhex(str(raw).removeprefix("0x"))
-        offset = int.from_bytes(data[:32], "big")
-        length = int.from_bytes(data[offset : offset + 32], "big")
-        if length > 200:
-            return ""
-        return data[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
-    except (ValueError, OverflowError):
-        return ""
-
-
-def _log_list(result) -> list:
-    if not isinstance(result, list):
-        raise ValueError("eth_getLogs did not answer a list")
-    return result
-
-
-def _quantity_any(result) -> int:
-    if not isinstance(result, str) or not re.fullmatch(r"0x[0-9a-fA-F]{1,64}", result):
-        raise ValueError(f"not a quantity: {result!r}"[:100])
-    return int(result, 16)
-
-
-def _block_ref(block) -> tuple[str, int]:
-    if block is None:
-        return "", 0
-    value = block.get("hash") if isinstance(block, dict) else None
-    if not isinstance(value, str) or not _HASH.fullmatch(value.lower()):
-        raise ValueError("block without a valid hash")
-    return value.lower(), _quantity(block.get("timestamp"))
+        code, decimals, latest_round, description = self.batch(calls)
+        return parse_feed_round(code=code, decimals=decimals, latest_round=latest_round, description=description)
 
 
 def checksum(address: str) -> str:

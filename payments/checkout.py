@@ -13,7 +13,7 @@ from django.db import transaction
 from booking import services as booking
 from booking.locks import lock_order
 from booking.models import BookingPolicy, Order, OrderEvent
-from payments import services as payments
+from payments import invoices as payments
 from payments.models import Invoice
 
 

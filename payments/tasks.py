@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from booking import notices
 from booking.notices import Notice
-from payments import config, services
+from payments import config, scanner
 from payments.chain import ChainUnavailable
 from payments.models import Invoice
 
@@ -26,7 +26,7 @@ def scan_chain(chain_id: int) -> int:
     if not isinstance(chain_id, int) or config.chain(chain_id) is None:
         return 0
     try:
-        return len(services.chain_scan(chain_id=chain_id).settled)
+        return len(scanner.chain_scan(chain_id=chain_id).settled)
     except ChainUnavailable:
         return 0
 
@@ -42,7 +42,7 @@ def check_invoice(self, invoice_id: int) -> str:
         return "unknown"
     delay = CHECK_DELAYS[min(self.request.retries, len(CHECK_DELAYS) - 1)]
     try:
-        result = services.chain_scan(chain_id=invoice.chain_id)
+        result = scanner.chain_scan(chain_id=invoice.chain_id)
     except ChainUnavailable as exc:
         raise self.retry(exc=exc, countdown=delay) from exc
     invoice.refresh_from_db()

@@ -575,7 +575,7 @@ def test_one_client_address_cannot_hold_more_under_other_emails_and_it_frees_onc
     client, catalog, booking_data, admin_user
 ):
     from payments.selectors import current_invoice
-    from payments.services import invoice_mark_paid
+    from payments.settlement import invoice_mark_paid
 
     _limit_unpaid_lots(2)
     first, _token = place(client, booking_data(lots="2"))

@@ -13,7 +13,7 @@ from booking.models import OrderStatus, SplitTrialReport
 from booking.services import order_transition
 from nodekit.bundle import script_bytes
 from payments.selectors import current_invoice
-from payments.services import invoice_mark_paid
+from payments.settlement import invoice_mark_paid
 from tests.booking.test_pages import place
 from tests.nodekit.shipped import shipped_script
 

@@ -16,7 +16,7 @@ import pytest
 from booking.models import Order, OrderStatus, SplitTrialReport
 from booking.services import order_transition
 from payments.selectors import current_invoice
-from payments.services import invoice_mark_paid
+from payments.settlement import invoice_mark_paid
 from tests.booking.test_split_trial_report import VALID as SPLIT_TRIAL_REPORT
 from tests.browser.steps import ORDER_URL, fill_booking, place_order
 

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from booking.models import Order, OrderStatus
 from booking.services import orders_expire_stale_holds
-from payments import config, services
+from payments import config, scanner, settlement
 from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
 from payments.models import Invoice, Transfer
@@ -22,8 +22,8 @@ from tests.booking.test_pages import place
 CHAIN_ID = 31337
 
 
-def scan(**kwargs) -> services.ScanResult:
-    return services.chain_scan(chain_id=CHAIN_ID, **kwargs)
+def scan(**kwargs) -> scanner.ScanResult:
+    return scanner.chain_scan(chain_id=CHAIN_ID, **kwargs)
 
 
 def order_page(client, order: Order, token: str) -> str:
@@ -379,7 +379,7 @@ def ready_order(client, booking_data, admin_user) -> Order:
     from booking.services import order_transition
 
     order, _token = place(client, booking_data(lots="1"))
-    services.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
+    settlement.invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
         order_transition(order=order, to_status=status, actor_kind="system")
     return order

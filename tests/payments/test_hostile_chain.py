@@ -10,8 +10,9 @@ import time
 import pytest
 
 from booking.models import OrderStatus
-from payments import services
-from payments.chain import TRANSFER_TOPIC, checksum, parse_block
+from payments import invoices, scanner
+from payments.chain import checksum
+from payments.chain_answers import TRANSFER_TOPIC, parse_block
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
@@ -39,8 +40,8 @@ def topic(address: str) -> bytes:
     return bytes(12) + bytes.fromhex(address.removeprefix("0x"))
 
 
-def scan() -> services.ScanResult:
-    return services.chain_scan(chain_id=CHAIN_ID)
+def scan() -> scanner.ScanResult:
+    return scanner.chain_scan(chain_id=CHAIN_ID)
 
 
 def test_a_64_byte_amount_from_a_stranger_contract_stops_nothing_and_later_payments_are_credited(
@@ -164,7 +165,7 @@ def test_a_block_with_more_logs_than_the_provider_returns_still_credits_the_paym
     in_token, _ = place(client, booking_data(lots="1"))
     in_spammed, _ = place(client, booking_data(lots="1", contact_email="spammed@example.org"))
     token_invoice = current_invoice(in_token)
-    spammed_invoice = services.invoice_change_asset(order=in_spammed, asset_key=f"{CHAIN_ID}:dHOST")
+    spammed_invoice = invoices.invoice_change_asset(order=in_spammed, asset_key=f"{CHAIN_ID}:dHOST")
     crowd_invoices(token_invoice, 1200)  # more watched addresses than one filter may name
     spammer = chain.accounts()[5]
     in_one_block(

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from booking.models import OrderStatus
-from payments import services
+from payments import invoices, scanner, transfers
 from payments.addresses import deposit_address
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice, Transfer
@@ -29,7 +29,7 @@ def pay_in_eth(client, booking_data, **overrides):
 
 
 def scan():
-    return services.chain_scan(chain_id=CHAIN_ID)
+    return scanner.chain_scan(chain_id=CHAIN_ID)
 
 
 def sweep(chain, address: str) -> None:
@@ -133,8 +133,8 @@ def test_a_payment_by_an_internal_transaction_from_a_contract_is_credited(client
 def test_a_payment_by_a_contract_is_found_at_once_among_many_after_i_have_paid(client, chain, booking_data):
     """Balances are reconciled a bounded number a cycle; the customer's "I've paid" puts theirs first."""
     order, invoice = pay_in_eth(client, booking_data)
-    crowd_invoices(invoice, 3 * services.NATIVE_BALANCE_CHECKS_PER_CYCLE)
-    assert scan().balance_checks == services.NATIVE_BALANCE_CHECKS_PER_CYCLE
+    crowd_invoices(invoice, 3 * transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE)
+    assert scan().balance_checks == transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE
     payer = chain.accounts()[2]
     forwarder = chain.deploy("PaymentForwarder", sender=payer)
     chain.call(
@@ -148,7 +148,7 @@ def test_a_payment_by_a_contract_is_found_at_once_among_many_after_i_have_paid(c
     chain.mine(3)
     assert Invoice.objects.get(pk=invoice.pk).native_checked_at is not None  # read in the first round
 
-    services.invoice_customer_paid(invoice=invoice)  # the check it asks for runs here (eager Celery)
+    invoices.invoice_customer_paid(invoice=invoice)  # the check it asks for runs here (eager Celery)
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
@@ -161,7 +161,7 @@ def test_a_derived_address_that_already_holds_coin_is_never_issued(client, chain
     prefunded = deposit_address(settings.PAYMENTS_XPUB, next_index).lower()
     chain.send_native(prefunded, 10**18, sender=chain.accounts()[3])  # someone funds it first
 
-    invoice = services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
+    invoice = invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
 
     assert invoice.deposit_address != prefunded and invoice.derivation_index > next_index
     assert f"derivation index {next_index} ({deposit_address(settings.PAYMENTS_XPUB, next_index)})" in caplog.text

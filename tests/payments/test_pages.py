@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from booking.models import OrderStatus
-from payments import services
+from payments import scanner
 from payments.addresses import DEMO_ACCOUNT_XPUB, deposit_address
 from payments.demo import pay_invoice
 from payments.models import Invoice
@@ -71,7 +71,7 @@ def test_ive_paid_with_the_broker_down_keeps_the_click_and_says_the_check_is_del
     # Once the broker is back, beat's scan finds the payment without another click.
     pay_invoice(chain, invoice)
     chain.mine(2)
-    services.chain_scan(chain_id=CHAIN_ID)
+    scanner.chain_scan(chain_id=CHAIN_ID)
     invoice.refresh_from_db()
     assert invoice.status == Invoice.Status.SETTLED and invoice.check_delayed_since is None
 
@@ -123,7 +123,7 @@ def test_an_unknown_asset_is_refused_and_the_invoice_kept(client, chain, booking
 def test_the_asset_cannot_change_once_a_transfer_was_seen(client, chain, booking_data):
     order, token = place(client, booking_data(lots="1"))
     pay_invoice(chain, current_invoice(order))
-    services.chain_scan(chain_id=CHAIN_ID)
+    scanner.chain_scan(chain_id=CHAIN_ID)
 
     response = client.post(urls(order, token)["order-asset"], {"asset": f"{CHAIN_ID}:ETH"}, follow=True)
 
@@ -243,7 +243,7 @@ def test_the_polled_status_block_follows_every_scan_of_the_chain(
 
     def scan() -> None:
         with django_capture_on_commit_callbacks(execute=True):
-            services.chain_scan(chain_id=CHAIN_ID)
+            scanner.chain_scan(chain_id=CHAIN_ID)
 
     assert "Waiting for your transfer." in poll()
     assert "Waiting for your transfer." in poll()  # from the cache now

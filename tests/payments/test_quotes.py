@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from payments import config, services
+from payments import config, invoices, quotes, scanner
 from payments.demo import DEMO_ETH_EUR
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
@@ -39,8 +39,8 @@ def test_a_fresh_feed_answer_prices_the_invoice_with_its_round(client, chain, bo
 def test_a_feed_answer_older_than_its_heartbeat_is_refused(client, chain, booking_data):
     order, _token = place(client, booking_data(lots="1"))
 
-    with pytest.raises(services.FeedRefused) as refused:
-        services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH", now=timezone.now() + timedelta(hours=2))
+    with pytest.raises(quotes.FeedRefused) as refused:
+        invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH", now=timezone.now() + timedelta(hours=2))
 
     assert "beyond the heartbeat of 3600 s" in refused.value.reason
     assert current_invoice(order).asset_symbol == "dEURC"  # nothing replaced
@@ -84,8 +84,8 @@ def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
     settings.PAYMENTS_CHAINS_FILE = str(path)
     order, token = place(client, booking_data(lots="1"))
 
-    with pytest.raises(services.FeedRefused) as refused:
-        services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
+    with pytest.raises(quotes.FeedRefused) as refused:
+        invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
     assert reason in refused.value.reason
     assert switch_to_eth(client, order, token).status_code == 200  # the page says so; never a 500
 
@@ -93,7 +93,7 @@ def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
 def test_switching_asset_is_rate_limited_per_order(client, chain, booking_data):
     order, token = place(client, booking_data(lots="1"))
     for asset in ("dUSDT", "dEURC", "dUSDT", "dEURC", "dUSDT"):
-        services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:{asset}")
+        invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:{asset}")
 
     page = client.post(
         reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
@@ -115,18 +115,18 @@ def test_a_replaced_quote_that_received_nothing_stops_being_watched_when_it_woul
 
     order, _token = place(client, booking_data(lots="1"))
     replaced = current_invoice(order)
-    services.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:dUSDT")
+    invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:dUSDT")
     now = timezone.now()
-    assert replaced.deposit_address in services._watched_addresses(CHAIN_ID, now)
+    assert replaced.deposit_address in scanner._watched_addresses(CHAIN_ID, now)
 
     after_expiry = replaced.expires_at + timedelta(minutes=1)
-    assert replaced.deposit_address not in services._watched_addresses(CHAIN_ID, after_expiry)
-    assert current_invoice(order).deposit_address in services._watched_addresses(CHAIN_ID, after_expiry)
+    assert replaced.deposit_address not in scanner._watched_addresses(CHAIN_ID, after_expiry)
+    assert current_invoice(order).deposit_address in scanner._watched_addresses(CHAIN_ID, after_expiry)
 
     # Before that, a payment still sent there is recorded and kept for an operator.
     pay_invoice(chain, Invoice.objects.get(pk=replaced.pk))
     chain.mine(2)
-    services.chain_scan(chain_id=CHAIN_ID)
+    scanner.chain_scan(chain_id=CHAIN_ID)
     replaced.refresh_from_db()
     assert Transfer.objects.get().invoice_id == replaced.pk and replaced.needs_operator
-    assert replaced.deposit_address in services._watched_addresses(CHAIN_ID, after_expiry)  # it received something
+    assert replaced.deposit_address in scanner._watched_addresses(CHAIN_ID, after_expiry)  # it received something

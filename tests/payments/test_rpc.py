@@ -3,7 +3,7 @@ heads (a real anvil behind tests/payments/rpc_proxy.py, a JSON-RPC proxy that en
 and misbehaves on purpose)."""
 
 from booking.models import OrderStatus
-from payments import config, services
+from payments import config, invoices, scanner
 from payments.chain import ChainClient
 from payments.demo import pay_invoice
 from payments.selectors import current_invoice
@@ -22,7 +22,7 @@ def test_a_rate_limited_provider_is_backed_off_and_the_next_url_answers(
     pay_invoice(chain, current_invoice(order))
     chain.mine(2)
 
-    services.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+    scanner.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
@@ -31,7 +31,7 @@ def test_a_rate_limited_provider_is_backed_off_and_the_next_url_answers(
     # The next scans (any worker) ask the healthy URL first while the limited one cools down.
     asked = limited.requests
     chain.mine(1)
-    services.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+    scanner.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
     assert limited.requests == asked
 
 
@@ -47,7 +47,7 @@ def test_a_refused_getlogs_range_is_shrunk_until_the_provider_accepts_it(
     pay_invoice(chain, current_invoice(order))
     chain.mine(2)
 
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
@@ -65,7 +65,7 @@ def test_a_json_rpc_rate_limit_fails_over_without_shrinking_the_range(
     chain.mine(2)
 
     client_ = ChainClient(config.chain(31337), backoff=0.01)
-    services.chain_scan(chain_id=31337, client=client_)
+    scanner.chain_scan(chain_id=31337, client=client_)
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
@@ -81,14 +81,14 @@ def test_a_getlogs_answer_over_the_providers_result_cap_is_asked_again_in_narrow
     use_chains_file(capped.url)
     first, _ = place(client, booking_data(lots="1"))
     second, _ = place(client, booking_data(lots="1", contact_email="b@example.org"))
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
     chain.mine(3)
     pay_invoice(chain, current_invoice(first))
     chain.mine(3)
     pay_invoice(chain, current_invoice(second))
     chain.mine(3)
 
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
 
     first.refresh_from_db()
     second.refresh_from_db()
@@ -102,17 +102,17 @@ def test_requests_stay_inside_provider_caps_and_do_not_grow_with_the_invoices(
     strict = proxies(max_batch=1000, max_topics=1000, max_range=2000)
     use_chains_file(strict.url)
     order, _ = place(client, booking_data(lots="1"))
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
 
     def one_cycle() -> tuple[int, int, dict]:
         chain.mine(1)
         strict.reset_counts()
-        services.chain_scan(chain_id=31337)
+        scanner.chain_scan(chain_id=31337)
         return strict.requests, strict.largest_request, dict(strict.calls)
 
     few = one_cycle()
     for _ in range(60):  # 60 more open invoices, on the same order
-        services.invoice_create(order=order, fiat_amount=current_invoice(order).fiat_amount)
+        invoices.invoice_create(order=order, fiat_amount=current_invoice(order).fiat_amount)
     many = one_cycle()
 
     assert few == many and few[0] <= 5
@@ -145,7 +145,7 @@ def test_a_lagging_node_is_passed_over_and_the_cursor_never_goes_back(
 
     order, _token = place(client, booking_data(lots="1"))
     chain.mine(30)
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
     before = ChainCursor.objects.get(chain_id=31337).confirmed_block
     lagging = proxies(lag=20)
     pay_invoice(chain, current_invoice(order))
@@ -153,7 +153,7 @@ def test_a_lagging_node_is_passed_over_and_the_cursor_never_goes_back(
 
     use_chains_file(lagging.url, chain.chain.rpc_urls[0], name="lagging-first")
     client_ = ChainClient(config.chain(31337))
-    result = services.chain_scan(chain_id=31337, client=client_)
+    result = scanner.chain_scan(chain_id=31337, client=client_)
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID and result.confirmed > before
@@ -164,7 +164,7 @@ def test_a_lagging_node_is_passed_over_and_the_cursor_never_goes_back(
     use_chains_file(lagging.url, name="lagging-only")
     reached = ChainCursor.objects.get(chain_id=31337).confirmed_block
     try:
-        services.chain_scan(chain_id=31337)
+        scanner.chain_scan(chain_id=31337)
     except ChainUnavailable as exc:
         assert "lagging" in str(exc)
     else:
@@ -191,7 +191,7 @@ def test_batches_are_split_at_the_chains_cap(client, chain, booking_data, proxie
     pay_invoice(chain, invoice)
     chain.mine(3)
 
-    services.chain_scan(chain_id=31337)
+    scanner.chain_scan(chain_id=31337)
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID and not strict.refused

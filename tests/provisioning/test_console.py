@@ -11,7 +11,7 @@ from django.urls import reverse
 from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from payments.selectors import current_invoice
-from payments.services import invoice_mark_paid
+from payments.settlement import invoice_mark_paid
 from provisioning import services, steps
 from provisioning.models import Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS

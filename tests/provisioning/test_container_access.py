@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from booking.models import Lot, OrderStatus
 from payments.selectors import current_invoice
-from payments.services import invoice_mark_paid
+from payments.settlement import invoice_mark_paid
 from provisioning import services
 from provisioning.models import Access, Host, ProvisioningRun
 from tests.booking.test_pages import place

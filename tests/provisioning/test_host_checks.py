@@ -119,7 +119,7 @@ def test_a_booked_order_on_a_host_found_not_isolated_is_kept_and_flagged(
     probed_host, tmp_path, client, booking_data, admin_user
 ):
     from payments.selectors import current_invoice
-    from payments.services import invoice_mark_paid
+    from payments.settlement import invoice_mark_paid
     from tests.booking.test_pages import place
 
     order, _token = place(client, booking_data(lots="1"))

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
-from payments.services import invoice_mark_paid
+from payments.settlement import invoice_mark_paid
 from provisioning import services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS

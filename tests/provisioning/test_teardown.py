@@ -12,7 +12,7 @@ from django.utils import timezone
 from booking.models import Lot, Order, OrderStatus
 from booking.services import order_cancel_by_operator
 from payments.selectors import current_invoice
-from payments.services import invoice_mark_paid
+from payments.settlement import invoice_mark_paid
 from provisioning import services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place

@@ -17,8 +17,9 @@ from django_ratelimit.core import is_ratelimited
 from booking import selectors, services
 from booking.models import Order, OrderStatus
 from booking.rules import BookingError
+from payments import invoices
 from payments import selectors as payment_selectors
-from payments import services as payment_services
+from payments.errors import PaymentError
 from portal.numbers import whole_number
 from web import status_cache
 
@@ -194,8 +195,8 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
         messages.error(request, _("This order has no invoice to pay."))
     else:
         try:
-            payment_services.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
-        except payment_services.PaymentError as exc:
+            invoices.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
+        except PaymentError as exc:
             messages.error(request, exc.message)
         else:
             messages.success(
@@ -211,8 +212,8 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 def invoice_asset(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     order = _order_or_404(public_id, token)
     try:
-        payment_services.invoice_change_asset(order=order, asset_key=request.POST.get("asset", "")[:40])
-    except payment_services.PaymentError as exc:
+        invoices.invoice_change_asset(order=order, asset_key=request.POST.get("asset", "")[:40])
+    except PaymentError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, _("New payment instructions below: use these, not the previous ones."))

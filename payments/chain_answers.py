@@ -1,0 +1,282 @@
+"""What a chain's nodes answer, read as hostile input, without web3 (`payments/chain.py`, the only module that
+imports it, sends the requests and hands the answers here).
+
+`parse_transfer_log` decides what counts as an ERC-20 transfer of an allow-listed token and `parse_block` what
+native coin a block's transactions carried to the watched addresses; both skip, never raise on, what a node
+invents inside an answer, and return the frozen records the scanner works with (`TransferLog`, grouped as a
+`LogRange` or a `BlockRange`). `parse_feed_round` reads a rate feed's round. The field parsers (quantities, block
+references) raise ValueError on a malformed field, so that the adapter counts that URL as failed and asks the
+next. `classify_error` sorts a JSON-RPC error into rate limit, range refusal or anything else, by how providers
+word them. Kept apart from the adapter so that the rules for what the chain says are read, and tested, without a
+node.
+"""
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+# keccak("Transfer(address,address,uint256)"), the topic of every ERC-20 Transfer log (tests/payments check it).
+TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
+# An amount no real token reaches (2^128 base units is 3.4e20 coins of 18 decimals): anything above is refused, so
+# that no sum of credits can approach the 78 digits an amount column holds.
+MAX_TRANSFER_UNITS = 2**128 - 1
+
+_HASH = re.compile(r"0x[0-9a-f]{64}")
+_QUANTITY = re.compile(r"0x[0-9a-f]{1,16}")
+_ADDRESS_TOPIC = re.compile(r"0x0{24}[0-9a-f]{40}")
+_WORD = re.compile(r"0x[0-9a-f]{64}")
+_ADDRESS = re.compile(r"0x[0-9a-f]{40}")
+_VALUE = re.compile(r"0x[0-9a-f]{1,64}")
+
+# How providers word their refusals. A rate limit is recognised first: Infura answers both a rate limit and a
+# too-wide eth_getLogs with code -32005.
+_RATE_LIMIT_WORDS = ("rate limit", "rate-limit", "ratelimit", "too many requests", "request count exceeded", "throttl")
+_RANGE_REFUSAL_WORDS = (
+    "block range",
+    "range is too",
+    "range too",
+    "more than",
+    "too many blocks",
+    "results",
+    "response size",
+    "response is too big",
+    "query timeout",
+)
+RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
+
+
+def classify_error(error: dict, method: str) -> str:
+    """`rate_limited`, `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error object."""
+    message = str(error.get("message", "")).lower()
+    code = error.get("code")
+    if any(word in message for word in _RATE_LIMIT_WORDS):
+        return "rate_limited"
+    if method == "eth_getLogs" and any(word in message for word in _RANGE_REFUSAL_WORDS):
+        return "range_refused"
+    if code in RATE_LIMIT_CODES:
+        return "rate_limited"
+    return "error"
+
+
+@dataclass(frozen=True)
+class TransferLog:
+    """A credit read on chain: an ERC-20 Transfer log, or the native coin carried by a transaction (`token` "" and
+    `log_index` -1: a transaction carries one value)."""
+
+    tx_hash: str
+    log_index: int
+    block_number: int
+    block_hash: str
+    token: str  # lower-case contract address
+    sender: str  # lower-case
+    recipient: str  # lower-case
+    amount: int
+
+
+@dataclass(frozen=True)
+class LogRange:
+    """The well-formed transfers of allow-listed tokens in [start, end], and how many logs were skipped."""
+
+    start: int
+    end: int
+    logs: list[TransferLog]
+    skipped: int
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    """The canonical (hash, timestamp) of every block of [start, end], the native coin its transactions carried to
+    the watched addresses, and how many such transactions were skipped as malformed."""
+
+    blocks: dict[int, tuple[str, int]]
+    transfers: list[TransferLog]
+    skipped: int
+
+
+@dataclass(frozen=True)
+class FeedRound:
+    """What a rate feed answered; `rate` is None when the answer could not be read as a round."""
+
+    has_code: bool
+    rate: Decimal | None = None
+    round_id: int = 0
+    updated_at: int = 0  # unix seconds
+    answered_in_round: int = 0
+    description: str = ""
+
+
+def _address_from_topic(topic: str) -> str:
+    return "0x" + topic[-40:].lower()
+
+
+def parse_quantity(value: object) -> int:
+    """A block number or an index: at most 16 hexadecimal digits, lower or upper case."""
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value.lower()):
+        raise ValueError(f"not a quantity: {value!r}"[:100])
+    return int(value, 16)
+
+
+def parse_transfer_log(entry: object, *, tokens: frozenset[str]) -> TransferLog | None:
+    """A log as a transfer of an allow-listed token, or None when it is anything else: another contract, another
+    event, missing or extra topics, data that is not exactly one 32-byte word, an amount of zero or beyond
+    MAX_TRANSFER_UNITS, a log the node flags as removed, fields that are not what they claim. The chain is hostile
+    input: nothing here raises."""
+    if not isinstance(entry, dict) or entry.get("removed") not in (None, False):
+        return None
+    topics, data = entry.get("topics"), entry.get("data")
+    address = entry.get("address")
+    if not isinstance(address, str) or address.lower() not in tokens:
+        return None
+    if not isinstance(topics, list) or len(topics) != 3 or not all(isinstance(topic, str) for topic in topics):
+        return None
+    topics = [topic.lower() for topic in topics]
+    if topics[0] != TRANSFER_TOPIC or not all(_ADDRESS_TOPIC.fullmatch(topic) for topic in topics[1:]):
+        return None
+    if not isinstance(data, str) or not _WORD.fullmatch(data.lower()):
+        return None
+    amount = int(data, 16)
+    if not 0 < amount <= MAX_TRANSFER_UNITS:
+        return None
+    tx_hash, block_hash = entry.get("transactionHash"), entry.get("blockHash")
+    if not (isinstance(tx_hash, str) and _HASH.fullmatch(tx_hash.lower())):
+        return None
+    if not (isinstance(block_hash, str) and _HASH.fullmatch(block_hash.lower())):
+        return None
+    try:
+        block_number, log_index = parse_quantity(entry.get("blockNumber")), parse_quantity(entry.get("logIndex"))
+    except ValueError:
+        return None
+    if block_number >= 2**63 or log_index >= 2**63:
+        return None
+    return TransferLog(
+        tx_hash=tx_hash.lower(),
+        log_index=log_index,
+        block_number=block_number,
+        block_hash=block_hash.lower(),
+        token=address.lower(),
+        sender=_address_from_topic(topics[1]),
+        recipient=_address_from_topic(topics[2]),
+        amount=amount,
+    )
+
+
+def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> BlockRange:
+    """A block asked with its transactions: its hash and time, and the native coin its transactions sent to
+    `recipients`. A block that is not one (missing, another number, transactions as bare hashes) raises ValueError:
+    the URL that answered it failed, the next is asked. A transaction to a recipient that is malformed (a value out
+    of range, a bad hash) is skipped and counted; transactions to anyone else are not looked at.
+
+    A value sent to a deposit address cannot have failed: the address holds no code, so nothing runs that could
+    revert, and a transaction without the gas a plain transfer needs is never included in a block."""
+    if not isinstance(block, dict):
+        raise ValueError(f"block {number} missing")
+    block_hash, timestamp = parse_block_ref(block)
+    if parse_quantity(block.get("number")) != number:
+        raise ValueError(f"asked for block {number}, answered another")
+    transactions = block.get("transactions")
+    if not isinstance(transactions, list) or not all(isinstance(tx, dict) for tx in transactions):
+        raise ValueError(f"block {number} without its transactions")
+    transfers, skipped = [], 0
+    for tx in transactions:
+        recipient = tx.get("to")
+        if not isinstance(recipient, str) or recipient.lower() not in recipients:
+            continue
+        value, tx_hash, sender = tx.get("value"), tx.get("hash"), tx.get("from")
+        if not (isinstance(value, str) and _VALUE.fullmatch(value.lower())):
+            skipped += 1
+            continue
+        amount = int(value, 16)
+        if amount == 0:
+            continue  # a call that pays nothing
+        valid = (
+            amount <= MAX_TRANSFER_UNITS
+            and isinstance(tx_hash, str)
+            and _HASH.fullmatch(tx_hash.lower())
+            and isinstance(sender, str)
+            and _ADDRESS.fullmatch(sender.lower())
+        )
+        if not valid:
+            skipped += 1
+            continue
+        transfers.append(
+            TransferLog(
+                tx_hash=tx_hash.lower(),
+                log_index=-1,
+                block_number=number,
+                block_hash=block_hash,
+                token="",
+                sender=sender.lower(),
+                recipient=recipient.lower(),
+                amount=amount,
+            )
+        )
+    return BlockRange(blocks={number: (block_hash, timestamp)}, transfers=transfers, skipped=skipped)
+
+
+def parse_abi_string(raw: object) -> str:
+    """An ABI-encoded string return value, or "" when it is not one (bounded: a description is short)."""
+    try:
+        data = bytes.fromhex(str(raw).removeprefix("0x"))
+        offset = int.from_bytes(data[:32], "big")
+        length = int.from_bytes(data[offset : offset + 32], "big")
+        if length > 200:
+            return ""
+        return data[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
+    except (ValueError, OverflowError):
+        return ""
+
+
+def parse_feed_round(*, code: object, decimals: object, latest_round: object, description: object) -> FeedRound:
+    """A Chainlink-style aggregator's answers to `eth_getCode`, `decimals()`, `latestRoundData()` and
+    `description()`: no code at the address, a round that cannot be read (`rate` None), or the round. Whether
+    that round may price anything is for the caller to judge."""
+    if not isinstance(code, str) or code in ("0x", "0x0", ""):
+        return FeedRound(has_code=False)
+    try:
+        places = int(decimals, 16)
+        words = [int(latest_round[2 + 64 * index : 2 + 64 * (index + 1)], 16) for index in range(5)]
+    except (TypeError, ValueError):
+        return FeedRound(has_code=True)
+    answer = words[1] - 2**256 if words[1] >= 2**255 else words[1]
+    if not 0 <= places <= 36:
+        return FeedRound(has_code=True)
+    return FeedRound(
+        has_code=True,
+        rate=Decimal(answer).scaleb(-places),
+        round_id=words[0],
+        updated_at=words[3],
+        answered_in_round=words[4],
+        description=parse_abi_string(description),
+    )
+
+
+def parse_log_list(result) -> list:
+    if not isinstance(result, list):
+        raise ValueError("eth_getLogs did not answer a list")
+    return result
+
+
+def parse_uint256(result) -> int:
+    """A balance or a nonce: at most 64 hexadecimal digits."""
+    if not isinstance(result, str) or not re.fullmatch(r"0x[0-9a-fA-F]{1,64}", result):
+        raise ValueError(f"not a quantity: {result!r}"[:100])
+    return int(result, 16)
+
+
+def parse_block_ref(block) -> tuple[str, int]:
+    """A block's (hash, timestamp); ("", 0) for a block the node does not have."""
+    if block is None:
+        return "", 0
+    value = block.get("hash") if isinstance(block, dict) else None
+    if not isinstance(value, str) or not _HASH.fullmatch(value.lower()):
+        raise ValueError("block without a valid hash")
+    return value.lower(), parse_quantity(block.get("timestamp"))
+
+
+def parse_timestamp(timestamp: int) -> datetime | None:
+    """A block's or a feed's unix time as a datetime, or None when it is none."""
+    try:
+        return datetime.fromtimestamp(timestamp, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # a node's nonsense is no time at all
+        return None

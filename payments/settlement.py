@@ -1,0 +1,274 @@
+"""How an invoice is paid, and what its order does about it. `invoice_apply_chain_state` moves an invoice and its
+order to what the scanner read (seen, confirmed, gone again in a reorganisation, not confirmed in time, paid
+after settlement), and applies the late-payment policy: paid after its quote expired, a first payment settles by
+itself only while its lots are free and the rate moved less than the operator's tolerance, else it waits for an
+operator with the figures. An admin's `invoice_mark_paid` is the other way in; both settle through one `_settle`
+(an extension, a first payment, a late one, or a flag when the order can no longer take it) and send the
+"payment received" e-mail after the commit. Last, the reaction to the order's transitions: a settled invoice of
+an order cancelled or rejected is flagged for a refund.
+
+Locks: order, then invoice (`lock_invoice`), then allocation rows through booking (conventions.md #4).
+"""
+
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from booking import selectors as booking_selectors
+from booking import services as booking
+from booking.models import Order, OrderEvent, OrderStatus
+from booking.rules import BookingError
+from payments import config
+from payments.errors import PaymentError
+from payments.invoices import lock_invoice
+from payments.models import Invoice, PaymentSettings, Transfer
+from payments.quotes import quote
+
+
+def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int, head: int, now: datetime) -> bool:
+    """Move the invoice and its order to what the chain shows (`confirmed` and `pending` base units in its asset).
+    Returns True when the invoice settled now."""
+    with transaction.atomic():
+        order, invoice = lock_invoice(invoice)
+        was, confirmed_before = invoice.status, int(invoice.amount_confirmed_units)
+        invoice.amount_confirmed_units, invoice.amount_pending_units = confirmed, pending
+        due = int(invoice.amount_due_units)
+        evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
+        if invoice.status == Invoice.Status.SETTLED:
+            # Paid again after settlement (beyond what was due, or at all when an admin marked it paid): recorded,
+            # the difference is owed back. It never moves the order.
+            over = confirmed > due or (invoice.marked and confirmed > 0)
+            if confirmed > confirmed_before and over:
+                invoice.paid_over = True
+                booking.order_note(
+                    order=order,
+                    reason="payment after settlement: refund owed",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={**evidence, "received_after_settlement_units": str(confirmed - confirmed_before)},
+                )
+        elif invoice.status == Invoice.Status.INVALID:
+            if confirmed or pending:
+                invoice.needs_operator = True  # paid to a replaced quote: refund or apply by hand
+        elif confirmed >= due:
+            invoice.paid_over = confirmed > due
+            invoice.paid_partial = False
+            invoice.paid_late = _paid_at(invoice, now) > invoice.expires_at
+            if invoice.paid_late and (figures := _late_payment_held(order=order, invoice=invoice, now=now)):
+                # Not settled by itself: an operator decides (mark paid, or refund), with the figures.
+                invoice.status, invoice.needs_operator = Invoice.Status.EXPIRED, True
+                booking.order_note(
+                    order=order,
+                    reason=f"late payment waits for an operator: {figures['why']}",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={**evidence, **figures},
+                )
+                invoice.save()
+                return False
+            _settle(
+                order=order,
+                invoice=invoice,
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                reason="payment confirmed on chain",
+                evidence=evidence,
+                now=now,
+            )
+            return True
+        elif pending and now >= invoice.monitor_until:
+            # BTCPay's "not confirmed in time": seen, never final within the watch. An operator looks at it.
+            invoice.status, invoice.needs_operator = Invoice.Status.INVALID, True
+            invoice.paid_partial = 0 < confirmed < due
+            booking.order_note(
+                order=order,
+                reason="payment not confirmed in time: invoice invalid, kept for an operator",
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                evidence={**evidence, "pending_units": str(pending)},
+            )
+        elif pending:
+            invoice.status = Invoice.Status.PROCESSING
+            invoice.paid_partial = 0 < confirmed < due
+        else:
+            invoice.paid_partial = 0 < confirmed < due
+            invoice.status = Invoice.Status.EXPIRED if now >= invoice.expires_at else Invoice.Status.NEW
+        _follow_chain(order=order, invoice=invoice, was=was, evidence=evidence, now=now)
+        invoice.save()
+    return False
+
+
+def _paid_at(invoice: Invoice, now: datetime) -> datetime:
+    """When the invoice was paid in full, by the chain's clock: the latest block time of its confirmed credits (when
+    a block's time is unknown, when the scanner first saw it)."""
+    times = [
+        block_time or first_seen
+        for block_time, first_seen in invoice.transfers.filter(
+            wrong_asset=False, status=Transfer.Status.CONFIRMED
+        ).values_list("block_time", "first_seen_at")
+    ]
+    return max(times, default=now)
+
+
+def _late_payment_held(*, order: Order, invoice: Invoice, now: datetime) -> dict | None:
+    """Why a late first payment must wait for an operator, with the figures; None when it may settle by itself: its
+    lots are still free and the rate moved less than the operator's tolerance since the quote."""
+    if invoice.purpose != Invoice.Purpose.ORDER:
+        return None
+    figures: dict = {"quoted_rate": str(invoice.rate), "quoted_at": invoice.created_at.isoformat()}
+    asset = config.asset(invoice.chain_id, invoice.asset_symbol)
+    try:
+        current = (
+            quote(asset=asset, fiat_amount=invoice.fiat_amount, fiat_currency=invoice.fiat_currency) if asset else None
+        )
+    except PaymentError:
+        current = None
+    if current is None:
+        return {**figures, "why": "the current rate cannot be read"}
+    moved = abs(current.rate - invoice.rate) / invoice.rate * 100
+    tolerance = PaymentSettings.current().late_rate_tolerance_percent
+    figures.update(
+        current_rate=str(current.rate),
+        rate_moved_percent=f"{moved:.2f}",
+        tolerance_percent=str(tolerance),
+        due_now_units=str(current.amount_due_units),
+    )
+    if moved >= tolerance:
+        return {**figures, "why": f"the rate moved {moved:.2f}% since the quote (tolerance {tolerance}%)"}
+    if order.status == OrderStatus.EXPIRED and not booking_selectors.lots_free_again(order=order, now=now):
+        return {**figures, "why": "its lots were taken after the hold expired"}
+    return None
+
+
+def _follow_chain(*, order: Order, invoice: Invoice, was: str, evidence: dict, now: datetime) -> None:
+    """Before settlement, the order follows what the chain shows: a transfer seen, or gone again (reorg)."""
+    if invoice.purpose != Invoice.Purpose.ORDER:
+        return
+    if invoice.status == Invoice.Status.PROCESSING and order.status == OrderStatus.AWAITING_PAYMENT:
+        booking.order_transition(
+            order=order,
+            to_status=OrderStatus.PAYMENT_PROCESSING,
+            actor_kind=OrderEvent.Actor.SYSTEM,
+            reason="transfer seen on chain",
+            evidence=evidence,
+            now=now,
+        )
+    elif (
+        invoice.status in (Invoice.Status.NEW, Invoice.Status.EXPIRED, Invoice.Status.INVALID)
+        and was == Invoice.Status.PROCESSING
+        and order.status == OrderStatus.PAYMENT_PROCESSING
+    ):
+        # Back to waiting: its hold runs out as any unpaid order's would (booking's sweep expires it).
+        booking.order_transition(
+            order=order,
+            to_status=OrderStatus.AWAITING_PAYMENT,
+            actor_kind=OrderEvent.Actor.SYSTEM,
+            reason=(
+                "payment not confirmed in time"
+                if invoice.status == Invoice.Status.INVALID
+                else "transfer no longer on chain (reorganisation)"
+            ),
+            evidence=evidence,
+            now=now,
+        )
+
+
+def _settle(
+    *,
+    order: Order,
+    invoice: Invoice,
+    actor_kind: str,
+    reason: str,
+    evidence: dict,
+    now: datetime,
+    actor: AbstractBaseUser | None = None,
+) -> None:
+    """Settle a locked invoice and carry it to its order: the one way an invoice is paid, seen on chain by the
+    scanner or marked by an admin. An extension moves the window's end; a first payment makes the order paid
+    (what follows, such as auto-approval, reacts to that transition), or holds its lots again when it came after
+    the hold expired. When the order cannot take the payment any more (cancelled meanwhile, lots taken), the
+    invoice is flagged for an operator: a refund or a new date is owed."""
+    invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
+    try:
+        if invoice.purpose == Invoice.Purpose.EXTENSION:
+            booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
+        elif order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
+            booking.order_transition(
+                order=order,
+                to_status=OrderStatus.PAID,
+                actor_kind=actor_kind,
+                actor=actor,
+                reason=reason,
+                evidence=evidence,
+                now=now,
+            )
+        elif order.status == OrderStatus.EXPIRED:
+            booking.order_reallocate_after_late_payment(order=order, evidence=evidence, now=now, actor=actor)
+        else:
+            raise BookingError(_("This order can no longer take a payment."))
+    except BookingError as exc:
+        invoice.needs_operator = True
+        booking.order_note(
+            order=order,
+            reason=f"payment kept for an operator ({reason}): {exc.message}",
+            actor_kind=actor_kind,
+            actor=actor,
+            evidence=evidence,
+        )
+    invoice.save()
+    invoice_id = invoice.pk
+    transaction.on_commit(lambda: _send_payment_received(invoice_id))
+
+
+def _send_payment_received(invoice_id: int) -> None:
+    from payments.tasks import send_payment_received
+
+    send_payment_received.delay(invoice_id)
+
+
+# --- admin review --------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def invoice_mark_paid(*, invoice: Invoice, user: AbstractBaseUser, reason: str, now: datetime | None = None) -> None:
+    """An admin settles an invoice by hand (e.g. paid by another route). The reason is required and audited."""
+    now = now or timezone.now()
+    reason = reason.strip()
+    if not reason:
+        raise PaymentError(_("Give the reason for marking this invoice paid."), field="reason")
+    order, invoice = lock_invoice(invoice)
+    if invoice.status == Invoice.Status.SETTLED:
+        raise PaymentError(_("This invoice is already paid."))
+    invoice.marked, invoice.marked_reason, invoice.marked_by = True, reason, user
+    _settle(
+        order=order,
+        invoice=invoice,
+        actor_kind=OrderEvent.Actor.ADMIN,
+        actor=user,
+        reason=f"marked paid: {reason}",
+        evidence={"invoice": invoice.pk, "marked_by": user.get_username(), "reason": reason},
+        now=now,
+    )
+
+
+# --- reactions to the order's transitions (connected in payments/apps.py) ------------------------------------
+
+# Paid for and then refused or called off: the money goes back, by an operator's hand.
+REFUND_OWED = frozenset({OrderStatus.CANCELLED, OrderStatus.REJECTED})
+
+
+def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
+    if to_status in REFUND_OWED:
+        invoices_flag_refund(order_id=order_id)
+
+
+def invoices_flag_refund(*, order_id: int) -> int:
+    """Flag the settled invoices of an order that will not be served: a refund is owed."""
+    flagged = 0
+    with transaction.atomic():
+        for invoice in Invoice.objects.select_for_update().filter(
+            order_id=order_id, status=Invoice.Status.SETTLED, needs_operator=False
+        ):
+            invoice.needs_operator = True
+            invoice.save(update_fields=["needs_operator"])
+            flagged += 1
+    return flagged

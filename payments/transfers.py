@@ -1,0 +1,176 @@
+"""The `Transfer` rows a scan writes: what one block range shows (credits recorded, confirmed once their block is
+final and canonical, removed when a reorganisation replaced their block) and the native coin that reached a
+deposit address without a transaction to it, found by reading balances. The chain is hostile input: every credit
+comes from a parsed log or transaction (`payments/chain_answers.py`) or a balance read at a confirmed block, each
+is stored in its own savepoint, and a credit, once confirmed, is never revisited. `payments/scanner.py` decides
+what to read and commits each range with its cursor.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import DatabaseError, transaction
+from django.db.models import F, Sum
+
+from payments import config
+from payments.chain import ChainClient
+from payments.chain_answers import MAX_TRANSFER_UNITS, TransferLog, parse_timestamp
+from payments.models import Invoice, Transfer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchedAddress:
+    """What a watched deposit address is matched to: its invoice, and the asset that invoice is paid in."""
+
+    invoice_id: int
+    asset_contract: str
+
+
+def apply_logs(
+    *,
+    chain: config.Chain,
+    logs: list[TransferLog],
+    by_address: dict[str, WatchedAddress],
+    seen: list[Transfer],
+    confirmed: int,
+    canonical: dict[int, str],
+    block_times: dict[int, int],
+    now: datetime,
+) -> int:
+    """Record the transfers of one range. Returns how many could not be stored (each is its own savepoint: one
+    that the database refuses costs only itself)."""
+    returned = {(log.tx_hash, log.log_index) for log in logs}
+    # A transfer seen before and not returned now is gone only when its block was replaced: a provider that
+    # answers less (a lagging or inconsistent node) removes nothing.
+    for transfer in seen:
+        if (transfer.tx_hash, transfer.log_index) in returned:
+            continue
+        replaced_by = canonical.get(transfer.block_number, "")
+        if replaced_by and replaced_by != transfer.block_hash:
+            transfer.status = Transfer.Status.REMOVED
+            transfer.save(update_fields=["status"])
+    failed = 0
+    for log in logs:
+        try:
+            with transaction.atomic():
+                _record_transfer(
+                    chain=chain,
+                    log=log,
+                    watched=by_address[log.recipient],
+                    confirmed=confirmed,
+                    canonical=canonical,
+                    block_time=block_times.get(log.block_number, 0),
+                    now=now,
+                )
+        except DatabaseError:
+            logger.exception("chain %s: transfer %s#%s not stored", chain.chain_id, log.tx_hash, log.log_index)
+            failed += 1
+    return failed
+
+
+def _record_transfer(
+    *,
+    chain: config.Chain,
+    log: TransferLog,
+    watched: WatchedAddress,
+    confirmed: int,
+    canonical: dict[int, str],
+    block_time: int,
+    now: datetime,
+) -> None:
+    on_canonical_block = canonical.get(log.block_number) == log.block_hash
+    is_final = log.block_number <= confirmed and on_canonical_block
+    defaults = {
+        "block_number": log.block_number,
+        "block_hash": log.block_hash,
+        "token_contract": log.token,
+        "from_address": log.sender,
+        "to_address": log.recipient,
+        "amount_units": log.amount,
+        "invoice_id": watched.invoice_id,
+        "wrong_asset": log.token != watched.asset_contract,
+        "first_seen_at": now,
+    }
+    transfer, created = Transfer.objects.get_or_create(
+        chain_id=chain.chain_id, tx_hash=log.tx_hash, log_index=log.log_index, defaults=defaults
+    )
+    if transfer.status == Transfer.Status.CONFIRMED:
+        return  # credited once, for good
+    changed = created
+    if not created and (transfer.block_hash != log.block_hash or transfer.status == Transfer.Status.REMOVED):
+        for name, value in defaults.items():
+            setattr(transfer, name, value)
+        transfer.status = Transfer.Status.SEEN
+        changed = True
+    if is_final:
+        transfer.status, transfer.confirmed_at = Transfer.Status.CONFIRMED, now
+        changed = True
+    if on_canonical_block and block_time and transfer.block_time is None:
+        transfer.block_time = parse_timestamp(block_time)
+        changed = True
+    if changed:
+        transfer.save()
+
+
+# Native-coin invoices whose balance is read in one cycle, for coin that no transaction explains.
+NATIVE_BALANCE_CHECKS_PER_CYCLE = 50
+
+
+def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
+    """Native coin can arrive without a transaction to the address: a contract pays it on (an exchange's batch
+    payout, a smart-contract wallet). Each cycle reads, at the confirmed block, the balance and nonce of at most
+    NATIVE_BALANCE_CHECKS_PER_CYCLE open native-coin invoices: those whose customer said "I've paid" since their
+    last check first (the click clears it), then those checked longest ago. Where the address never sent a
+    transaction (nonce 0: no sweep, no fee, nothing left it), its balance is exactly what it received; what
+    exceeds the credits already recorded up to that block is credited, bound to that block. An address that has
+    sent a transaction (swept while a payment was awaited) is not reconciled this way: its direct payments still
+    count. Returns how many balances were read."""
+    invoices = list(
+        Invoice.objects.filter(
+            chain_id=chain.chain_id,
+            asset_contract="",
+            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
+            monitor_until__gt=now,
+        )
+        .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
+        .only("pk", "deposit_address")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
+    )
+    if not invoices:
+        return 0
+    addresses = [invoice.deposit_address for invoice in invoices]
+    (block_hash, block_time), readings = client.native_balances(addresses, block=confirmed)
+    credited = dict(
+        Transfer.objects.filter(
+            chain_id=chain.chain_id, token_contract="", to_address__in=addresses, block_number__lte=confirmed
+        )
+        .exclude(status=Transfer.Status.REMOVED)
+        .values("to_address")
+        .annotate(total=Sum("amount_units"))
+        .values_list("to_address", "total")
+    )
+    with transaction.atomic():
+        for invoice, (balance, nonce) in zip(invoices, readings, strict=True):
+            unexplained = balance - int(credited.get(invoice.deposit_address) or 0)
+            if nonce or unexplained <= 0 or not block_hash:
+                continue
+            Transfer.objects.get_or_create(
+                chain_id=chain.chain_id,
+                tx_hash=f"balance:{invoice.deposit_address}:{confirmed}",
+                log_index=-1,
+                defaults={
+                    "block_number": confirmed,
+                    "block_hash": block_hash,
+                    "block_time": parse_timestamp(block_time) if block_time else None,
+                    "to_address": invoice.deposit_address,
+                    "amount_units": min(unexplained, MAX_TRANSFER_UNITS),
+                    "invoice": invoice,
+                    "status": Transfer.Status.CONFIRMED,
+                    "first_seen_at": now,
+                    "confirmed_at": now,
+                },
+            )
+        Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(native_checked_at=now)
+    return len(invoices)
