@@ -70,7 +70,7 @@ _LOGIN_STACK = (
 
 
 def login_stack(connection: Connection) -> LoginStack:
-    """Whether nothing of a customer's can be read or run by the host's login stack. By construction (steps.py) a
+    """Whether nothing of a customer's can be read or run by the host's login stack. By construction (host_steps.py) a
     customer account has no login shell and a root-owned home with nothing of theirs in it, and the customer never
     has a process on the host: this checks that it holds on the host as it is, including accounts left by an
     earlier design."""

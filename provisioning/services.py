@@ -36,6 +36,7 @@ from provisioning.models import (
     ProvisioningRun,
     ProvisioningStep,
 )
+from provisioning.step_context import StepContext, StepFailed
 
 logger = logging.getLogger(__name__)
 
@@ -403,12 +404,12 @@ def _host_spec(host: Host) -> HostSpec:
     )
 
 
-def _context(order: Order, access: Access, host: Host) -> steps.StepContext:
+def _context(order: Order, access: Access, host: Host) -> StepContext:
     hardware = order.hardware_class
     operator_settings = OperatorSettings.current()
     gpu_indices = [int(index) for index in access.gpu_indices.split(",") if index]
     lots = max(1, len(gpu_indices) // max(1, hardware.cards_per_lot))
-    return steps.StepContext(
+    return StepContext(
         username=access.username,
         comment=f"Binome {order.public_id}",
         authorized_keys="".join(f"{key.public_key}\n" for key in order.ssh_keys.all()),
@@ -503,13 +504,13 @@ def _execute_step(
             connections[step.host_id] = driver.connect(_host_spec(step.host))
         context = _context(order, access, step.host)
         output = steps.STEPS[step.name](connections[step.host_id], context)
-    except (DriverError, steps.StepFailed) as exc:
+    except (DriverError, StepFailed) as exc:
         failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
         ProvisioningStep.objects.filter(pk=step.pk).update(
             status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000]
         )
         return failure
-    found = getattr(output, "access", {})  # what the step made that the access keeps (steps.StepOutput)
+    found = getattr(output, "access", {})  # what the step made that the access keeps (step_context.StepOutput)
     if found:
         for name, value in found.items():
             setattr(access, name, value)

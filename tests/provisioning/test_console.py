@@ -12,7 +12,7 @@ from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import services, step_context, steps
 from provisioning.models import Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -378,7 +378,7 @@ def preflight_reporting(status: str):
         check = {"name": "bf16_matmul", "status": status, "reason": "bf16 matmul differs" if status == "FAIL" else ""}
         summary = {"status": status, "passed": int(status == "PASS"), "failed": int(status == "FAIL")}
         report = {"schema": "binome.preflight/1", "checks": [check], "summary": summary}
-        return steps.StepOutput(json.dumps(report), {"preflight_report": report, "preflight_status": status})
+        return step_context.StepOutput(json.dumps(report), {"preflight_report": report, "preflight_status": status})
 
     return preflight
 

@@ -293,14 +293,14 @@ def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory
     """Debian makes no /usr/local/libexec: the first provisioning on a fresh host must make it for the guard."""
     from datetime import UTC, datetime
 
-    from provisioning import containers, steps
+    from provisioning import containers, host_steps, step_context
 
     libexec = Path(containers.GUARD_PATH).parent
     kept = tmp_path / "libexec-before"
     if libexec.exists():
         libexec.rename(kept)  # the host as Debian leaves it
     try:
-        ctx = steps.StepContext(
+        ctx = step_context.StepContext(
             username="bn-fresh",
             comment="",
             authorized_keys="",
@@ -311,7 +311,7 @@ def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory
             container_runtime="podman",
             keys_expire_at=datetime.now(UTC),
         )
-        summary = steps.prepare_host(admin, ctx)
+        summary = host_steps.prepare_host(admin, ctx)
 
         assert "firewall guard on" in summary
         guard = Path(containers.GUARD_PATH)

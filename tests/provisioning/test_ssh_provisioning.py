@@ -10,7 +10,7 @@ from django.utils import timezone
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import services, step_context
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -93,7 +93,7 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
     assert login_as(username, private_key, "true").returncode != 0
     assert not admin.run(["pgrep", "-u", username], check=False).ok
-    assert admin.run(["cat", f"{steps.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout == ""
+    assert admin.run(["cat", f"{step_context.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout == ""
     volume = f"binome-{username}-data"
     assert admin.run(["podman", "volume", "exists", volume], check=False).ok
     access = Access.objects.get(order=order)
@@ -107,8 +107,8 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert wipe.status == ProvisioningRun.Status.SUCCEEDED, wipe.error
     assert not admin.run(["id", "-u", username], check=False).ok
     assert not admin.run(["podman", "volume", "exists", volume], check=False).ok
-    assert not admin.run(["test", "-e", f"{steps.VOLUME_ROOT}/{username}.ext4"], check=False).ok
-    assert not admin.run(["test", "-e", f"{steps.KIT_ROOT}/{username}"], check=False).ok
+    assert not admin.run(["test", "-e", f"{step_context.VOLUME_ROOT}/{username}.ext4"], check=False).ok
+    assert not admin.run(["test", "-e", f"{step_context.KIT_ROOT}/{username}"], check=False).ok
     access.refresh_from_db()
     assert access.wiped_at is not None
     assert services.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
@@ -230,7 +230,7 @@ def test_every_key_is_restricted_and_forwards_reach_the_container_s_network_not_
     provisioned, login_as, admin, sshd
 ):
     order, _token, username, private_key = provisioned
-    keys = admin.run(["cat", f"{steps.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout.splitlines()
+    keys = admin.run(["cat", f"{step_context.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout.splitlines()
     expiry = Access.objects.get(order=order).keys_expire_at.astimezone(UTC).strftime("%Y%m%d%H%M%SZ")
     assert keys and all(line.startswith("restrict,pty,port-forwarding,") for line in keys)
     assert all(f'expiry-time="{expiry}"' in line for line in keys)
