@@ -36,23 +36,20 @@ from provisioning.models import (
     ProvisioningRun,
     ProvisioningStep,
 )
+from provisioning.rules import (
+    HANDING_OVER,
+    UNDER_WAY,
+    ProvisioningError,
+    acting,
+    awaits_preflight_decision,
+    retry_delay,
+    username_for,
+)
 from provisioning.step_context import StepContext, StepFailed
 
 logger = logging.getLogger(__name__)
 
 WARNINGS = [("48h", timedelta(hours=48)), ("24h", timedelta(hours=24)), ("1h", timedelta(hours=1))]
-
-
-class ProvisioningError(BookingError):
-    pass
-
-
-def username_for(order: Order) -> str:
-    return "bn-" + order.public_id.removeprefix("BN-").lower()
-
-
-def _operator(actor: AbstractBaseUser | None) -> dict:
-    return {"actor_kind": OrderEvent.Actor.OPERATOR if actor else OrderEvent.Actor.SYSTEM, "actor": actor}
 
 
 # --- approval ------------------------------------------------------------------------------------------------
@@ -61,7 +58,7 @@ def _operator(actor: AbstractBaseUser | None) -> dict:
 @transaction.atomic
 def order_approve(*, order: Order, actor: AbstractBaseUser | None, now: datetime | None = None) -> None:
     now = now or timezone.now()
-    order_transition(order=order, to_status=OrderStatus.APPROVED, reason="approved", now=now, **_operator(actor))
+    order_transition(order=order, to_status=OrderStatus.APPROVED, reason="approved", now=now, **acting(actor))
     if order.starts_at - timedelta(hours=OperatorSettings.current().provision_lead_hours) <= now:
         provisioning_start(order=order, actor=actor)
 
@@ -71,7 +68,7 @@ def order_reject(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
     reason = reason.strip()
     if not reason:
         raise ProvisioningError(_("Give the reason for rejecting this order."), field="reason")
-    order_transition(order=order, to_status=OrderStatus.REJECTED, reason=f"rejected: {reason}", **_operator(actor))
+    order_transition(order=order, to_status=OrderStatus.REJECTED, reason=f"rejected: {reason}", **acting(actor))
 
 
 # --- reactions to the order's transitions ---------------------------------------------------------------------
@@ -215,7 +212,7 @@ def _access_reopen(access: Access) -> None:
 
 @transaction.atomic
 def provisioning_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
-    order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="provisioning started", **_operator(actor))
+    order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="provisioning started", **acting(actor))
     return _create_run(order=order, kind=ProvisioningRun.Kind.PROVISION, step_names=steps.PROVISION_STEPS, actor=actor)
 
 
@@ -236,20 +233,8 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser, run_id: int | N
         if not _run_requeue(run_id=run.pk, clear_error=True):  # retried meanwhile (a second click, the sweep)
             raise ProvisioningError(_("This run is being retried already."))
         if run.kind in (ProvisioningRun.Kind.PROVISION, ProvisioningRun.Kind.KEYS) and order.status in HANDING_OVER:
-            order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="retry", **_operator(actor))
+            order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="retry", **acting(actor))
     return run
-
-
-UNDER_WAY = (ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING)
-# A failed run of RETRIED_RUN_KINDS (teardown, wipe, release of a host) is queued again by the lifecycle sweep
-# after retry_delay(attempts); the same run resumes at its failed step.
-RETRY_FIRST_DELAY = timedelta(minutes=1)
-RETRY_MAX_DELAY = timedelta(hours=1)
-
-
-def retry_delay(attempts: int) -> timedelta:
-    """How long a run that failed `attempts` times waits before its next try: 1 min, 2, 4, ... at most 1 h."""
-    return min(RETRY_FIRST_DELAY * 2 ** min(max(attempts, 1) - 1, 16), RETRY_MAX_DELAY)
 
 
 def _run_requeue(*, run_id: int, now: datetime | None = None, due: bool = False, clear_error: bool = False) -> bool:
@@ -270,20 +255,6 @@ def _run_requeue(*, run_id: int, now: datetime | None = None, due: bool = False,
 
     transaction.on_commit(lambda: execute_run.delay(run_id))
     return True
-
-
-def awaits_preflight_decision(order: Order) -> bool:
-    """The machines were prepared but their pre-flight check failed: an operator re-runs it, reassigns the lots
-    or hands the machines over anyway. (A failed hand-over run waits for a retry instead.)"""
-    if order.status != OrderStatus.PROVISIONING_FAILED:
-        return False
-    last = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.PROVISION).first()
-    latest = order.provisioning_runs.first()
-    return (
-        last is not None
-        and last.status == ProvisioningRun.Status.SUCCEEDED
-        and not (latest and latest.status == ProvisioningRun.Status.FAILED)
-    )
 
 
 def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str) -> ProvisioningRun:
@@ -335,7 +306,7 @@ def teardown_start(
         reason = f"{reason} (the failed teardown resumed)"
     else:
         run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
-    order_note(order=order, reason=f"teardown: {reason}", evidence={"run": run.pk}, **_operator(actor))
+    order_note(order=order, reason=f"teardown: {reason}", evidence={"run": run.pk}, **acting(actor))
     return run
 
 
@@ -364,7 +335,7 @@ def access_release_left_hosts(
         order=order,
         reason=f"teardown of {', '.join(names)}: {reason}",
         evidence={"hosts": names, "run": run.pk},
-        **_operator(actor),
+        **acting(actor),
     )
     return run
 
@@ -563,7 +534,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             _provisioning_failed(order, "hand-over failed", {"error": failure[:500], "run": run.pk})
         elif not failure:
             note = order.accesses.exclude(handover_note="").values_list("handover_note", flat=True).first()
-            actor = _operator(run.triggered_by) if note else {}
+            actor = acting(run.triggered_by) if note else {}
             before = order.provisioning_runs.filter(created_at__lte=run.created_at).exclude(pk=run.pk).first()
             reason = (
                 f"handed over despite the pre-flight check: {note}"
@@ -826,8 +797,6 @@ def _resume_abandoned(now: datetime) -> int:
 
 
 QUEUED_PATIENCE = timedelta(minutes=5)
-# Where a keys run is the hand-over (in a ready or active window it only moves the keys' expiry).
-HANDING_OVER = (OrderStatus.PROVISIONING, OrderStatus.PROVISIONING_FAILED)
 # What still runs once the order is released (every other run stops before its next step).
 RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
 
@@ -905,7 +874,7 @@ def host_check(
                     reason=f"host {host.name} found not isolated: the order is kept; reassign its lots or restore "
                     "isolation before its window",
                     evidence={"host": host.name, "isolation_report": finding.report[:2000]},
-                    **_operator(actor),
+                    **acting(actor),
                 )
     logger.info("host %s checked: %s", host.name, finding.mode)
     return HostCheck(finding=finding, orders_left_unisolated=left)

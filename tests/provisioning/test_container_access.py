@@ -19,7 +19,7 @@ from django.urls import reverse
 from booking.models import Lot, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services
+from provisioning import rules, services
 from provisioning.models import Access, Host, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
@@ -36,7 +36,7 @@ def _provision(client, booking_data, keypair, admin_user, callbacks, name):
         services.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
     order.token = token  # the order page's key, for the tests that read it
-    return order, services.username_for(order), private_key
+    return order, rules.username_for(order), private_key
 
 
 def _hand_over(order, admin_user, callbacks):

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from booking.models import Lot, Order, OrderEvent, OrderStatus
 from booking.selectors import free_lot_ids, offered_lots
-from provisioning import host_checks, services
+from provisioning import host_checks, rules, services
 from provisioning.drivers import get_driver
 from provisioning.models import Host
 from tests.provisioning.conftest import make_loopback_host
@@ -149,7 +149,7 @@ def test_an_unreachable_host_keeps_its_last_finding(probed_host, sshd):
     Host.objects.filter(pk=probed_host.pk).update(ssh_port=1)  # nothing listens there
     probed_host.refresh_from_db()
 
-    with pytest.raises(services.ProvisioningError, match="Could not check probed: connection refused"):
+    with pytest.raises(rules.ProvisioningError, match="Could not check probed: connection refused"):
         services.host_check(host=probed_host)
 
     probed_host.refresh_from_db()

@@ -10,7 +10,7 @@ from django.utils import timezone
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, step_context
+from provisioning import rules, services, step_context
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -36,7 +36,7 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
     order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    username = services.username_for(order)
+    username = rules.username_for(order)
     try:  # from here on the user may exist: removed whatever happens
         with django_capture_on_commit_callbacks(execute=True):
             services.provisioning_start(order=order, actor=admin_user)
@@ -148,10 +148,10 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
         order.refresh_from_db()
         run.refresh_from_db()
         assert run.status == ProvisioningRun.Status.SUCCEEDED
-        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
+        assert rules.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
         assert [step.attempts for step in run.steps.all()] == [2] + [1] * (len(PROVISION_STEPS) - 1)  # connect twice
     finally:
-        remove_user(admin, services.username_for(order))
+        remove_user(admin, rules.username_for(order))
 
 
 @pytest.mark.integration
@@ -220,10 +220,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         }
         assert " created (" in run.steps.get(name="create_user").output  # made once, not "already exists"
         order.refresh_from_db()
-        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
+        assert rules.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
     finally:
         with get_driver("ssh").connect(sshd.host_spec) as connection:
-            remove_user(connection, services.username_for(order))
+            remove_user(connection, rules.username_for(order))
 
 
 def test_every_key_is_restricted_and_forwards_reach_the_container_s_network_not_the_host_s_loopback(

@@ -13,7 +13,7 @@ from booking.models import Lot, Order, OrderStatus
 from booking.services import order_cancel_by_operator
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import rules, services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import _free_port, remove_user
@@ -94,9 +94,9 @@ def the_host(order: Order) -> Host:
 
 
 def test_the_retry_delay_doubles_from_one_minute_up_to_an_hour():
-    delays = [services.retry_delay(attempts) for attempts in range(1, 10)]
+    delays = [rules.retry_delay(attempts) for attempts in range(1, 10)]
     assert delays == [timedelta(minutes=minutes) for minutes in (1, 2, 4, 8, 16, 32, 60, 60, 60)]
-    assert services.retry_delay(100_000) == timedelta(hours=1)  # a run failing hourly for years does not overflow
+    assert rules.retry_delay(100_000) == timedelta(hours=1)  # a run failing hourly for years does not overflow
 
 
 def test_a_failing_teardown_is_retried_with_growing_delays_as_one_run_with_one_note(
@@ -312,7 +312,7 @@ def failed_preflight(client, booking_data, admin_user, operator, monkeypatch, dj
     act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
     act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
     order.refresh_from_db()
-    assert services.awaits_preflight_decision(order)
+    assert rules.awaits_preflight_decision(order)
     return order
 
 
@@ -384,7 +384,7 @@ def test_the_customer_sees_only_the_host_the_order_is_on(
     page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
 
     text = page.content.decode()
-    username = services.username_for(order)
+    username = rules.username_for(order)
     assert f"{username}@{elsewhere.host.address}" in text
     assert f"{username}@{held.host.address}" not in text
     assert "bf16 matmul differs" not in text  # the old host's failed report is not shown either
@@ -525,12 +525,12 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
     order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    username = services.username_for(order)
+    username = rules.username_for(order)
     try:
         with django_capture_on_commit_callbacks(execute=True):
             services.provisioning_start(order=order, actor=admin_user)
         order.refresh_from_db()
-        assert services.awaits_preflight_decision(order)
+        assert rules.awaits_preflight_decision(order)
         # a process the customer left behind on the host (a server, a job started before the hand-over)
         admin.run(["sh", "-c", 'runuser -u "$1" -- setsid sleep 600 >/dev/null 2>&1 &', "left", username])
         assert admin.run(["pgrep", "-u", username], check=False).exit_status == 0

@@ -22,7 +22,7 @@ from booking.selectors import free_lot_ids, window_for
 from payments import checkout
 from payments.models import Invoice
 from portal.numbers import whole_number
-from provisioning import selectors, services
+from provisioning import rules, selectors, services
 from provisioning.admin import report_host_check
 from provisioning.models import Host
 
@@ -99,7 +99,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),
         "free_lots": free_lots,
-        "awaits_decision": services.awaits_preflight_decision(order),
+        "awaits_decision": rules.awaits_preflight_decision(order),
     }
     template = "console/order.html#runs" if request.htmx else "console/order.html"
     return render(request, template, context)
