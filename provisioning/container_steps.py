@@ -8,7 +8,7 @@ import math
 import re
 
 from nodekit.bundle import host_file_bytes, script_bytes
-from provisioning import containers, host_checks
+from provisioning import containers, host_probe
 from provisioning.drivers.base import Connection
 from provisioning.preflight_report import DRY_RUN_REPORT, parse_preflight_report
 from provisioning.step_context import (
@@ -89,7 +89,7 @@ def prepare_image(conn: Connection, ctx: StepContext) -> StepOutput:
     moves later (a mutable `latest`) changes nothing for this order. An image that cannot serve SSH (no sshd) is
     refused here, with the reason, before any customer waits on it."""
     runtime = runtime_of(ctx)
-    if not host_checks.IMAGE_REFERENCE.fullmatch(ctx.image_ref):
+    if not host_probe.IMAGE_REFERENCE.fullmatch(ctx.image_ref):
         raise StepFailed(f"not an image reference: {ctx.image_ref[:80]!r}")
     inspect = runtime.command("image", "inspect", "--format", "{{.Id}}", ctx.image_ref)
     found = conn.run(inspect, check=False)
@@ -103,7 +103,7 @@ def prepare_image(conn: Connection, ctx: StepContext) -> StepOutput:
     if not re.fullmatch(r"[0-9a-f]{64}", image_id):
         raise StepFailed(f"{runtime.path} gave no image ID for {ctx.image_ref}: {found.stdout.strip()[:100]!r}")
     if not is_dry_run(conn):
-        problem = host_checks.image_problem(conn, runtime.command, image_id)
+        problem = host_probe.image_problem(conn, runtime.command, image_id)
         if problem:
             raise StepFailed(f"the image {ctx.image_ref} cannot be handed to a customer: {problem}")
     return StepOutput(f"{runtime.path}: {ctx.image_ref} {pulled}, pinned sha256:{image_id}", {"image_id": image_id})

@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 
 from nodekit.bundle import host_file_bytes
-from provisioning import containers, host_checks
+from provisioning import containers, host_probe
 from provisioning.container_steps import remove_container
 from provisioning.containers import CUSTOMER_GROUP  # the host's sshd denies it (docs/operations.md)
 from provisioning.drivers.base import CommandFailed, Connection
@@ -35,14 +35,14 @@ def connect(conn: Connection, ctx: StepContext) -> str:
 
 
 def prepare_host(conn: Connection, ctx: StepContext) -> str:
-    """The runtime answers, the host's login stack keeps customers out (host_checks.login_stack), and root's
+    """The runtime answers, the host's login stack keeps customers out (host_probe.login_stack), and root's
     directories are in place."""
     runtime = runtime_of(ctx)
     answer = conn.run(runtime.command("version", "--format", "{{.Server.Version}}"), check=False, timeout=60)
     if answer.exit_status != 0 and not is_dry_run(conn):
         raise StepFailed(f"{runtime.path} does not answer on this host: {answer.stderr.strip()[-300:]}")
     if not is_dry_run(conn):
-        stack = host_checks.login_stack(conn)
+        stack = host_probe.login_stack(conn)
         if not stack.ok:
             raise StepFailed("the host's login stack could reach a customer: " + "; ".join(stack.problems))
     # The guard's and its unit's directories too: Debian has no /usr/local/libexec until something makes it

@@ -7,7 +7,6 @@ run interrupted anywhere resumes cleanly. Provisioning reacts to the order's tra
 """
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -20,13 +19,13 @@ from django.utils.translation import gettext as _
 
 from booking import notices
 from booking.locks import lock_order
-from booking.models import RELEASING_STATUSES, EnvironmentImage, Lot, Order, OrderEvent, OrderStatus
+from booking.models import RELEASING_STATUSES, Lot, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
 from booking.rules import BookingError
 from booking.services import order_note, order_reassign_lot, order_transition
-from provisioning import host_checks, selectors, steps
-from provisioning.drivers import get_driver
-from provisioning.drivers.base import DriverError, HostSpec
+from provisioning import selectors, steps
+from provisioning.drivers.base import DriverError
+from provisioning.hosts import host_connect
 from provisioning.models import (
     RETRIED_RUN_KINDS,
     Access,
@@ -363,18 +362,6 @@ def lot_reassign(*, order: Order, from_lot_id: int, to_lot_id: int, actor: Abstr
     return access_release_left_hosts(order=order, actor=actor, reason="lot reassigned")
 
 
-def _host_spec(host: Host) -> HostSpec:
-    return HostSpec(
-        name=host.name,
-        address=host.address,
-        port=host.ssh_port,
-        username=host.admin_user,
-        host_key=host.host_key,
-        client_key_path=settings.PROVISIONING_SSH_KEY_FILE,
-        use_sudo=host.use_sudo,
-    )
-
-
 def _context(order: Order, access: Access, host: Host) -> StepContext:
     hardware = order.hardware_class
     operator_settings = OperatorSettings.current()
@@ -471,8 +458,7 @@ def _execute_step(
     )
     try:
         if step.host_id not in connections:
-            driver = get_driver(step.host.driver)
-            connections[step.host_id] = driver.connect(_host_spec(step.host))
+            connections[step.host_id] = host_connect(host=step.host)
         context = _context(order, access, step.host)
         output = steps.STEPS[step.name](connections[step.host_id], context)
     except (DriverError, StepFailed) as exc:
@@ -809,98 +795,3 @@ def end_warning_send(*, order: Order, kind: str) -> None:
         wipe_at=wipe_date(order),
         wipe_after_days=OperatorSettings.current().wipe_after_days,
     )
-
-
-# --- hosts: isolation ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HostCheck:
-    finding: host_checks.Finding
-    orders_left_unisolated: list[Order]  # booked orders on a host that just stopped being isolated
-
-
-def host_check(
-    *, host: Host, actor: AbstractBaseUser | None = None, device_dir: str = "", now: datetime | None = None
-) -> HostCheck:
-    """Probe the host through its driver and record its isolation mode. A host found not isolated stops offering
-    its lots; orders already booked on it are not cancelled but noted for an operator. A host that cannot be
-    reached keeps its last finding (ProvisioningError): unreachable is not evidence either way."""
-    lots = list(host.lots.select_related("hardware_class").order_by("name"))
-    devices = [
-        host_checks.LotDevices(
-            name=lot.name,
-            vendor=lot.hardware_class.vendor,
-            gpu_indices=tuple(lot.gpu_index_list),
-            active=lot.status == lot.Status.ACTIVE,
-        )
-        for lot in lots
-    ]
-    try:
-        with get_driver(host.driver).connect(_host_spec(host)) as connection:
-            finding = host_checks.probe(
-                connection,
-                lots=devices,
-                runtime=host.container_runtime,
-                device_dir=device_dir or settings.PROVISIONING_DEVICE_DIR,
-                images=list(
-                    EnvironmentImage.objects.filter(
-                        is_active=True, hardware_classes__in={lot.hardware_class_id for lot in lots}
-                    )
-                    .values_list("image_ref", flat=True)
-                    .distinct()
-                ),
-            )
-    except DriverError as exc:
-        raise ProvisioningError(
-            _("Could not check %(host)s: %(error)s") % {"host": host.name, "error": exc.message}
-        ) from exc
-    now = now or timezone.now()
-    with transaction.atomic():
-        host = Host.objects.select_for_update().get(pk=host.pk)
-        was_offering = host.offers_lots
-        host.isolation_mode = finding.mode
-        host.isolation_checked_at = now
-        host.isolation_report = finding.report
-        host.exclusive_lot = next((lot for lot in lots if lot.name == finding.exclusive_lot), None)
-        host.save(update_fields=["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"])
-        host.refresh_from_db(fields=["offers_lots"])
-        left = []
-        if was_offering and not host.offers_lots:
-            left = list(selectors.orders_booked_on(host=host))
-            for order in left:
-                order_note(
-                    order=order,
-                    reason=f"host {host.name} found not isolated: the order is kept; reassign its lots or restore "
-                    "isolation before its window",
-                    evidence={"host": host.name, "isolation_report": finding.report[:2000]},
-                    **acting(actor),
-                )
-    logger.info("host %s checked: %s", host.name, finding.mode)
-    return HostCheck(finding=finding, orders_left_unisolated=left)
-
-
-HOST_CHECK_INTERVAL = timedelta(hours=6)
-
-
-def hosts_check_due(*, now: datetime | None = None, limit: int = 10) -> dict[str, int]:
-    """The beat's re-check of the fleet, so that a host's mode follows it without an operator: active SSH hosts
-    never checked or last checked more than HOST_CHECK_INTERVAL ago, oldest first, a capped batch. Safe to run
-    twice at once (the finding is written under the host's row lock). A host that cannot be reached keeps its
-    finding and is only logged."""
-    now = now or timezone.now()
-    due = (
-        Host.objects.filter(is_active=True, driver=Host.Driver.SSH)
-        .filter(Q(isolation_checked_at__isnull=True) | Q(isolation_checked_at__lt=now - HOST_CHECK_INTERVAL))
-        .order_by(F("isolation_checked_at").asc(nulls_first=True), "name")[:limit]
-    )
-    counts = {"checked": 0, "unreachable": 0}
-    for host in due:
-        try:
-            host_check(host=host, now=now)
-        except ProvisioningError as exc:
-            logger.warning("host %s not checked: %s", host.name, exc.message)
-            counts["unreachable"] += 1
-        else:
-            counts["checked"] += 1
-    return counts

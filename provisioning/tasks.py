@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import services
+from provisioning import hosts, services
 from provisioning.models import ProvisioningRun
 
 
@@ -39,4 +39,4 @@ def send_end_warning(order_id: int, kind: str) -> None:
 
 @shared_task(name="provisioning.check_hosts")
 def check_hosts() -> dict:
-    return services.hosts_check_due()
+    return hosts.hosts_check_due()

@@ -8,7 +8,7 @@ SSH server inside it. A host without a runtime is not isolated: customers are ne
 The dry-run driver runs nothing: its hosts are labelled "dry run", never reported as isolated.
 
 This module only runs commands and reads their answers (hostile input: parsed and bounded); recording what it
-found is provisioning.services.host_check's job.
+found is provisioning.hosts.host_check's job.
 """
 
 from __future__ import annotations
