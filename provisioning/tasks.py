@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import hosts, services
+from provisioning import execution, hosts, services
 from provisioning.models import ProvisioningRun
 
 
@@ -12,7 +12,7 @@ def execute_run(self, run_id: int) -> str:
     run = ProvisioningRun.objects.filter(pk=run_id).first() if isinstance(run_id, int) else None
     if run is None:
         return "unknown"
-    status = services.run_execute(run=run)
+    status = execution.run_execute(run=run)
     if status == "waiting" and not self.request.is_eager:  # another run of the order is at work: after it
         raise self.retry(countdown=10)
     return status
@@ -27,7 +27,7 @@ def lifecycle_tick() -> dict:
 def send_access_ready(order_id: int) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None:
-        services.access_email_send(order=order)
+        execution.access_email_send(order=order)
 
 
 @shared_task(name="provisioning.send_end_warning", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)

@@ -14,7 +14,8 @@ from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import awaits_preflight_decision, username_for
-from provisioning.services import order_approve, provisioning_hand_over
+from provisioning.runs import provisioning_hand_over
+from provisioning.services import order_approve
 from provisioning.steps import PROVISION_STEPS
 from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
 from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order

@@ -10,7 +10,7 @@ from django.utils import timezone
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import rules, services, step_context
+from provisioning import rules, runs, services, step_context
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -39,10 +39,10 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
     username = rules.username_for(order)
     try:  # from here on the user may exist: removed whatever happens
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_start(order=order, actor=admin_user)
+            runs.provisioning_start(order=order, actor=admin_user)
         # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+            runs.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
         order.refresh_from_db()
         yield order, token, username, private_key
     finally:
@@ -84,7 +84,7 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
 
     # when the access is torn down
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, actor=admin_user, reason="test")
+        runs.teardown_start(order=order, actor=admin_user, reason="test")
 
     # then the login is refused, no process of the user remains, the keys are gone, the data volume is kept
     order.refresh_from_db()
@@ -136,7 +136,7 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
     Host.objects.filter(pk=loopback_host.pk).update(host_key=keypair("impostor")[1])
     try:
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_start(order=order, actor=admin_user)
+            runs.provisioning_start(order=order, actor=admin_user)
         order.refresh_from_db()
         run = order.provisioning_runs.get(kind="provision")
         assert order.status == OrderStatus.PROVISIONING_FAILED
@@ -144,7 +144,7 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
 
         Host.objects.filter(pk=loopback_host.pk).update(host_key=sshd.host_key_line)
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_retry(order=order, actor=admin_user)
+            runs.provisioning_retry(order=order, actor=admin_user)
         order.refresh_from_db()
         run.refresh_from_db()
         assert run.status == ProvisioningRun.Status.SUCCEEDED
@@ -189,7 +189,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
     }
     first = start_celery_worker(**worker_env)
     try:
-        run = services.provisioning_start(order=order, actor=admin_user)  # committed: the worker picks it up
+        run = runs.provisioning_start(order=order, actor=admin_user)  # committed: the worker picks it up
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not run.steps.filter(name="prepare_image", status="running").exists():
             time.sleep(0.05)
@@ -249,7 +249,7 @@ def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_exten
     now = timezone.now()
     Order.objects.filter(pk=order.pk).update(starts_at=now - timedelta(days=3), ends_at=now - timedelta(minutes=61))
     with django_capture_on_commit_callbacks(execute=True):
-        renewal = services.access_keys_renew(order=order)
+        renewal = runs.access_keys_renew(order=order)
     renewal.refresh_from_db()
     assert renewal.status == ProvisioningRun.Status.SUCCEEDED, renewal.error
 

@@ -13,7 +13,7 @@ from booking.models import Lot, Order, OrderStatus
 from booking.services import order_cancel_by_operator
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import rules, services, steps
+from provisioning import rules, runs, services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import _free_port, remove_user
@@ -74,7 +74,7 @@ def provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> O
     order = paid(client, booking_data, admin_user, lots)
     services.order_approve(order=order, actor=admin_user)
     with capture(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
+        runs.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
     assert order.status == OrderStatus.READY
     return order
@@ -152,7 +152,7 @@ def test_two_sweeps_at_once_queue_a_due_retry_once(
     order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, reason="test")
+        runs.teardown_start(order=order, reason="test")
     run = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     run.refresh_from_db()
     assert run.attempts == 1
@@ -287,7 +287,7 @@ def test_the_failing_teardowns_speak_french(
     order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, reason="test")
+        runs.teardown_start(order=order, reason="test")
     client.force_login(operator)
     client.cookies["django_language"] = "fr"
 
@@ -360,7 +360,7 @@ def test_a_reassignment_to_another_host_tears_the_old_host_down_and_the_order_go
 
     # the final teardown works on the host the order is on; the old one keeps its revocation time
     revoked_at = old_access.revoked_at
-    services.teardown_start(order=order, reason="test")
+    runs.teardown_start(order=order, reason="test")
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     assert set(teardown.steps.values_list("host_id", flat=True)) == {new_host.pk}
     old_access.refresh_from_db()
@@ -528,7 +528,7 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
     username = rules.username_for(order)
     try:
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_start(order=order, actor=admin_user)
+            runs.provisioning_start(order=order, actor=admin_user)
         order.refresh_from_db()
         assert rules.awaits_preflight_decision(order)
         # a process the customer left behind on the host (a server, a job started before the hand-over)
@@ -539,7 +539,7 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
         Lot.objects.filter(pk=elsewhere.pk).update(status=Lot.Status.ACTIVE)  # the fixture kept the others off
 
         with django_capture_on_commit_callbacks(execute=True):
-            services.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
+            runs.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
 
         release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
         assert release.status == ProvisioningRun.Status.SUCCEEDED, release.error
@@ -560,7 +560,7 @@ def test_a_window_that_passed_before_its_hand_over_leaves_no_container_and_the_o
     order = paid(client, booking_data, admin_user)
     services.order_approve(order=order, actor=admin_user)
     with django_capture_on_commit_callbacks(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
+        runs.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
     assert order.status == OrderStatus.PROVISIONING_FAILED
     assert tick(django_capture_on_commit_callbacks, order.ends_at - timedelta(minutes=1))["torn_down"] == 0
