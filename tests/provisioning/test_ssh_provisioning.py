@@ -10,7 +10,7 @@ from django.utils import timezone
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import rules, runs, services, step_context
+from provisioning import lifecycle, rules, runs, services, step_context
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -100,9 +100,9 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert access.status == Access.Status.REVOKED and access.wiped_at is None
 
     # and the files are deleted once the announced grace period (7 days by default) has passed
-    assert services.lifecycle_tick(now=order.ends_at + timedelta(days=6))["wiped"] == 0
+    assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=6))["wiped"] == 0
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.lifecycle_tick(now=order.ends_at + timedelta(days=7, minutes=1))["wiped"] == 1
+        assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=7, minutes=1))["wiped"] == 1
     wipe = order.provisioning_runs.get(kind="wipe")
     assert wipe.status == ProvisioningRun.Status.SUCCEEDED, wipe.error
     assert not admin.run(["id", "-u", username], check=False).ok
@@ -111,7 +111,7 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert not admin.run(["test", "-e", f"{step_context.KIT_ROOT}/{username}"], check=False).ok
     access.refresh_from_db()
     assert access.wiped_at is not None
-    assert services.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
+    assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
 
 
 def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, catalog, booking_data, mailoutbox):
@@ -120,7 +120,7 @@ def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, ca
     operator_settings.wipe_after_days = 3
     operator_settings.save()
 
-    services.end_warning_send(order=order, kind="24h")
+    lifecycle.end_warning_send(order=order, kind="24h")
 
     wipe = (order.ends_at + timedelta(days=3)).strftime("%Y-%m-%d %H:%M")
     assert f"for 3 days after the end, then they are deleted for good on {wipe} UTC" in mailoutbox[-1].body
@@ -199,7 +199,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         first.wait(timeout=10)
         start_celery_worker(**worker_env)
         time.sleep(3.5)  # the dead worker's lease runs out ...
-        services.lifecycle_tick()  # ... and beat's sweep hands the run to the new worker
+        lifecycle.lifecycle_tick()  # ... and beat's sweep hands the run to the new worker
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -263,6 +263,6 @@ def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_exten
     # when the window is extended, the lifecycle sweep writes the new end into the keys, and the login works again
     Order.objects.filter(pk=order.pk).update(ends_at=timezone.now() + timedelta(days=7))
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.lifecycle_tick()["keys_renewed"] == 1
+        assert lifecycle.lifecycle_tick()["keys_renewed"] == 1
     assert login_as(username, private_key, "true").returncode == 0
-    assert services.lifecycle_tick()["keys_renewed"] == 0
+    assert lifecycle.lifecycle_tick()["keys_renewed"] == 0

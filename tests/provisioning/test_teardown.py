@@ -13,7 +13,7 @@ from booking.models import Lot, Order, OrderStatus
 from booking.services import order_cancel_by_operator
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import rules, runs, services, steps
+from provisioning import lifecycle, rules, runs, services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import _free_port, remove_user
@@ -82,7 +82,7 @@ def provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> O
 
 def tick(capture, now: datetime) -> dict:
     with capture(execute=True):  # eager Celery: the runs the tick queues are executed on commit
-        return services.lifecycle_tick(now=now)
+        return lifecycle.lifecycle_tick(now=now)
 
 
 def the_host(order: Order) -> Host:
@@ -159,8 +159,8 @@ def test_two_sweeps_at_once_queue_a_due_retry_once(
 
     clock.now = run.next_retry_at
     with django_capture_on_commit_callbacks(execute=True) as queued:
-        first = services.lifecycle_tick(now=clock.now)  # both before any worker took the run
-        second = services.lifecycle_tick(now=clock.now)
+        first = lifecycle.lifecycle_tick(now=clock.now)  # both before any worker took the run
+        second = lifecycle.lifecycle_tick(now=clock.now)
 
     assert (first["retried"], second["retried"], second["resumed"]) == (1, 0, 0)
     assert sum(callback.__qualname__.startswith("_run_requeue") for callback in queued) == 1  # one execution
