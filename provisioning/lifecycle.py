@@ -5,10 +5,11 @@ again when their retry is due, resumes abandoned runs and approves what auto-app
 state, handles a capped batch and is safe to run twice at once.
 """
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -25,6 +26,7 @@ from provisioning.services import access_release, order_auto_approve
 WARNINGS = [("48h", timedelta(hours=48)), ("24h", timedelta(hours=24)), ("1h", timedelta(hours=1))]
 NEVER_HANDED_OVER = (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.PROVISIONING_FAILED)
 QUEUED_PATIENCE = timedelta(minutes=5)
+SWEEP_BATCH = 50  # orders a sweep starts runs for in one tick
 
 
 def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
@@ -55,15 +57,9 @@ def _approve_missed() -> int:
 
 
 def _provision_due(now: datetime) -> int:
-    provisioned = 0
     lead = timedelta(hours=OperatorSettings.current().provision_lead_hours)
-    for order in Order.objects.filter(status=OrderStatus.APPROVED, starts_at__lte=now + lead)[:50]:
-        try:
-            provisioning_start(order=order)
-            provisioned += 1
-        except BookingError:
-            continue
-    return provisioned
+    due = Order.objects.filter(status=OrderStatus.APPROVED, starts_at__lte=now + lead)
+    return _start_runs(due, provisioning_start, refused=BookingError)
 
 
 def _activate_started(now: datetime) -> int:
@@ -95,17 +91,11 @@ def _warn_ending(now: datetime) -> int:
 def _tear_down_released(now: datetime) -> int:
     """Windows that ended, and released orders that still have access (the teardown their event should have
     started, if it was lost)."""
-    torn_down = 0
     # Those with a teardown already: a failed one is retried with backoff (_retry_failed), never started again.
     ended = Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], ends_at__lte=now).exclude(
         Exists(ProvisioningRun.objects.filter(order=OuterRef("pk"), kind=ProvisioningRun.Kind.TEARDOWN))
     )
-    for order in ended[:50]:
-        try:
-            teardown_start(order=order)
-            torn_down += 1
-        except ProvisioningError:
-            continue
+    torn_down = _start_runs(ended, teardown_start, refused=ProvisioningError)
     # Only those without any teardown: a failed one is retried with backoff, not started again every tick. An order
     # whose window passed while its hand-over still waited (a failed pre-flight, a failed run) keeps no container
     # either: its status is the operator's to settle, its machines are free for the next window.
@@ -121,6 +111,22 @@ def _tear_down_released(now: datetime) -> int:
     for order_id in still_open:
         torn_down += access_release(order_id=order_id, reason="released with access left") is not None
     return torn_down
+
+
+def _start_runs(
+    orders: QuerySet[Order], start: Callable[..., ProvisioningRun], *, refused: type[Exception] | tuple = ()
+) -> int:
+    """Start a run with `start(order=...)` for each order of `orders`, a capped batch (the rest wait for the next
+    tick); an order whose start is `refused` (already under way, changed meanwhile) is skipped. Returns how many
+    runs were started."""
+    started = 0
+    for order in orders[:SWEEP_BATCH]:
+        try:
+            start(order=order)
+        except refused:
+            continue
+        started += 1
+    return started
 
 
 def _run_under_way(kind: str, statuses=UNDER_WAY) -> Exists:
@@ -141,13 +147,9 @@ def _renew_moved_keys(now: datetime) -> int:
         )
         # a keys run that failed waits for the operator's retry (console), not a new run every tick
         .exclude(_run_under_way(ProvisioningRun.Kind.KEYS, statuses=(*UNDER_WAY, ProvisioningRun.Status.FAILED)))
-        .distinct()[:50]
+        .distinct()
     )
-    renewed = 0
-    for order in moved:
-        access_keys_renew(order=order)
-        renewed += 1
-    return renewed
+    return _start_runs(moved, access_keys_renew)
 
 
 def wipe_date(order: Order) -> datetime:
@@ -168,13 +170,9 @@ def _wipe_due(now: datetime) -> int:
         )
         # A failed wipe is retried with backoff (_retry_failed), not started again every tick.
         .exclude(_run_under_way(ProvisioningRun.Kind.WIPE, (*UNDER_WAY, ProvisioningRun.Status.FAILED)))
-        .distinct()[:50]
+        .distinct()
     )
-    started = 0
-    for order in due:
-        access_wipe_start(order=order)
-        started += 1
-    return started
+    return _start_runs(due, access_wipe_start)
 
 
 def _retry_failed(now: datetime) -> int:
