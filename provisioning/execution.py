@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from booking import notices
@@ -74,13 +75,15 @@ def _take_lease(run: ProvisioningRun, now: datetime) -> str:
         if sibling_running:
             return "waiting"
         lease = now + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
+        # A compare-and-set, so an UPDATE and not a save: of two workers handed the same run, only the one whose
+        # UPDATE still finds the lease free or expired takes it. started_at keeps the first take's time.
         taken = ProvisioningRun.objects.filter(
             Q(lease_until__isnull=True) | Q(lease_until__lt=now),
             pk=run.pk,
             status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
-        ).update(lease_until=lease, status=ProvisioningRun.Status.RUNNING)
-        if taken:
-            ProvisioningRun.objects.filter(pk=run.pk, started_at__isnull=True).update(started_at=now)
+        ).update(
+            lease_until=lease, status=ProvisioningRun.Status.RUNNING, started_at=Coalesce("started_at", Value(now))
+        )
     return "taken" if taken else "busy"
 
 
@@ -121,11 +124,8 @@ def _execute_step(
 ) -> str:
     """Run one step through the host's connection (opened once per host). Returns the failure, or ""."""
     # Saved, not updated: the order page shows the run's progress, and a save makes its renderings stale.
-    run.lease_until = timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
-    run.save(update_fields=["lease_until"])
-    ProvisioningStep.objects.filter(pk=step.pk).update(
-        status=ProvisioningStep.Status.RUNNING, attempts=step.attempts + 1, started_at=timezone.now(), error=""
-    )
+    _save(run, lease_until=timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS))
+    _save(step, status=ProvisioningStep.Status.RUNNING, attempts=step.attempts + 1, started_at=timezone.now(), error="")
     try:
         if step.host_id not in connections:
             connections[step.host_id] = host_connect(host=step.host)
@@ -133,19 +133,21 @@ def _execute_step(
         output = steps.STEPS[step.name](connections[step.host_id], context)
     except (DriverError, StepFailed) as exc:
         failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
-        ProvisioningStep.objects.filter(pk=step.pk).update(
-            status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000]
-        )
+        _save(step, status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000])
         return failure
     found = getattr(output, "access", {})  # what the step made that the access keeps (step_context.StepOutput)
     if found:
-        for name, value in found.items():
-            setattr(access, name, value)
-        access.save(update_fields=list(found))
-    ProvisioningStep.objects.filter(pk=step.pk).update(
-        status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=str(output)[:20000]
-    )
+        _save(access, **found)
+    _save(step, status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=str(output)[:20000])
     return ""
+
+
+def _save(row: ProvisioningRun | ProvisioningStep | Access, **values) -> None:
+    """Write `values` on the row and save those fields only: a save, so that what the order page shows of it is
+    drawn again (the page caches listen to saves, not to updates)."""
+    for name, value in values.items():
+        setattr(row, name, value)
+    row.save(update_fields=list(values))
 
 
 @transaction.atomic
@@ -154,8 +156,8 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     status = ProvisioningRun.Status.FAILED if failure else ProvisioningRun.Status.SUCCEEDED
     attempts = ProvisioningRun.objects.select_for_update().values_list("attempts", flat=True).get(pk=run.pk) + 1
     retry_at = now + retry_delay(attempts) if failure and run.kind in RETRIED_RUN_KINDS else None
-    ProvisioningRun.objects.filter(pk=run.pk).update(
-        status=status, finished_at=now, error=failure, lease_until=None, attempts=attempts, next_retry_at=retry_at
+    _save(
+        run, status=status, finished_at=now, error=failure, lease_until=None, attempts=attempts, next_retry_at=retry_at
     )
     if retry_at:
         logger.warning("%s run %s failed (attempt %s), retry at %s: %s", run.kind, run.pk, attempts, retry_at, failure)

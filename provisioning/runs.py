@@ -165,6 +165,8 @@ def _run_requeue(*, run_id: int, now: datetime | None = None, due: bool = False,
     values = {"status": ProvisioningRun.Status.QUEUED, "lease_until": None, "next_retry_at": now}
     if clear_error:
         values["error"] = ""
+    # A compare-and-set, so an UPDATE and not a save: the condition (still failed, still due) is what queues the
+    # run once when two sweeps, or a sweep and an operator, reach it at the same time.
     if not failed.update(**values):
         return False
     from provisioning.tasks import execute_run
