@@ -96,7 +96,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from payments.selectors import current_invoice
     from payments.settlement import invoice_mark_paid
     from portal.celery import app as celery_app
-    from provisioning import services
+    from provisioning import rules, runs, services
     from provisioning.demo import seed_demo_catalog
     from provisioning.drivers import get_driver
     from provisioning.models import Access, Host, OperatorSettings
@@ -146,13 +146,13 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
             )
         )
         invoice_mark_paid(invoice=current_invoice(order), user=admin, reason="bench")
-        username = services.username_for(order)
+        username = rules.username_for(order)
         started = time.perf_counter()
         services.order_approve(order=order, actor=admin)
         provisioned = _wait(order, (OrderStatus.READY, OrderStatus.PROVISIONING_FAILED)) - started
         handover_started = time.perf_counter()
-        if order.status == OrderStatus.PROVISIONING_FAILED and services.awaits_preflight_decision(order):
-            services.provisioning_hand_over(order=order, actor=admin, reason="bench: no GPU on this machine")
+        if order.status == OrderStatus.PROVISIONING_FAILED and rules.awaits_preflight_decision(order):
+            runs.provisioning_hand_over(order=order, actor=admin, reason="bench: no GPU on this machine")
         ready = provisioned + _wait(order, (OrderStatus.READY,)) - handover_started
         access = Access.objects.select_related("host").get(order=order)
         login = customer_ssh(access, private_key, "echo $(hostname) $(ls /dev | grep -c nvidia)")

@@ -5,14 +5,14 @@ from django.utils.translation import gettext_lazy
 
 from booking.rules import BookingError
 from portal.singleton import SingletonAdmin
-from provisioning import services
+from provisioning import hosts
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
 
 
 def report_host_check(request: HttpRequest, host: Host) -> None:
     """Check the host's isolation and tell the operator what was found (console and admin action)."""
     try:
-        check = services.host_check(host=host, actor=request.user)
+        check = hosts.host_check(host=host, actor=request.user)
     except BookingError as exc:
         messages.error(request, exc.message)
         return

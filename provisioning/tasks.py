@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import services
+from provisioning import execution, hosts, lifecycle
 from provisioning.models import ProvisioningRun
 
 
@@ -12,7 +12,7 @@ def execute_run(self, run_id: int) -> str:
     run = ProvisioningRun.objects.filter(pk=run_id).first() if isinstance(run_id, int) else None
     if run is None:
         return "unknown"
-    status = services.run_execute(run=run)
+    status = execution.run_execute(run=run)
     if status == "waiting" and not self.request.is_eager:  # another run of the order is at work: after it
         raise self.retry(countdown=10)
     return status
@@ -20,23 +20,23 @@ def execute_run(self, run_id: int) -> str:
 
 @shared_task(name="provisioning.lifecycle_tick")
 def lifecycle_tick() -> dict:
-    return services.lifecycle_tick()
+    return lifecycle.lifecycle_tick()
 
 
 @shared_task(name="provisioning.send_access_ready", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def send_access_ready(order_id: int) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None:
-        services.access_email_send(order=order)
+        execution.access_email_send(order=order)
 
 
 @shared_task(name="provisioning.send_end_warning", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def send_end_warning(order_id: int, kind: str) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
-    if order is not None and kind in {kind for kind, _before in services.WARNINGS}:
-        services.end_warning_send(order=order, kind=kind)
+    if order is not None and kind in {kind for kind, _before in lifecycle.WARNINGS}:
+        lifecycle.end_warning_send(order=order, kind=kind)
 
 
 @shared_task(name="provisioning.check_hosts")
 def check_hosts() -> dict:
-    return services.hosts_check_due()
+    return hosts.hosts_check_due()

@@ -90,7 +90,6 @@ class Connection(ABC):
     def __init__(self, host: HostSpec) -> None:
         self.host = host
 
-    @abstractmethod
     def run(
         self,
         argv: list[str],
@@ -101,6 +100,21 @@ class Connection(ABC):
     ) -> CommandResult:
         """Run argv (shell-quoted with shlex.join) and wait for it. check=True raises CommandFailed on non-zero exit;
         a command still running after `timeout` seconds is killed and raises DriverError."""
+        command = quote_argv(argv)
+        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        result = self._execute(argv, command=command, stdin=data, timeout=timeout)
+        if check and not result.ok:
+            raise CommandFailed(result, self.host.name)
+        return result
+
+    def as_admin(self, argv: list[str]) -> list[str]:
+        """argv as the host's admin account runs it: behind `sudo -n` for a sudoer (HostSpec.use_sudo)."""
+        return ["sudo", "-n", *argv] if self.host.use_sudo else argv
+
+    @abstractmethod
+    def _execute(self, argv: list[str], *, command: str, stdin: bytes, timeout: float) -> CommandResult:
+        """Run the checked argv (`command`: it shell-quoted) on the host, feeding it `stdin`; the exit status is
+        the caller's to check."""
 
     def put_file(
         self, remote_path: str, content: bytes, *, mode: int, owner: str | None = None, as_user: str | None = None
@@ -111,11 +125,7 @@ class Connection(ABC):
         `as_user`: every command runs as that account (`runuser`), for files in a directory the account controls
         (a customer's home): root would follow whatever symlink the customer planted there, the account itself
         can only reach what it could reach anyway. The file is then owned by that account."""
-        tmp_path = self._temp_path_for(remote_path)
-        if not 0 <= mode <= 0o7777:
-            raise ValueError(f"invalid file mode {mode:o}")
-        if owner and as_user:
-            raise ValueError("a file written as_user is owned by that user: owner must not be given too")
+        tmp_path = self._checked_put_file(remote_path, mode=mode, owner=owner, as_user=as_user)
 
         def as_writer(argv: list[str]) -> list[str]:
             return ["runuser", "-u", as_user, "--", *argv] if as_user else argv
@@ -132,11 +142,16 @@ class Connection(ABC):
         )
 
     @staticmethod
-    def _temp_path_for(remote_path: str) -> str:
+    def _checked_put_file(remote_path: str, *, mode: int, owner: str | None, as_user: str | None) -> str:
+        """The temp path that put_file writes `remote_path` through; ValueError for what it must refuse."""
         if not isinstance(remote_path, str) or not remote_path.startswith("/"):
             raise ValueError(f"remote path must be absolute: {remote_path!r}")
         if any(char in remote_path for char in "\x00\n") or remote_path.endswith("/"):
             raise ValueError(f"invalid remote path: {remote_path!r}")
+        if not 0 <= mode <= 0o7777:
+            raise ValueError(f"invalid file mode {mode:o}")
+        if owner and as_user:
+            raise ValueError("a file written as_user is owned by that user: owner must not be given too")
         directory, filename = posixpath.split(posixpath.normpath(remote_path))
         return posixpath.join(directory, f".{filename}.binome-tmp-{secrets.token_hex(6)}")
 

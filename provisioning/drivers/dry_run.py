@@ -7,7 +7,7 @@ Every command succeeds with "[dry run] would run: …" as its stdout, except exi
 
 from __future__ import annotations
 
-from .base import CommandFailed, CommandResult, Connection, Driver, HostSpec, quote_argv
+from .base import CommandResult, Connection, Driver, HostSpec, quote_argv
 
 _GETENT_NOT_FOUND = 2  # getent(1): key not found in the database
 
@@ -31,40 +31,24 @@ class DryRunConnection(Connection):
         self.files: dict[str, bytes] = {}  # what put_file would have written, by remote path
         self.closed = False
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        stdin: str | bytes | None = None,
-        timeout: float = 120.0,
-        check: bool = True,
-    ) -> CommandResult:
-        command = quote_argv(argv)
-        shown = f"sudo -n {command}" if self.host.use_sudo else command
+    def _execute(self, argv: list[str], *, command: str, stdin: bytes, timeout: float) -> CommandResult:
+        shown = quote_argv(self.as_admin(argv))
         entry = f"run: {shown}"
         if stdin:
-            size = len(stdin.encode() if isinstance(stdin, str) else stdin)
-            entry += f" (stdin: {size} bytes)"
+            entry += f" (stdin: {len(stdin)} bytes)"
         self.log.append(entry)
-        result = CommandResult(
+        return CommandResult(
             command=command,
             exit_status=_probe_status(argv),
             stdout=f"[dry run] would run: {shown}",
             stderr="",
             duration_s=0.0,
         )
-        if check and result.exit_status != 0:
-            raise CommandFailed(result, self.host.name)
-        return result
 
     def put_file(
         self, remote_path: str, content: bytes, *, mode: int, owner: str | None = None, as_user: str | None = None
     ) -> None:
-        self._temp_path_for(remote_path)  # the same checks as the real thing
-        if not 0 <= mode <= 0o7777:
-            raise ValueError(f"invalid file mode {mode:o}")
-        if owner and as_user:
-            raise ValueError("a file written as_user is owned by that user: owner must not be given too")
+        self._checked_put_file(remote_path, mode=mode, owner=owner, as_user=as_user)  # the real thing's checks
         self.files[remote_path] = bytes(content)
         writer = f"written as {as_user}" if as_user else f"owner {owner or '(unchanged)'}"
         self.log.append(f"write: {remote_path} ({len(content)} bytes, mode {mode:04o}, {writer})")

@@ -22,13 +22,11 @@ import paramiko
 
 from .base import (
     OUTPUT_CAP_BYTES,
-    CommandFailed,
     CommandResult,
     Connection,
     Driver,
     DriverError,
     HostSpec,
-    quote_argv,
 )
 
 # `timeout` sends TERM at the deadline, then KILL this many seconds later if the command is still there.
@@ -180,21 +178,10 @@ class SSHConnection(Connection):
         super().__init__(host)
         self._client = client
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        stdin: str | bytes | None = None,
-        timeout: float = 120.0,
-        check: bool = True,
-    ) -> CommandResult:
-        command = quote_argv(argv)
+    def _execute(self, argv: list[str], *, command: str, stdin: bytes, timeout: float) -> CommandResult:
         if not timeout > 0:
             raise ValueError("timeout must be positive")
-        remote_argv = ["timeout", f"--kill-after={KILL_AFTER_S}", f"{timeout:.3f}", *argv]
-        if self.host.use_sudo:
-            remote_argv = ["sudo", "-n", *remote_argv]
-        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        remote_argv = self.as_admin(["timeout", f"--kill-after={KILL_AFTER_S}", f"{timeout:.3f}", *argv])
 
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
@@ -208,7 +195,7 @@ class SSHConnection(Connection):
         try:
             channel.settimeout(min(timeout, 30.0))
             channel.exec_command(shlex.join(remote_argv))
-            exit_status = self._pump(channel, data, stdout, stderr, deadline=started + timeout + LOCAL_GRACE_S)
+            exit_status = self._pump(channel, stdin, stdout, stderr, deadline=started + timeout + LOCAL_GRACE_S)
         except TimeoutError as exc:
             raise DriverError(f"timed out after {timeout:g} s running `{command}` on {self.host.name}") from exc
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -218,16 +205,13 @@ class SSHConnection(Connection):
         duration = time.monotonic() - started
         if exit_status in _TIMEOUT_EXIT_STATUSES and duration >= timeout - 0.05:
             raise DriverError(f"timed out after {timeout:g} s running `{command}` on {self.host.name}")
-        result = CommandResult(
+        return CommandResult(
             command=command,
             exit_status=exit_status,
             stdout=stdout.text(),
             stderr=stderr.text(),
             duration_s=duration,
         )
-        if check and exit_status != 0:
-            raise CommandFailed(result, self.host.name)
-        return result
 
     @staticmethod
     def _pump(

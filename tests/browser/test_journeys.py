@@ -13,7 +13,9 @@ from playwright.sync_api import expect
 from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
-from provisioning.services import awaits_preflight_decision, order_approve, provisioning_hand_over, username_for
+from provisioning.rules import awaits_preflight_decision, username_for
+from provisioning.runs import provisioning_hand_over
+from provisioning.services import order_approve
 from provisioning.steps import PROVISION_STEPS
 from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
 from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order

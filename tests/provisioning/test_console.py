@@ -12,7 +12,7 @@ from booking.models import Lot, Order, OrderStatus
 from payments.models import Invoice
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import lifecycle, services, step_context, steps
 from provisioning.models import Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -142,7 +142,7 @@ def test_the_lifecycle_provisions_opens_warns_and_closes_the_window(
 
     def tick(now):
         with django_capture_on_commit_callbacks(execute=True):
-            services.lifecycle_tick(now=now)
+            lifecycle.lifecycle_tick(now=now)
 
     tick(order.starts_at - lead - timedelta(minutes=1))
     order.refresh_from_db()
@@ -308,7 +308,7 @@ def test_the_lifecycle_tears_down_a_released_order_whose_teardown_never_started(
     order_cancel_by_operator(order=order, actor=operator)  # no on-commit callbacks run: the reaction is lost
 
     with django_capture_on_commit_callbacks(execute=True):
-        counts = services.lifecycle_tick()
+        counts = lifecycle.lifecycle_tick()
     assert counts["torn_down"] == 1
     assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
 
@@ -378,7 +378,7 @@ def preflight_reporting(status: str):
         check = {"name": "bf16_matmul", "status": status, "reason": "bf16 matmul differs" if status == "FAIL" else ""}
         summary = {"status": status, "passed": int(status == "PASS"), "failed": int(status == "FAIL")}
         report = {"schema": "binome.preflight/1", "checks": [check], "summary": summary}
-        return steps.StepOutput(json.dumps(report), {"preflight_report": report, "preflight_status": status})
+        return step_context.StepOutput(json.dumps(report), {"preflight_report": report, "preflight_status": status})
 
     return preflight
 

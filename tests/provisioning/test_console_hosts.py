@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 
 from booking.models import Lot
+from provisioning.hosts import host_check
 from provisioning.models import Host
-from provisioning.services import host_check
 from tests.provisioning.test_host_checks import NO_RUNTIME, probed_host
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,7 @@ from django.urls import reverse
 from booking.models import Lot, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services
+from provisioning import rules, runs, services
 from provisioning.models import Access, Host, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
@@ -33,15 +33,15 @@ def _provision(client, booking_data, keypair, admin_user, callbacks, name):
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
     with callbacks(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
+        runs.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
     order.token = token  # the order page's key, for the tests that read it
-    return order, services.username_for(order), private_key
+    return order, rules.username_for(order), private_key
 
 
 def _hand_over(order, admin_user, callbacks):
     with callbacks(execute=True):  # no GPU here: the pre-flight fails and the operator hands over anyway
-        services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+        runs.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
     order.refresh_from_db()
     assert order.status == OrderStatus.READY, order.provisioning_runs.first().error
     return Access.objects.select_related("host").get(order=order)
@@ -208,12 +208,12 @@ def test_what_the_customer_writes_for_the_host_s_login_stack_never_runs_on_the_h
         assert refused.returncode != 0
     # and every run root makes on the host for this order, before and after the window
     with django_capture_on_commit_callbacks(execute=True):
-        services.preflight_rerun(order=order, actor=admin_user)
-        services.access_keys_renew(order=order, actor=admin_user)
+        runs.preflight_rerun(order=order, actor=admin_user)
+        runs.access_keys_renew(order=order, actor=admin_user)
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, actor=admin_user, reason="test")
+        runs.teardown_start(order=order, actor=admin_user, reason="test")
     with django_capture_on_commit_callbacks(execute=True):
-        services.access_wipe_start(order=order, actor=admin_user)
+        runs.access_wipe_start(order=order, actor=admin_user)
     assert {run.kind: run.status for run in order.provisioning_runs.all()} == {
         kind: ProvisioningRun.Status.SUCCEEDED for kind in ("provision", "preflight", "keys", "teardown", "wipe")
     }
@@ -444,7 +444,7 @@ def test_after_teardown_nothing_of_the_customer_is_left_and_the_other_container_
     _in(access, private_key, "(setsid sleep 600 </dev/null >/dev/null 2>&1 &)")
     assert admin.run(["pgrep", "-u", access.username], check=False).ok
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, actor=admin_user, reason="test")
+        runs.teardown_start(order=order, actor=admin_user, reason="test")
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
     assert customer_ssh(access, private_key, "true").returncode != 0

@@ -11,9 +11,11 @@ from django.urls import reverse
 
 from booking.models import Lot, Order, OrderEvent, OrderStatus
 from booking.selectors import free_lot_ids, offered_lots
-from provisioning import host_checks, services
+from provisioning import host_probe
 from provisioning.drivers import get_driver
+from provisioning.hosts import HOST_CHECK_INTERVAL, HostCheck, host_check, hosts_check_due
 from provisioning.models import Host
+from provisioning.rules import ProvisioningError
 from tests.provisioning.conftest import make_loopback_host
 
 pytestmark = pytest.mark.django_db
@@ -39,8 +41,8 @@ def probed_host(sshd, catalog, settings):
     return host
 
 
-def check(host: Host, **kwargs) -> services.HostCheck:
-    result = services.host_check(host=host, **kwargs)
+def check(host: Host, **kwargs) -> HostCheck:
+    result = host_check(host=host, **kwargs)
     host.refresh_from_db()
     return result
 
@@ -149,8 +151,8 @@ def test_an_unreachable_host_keeps_its_last_finding(probed_host, sshd):
     Host.objects.filter(pk=probed_host.pk).update(ssh_port=1)  # nothing listens there
     probed_host.refresh_from_db()
 
-    with pytest.raises(services.ProvisioningError, match="Could not check probed: connection refused"):
-        services.host_check(host=probed_host)
+    with pytest.raises(ProvisioningError, match="Could not check probed: connection refused"):
+        host_check(host=probed_host)
 
     probed_host.refresh_from_db()
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER and probed_host.isolation_checked_at == checked_at
@@ -168,11 +170,11 @@ def test_a_dry_run_host_is_labelled_as_not_probed_and_keeps_the_demo_working(cat
 
 
 def test_device_paths_name_the_lot_s_cards_only():
-    nvidia = host_checks.LotDevices(name="a", vendor="nvidia", gpu_indices=(2, 3))
-    amd = host_checks.LotDevices(name="b", vendor="amd", gpu_indices=(0, 1))
+    nvidia = host_probe.LotDevices(name="a", vendor="nvidia", gpu_indices=(2, 3))
+    amd = host_probe.LotDevices(name="b", vendor="amd", gpu_indices=(0, 1))
 
-    assert host_checks.device_paths(nvidia, "/d") == ["/d/nvidia2", "/d/nvidia3"]
-    assert host_checks.device_paths(amd) == ["/dev/dri/renderD128", "/dev/dri/renderD129"]
+    assert host_probe.device_paths(nvidia, "/d") == ["/d/nvidia2", "/d/nvidia3"]
+    assert host_probe.device_paths(amd) == ["/dev/dri/renderD128", "/dev/dri/renderD129"]
 
 
 def test_a_hostile_stat_answer_counts_as_not_isolated(sshd):
@@ -193,11 +195,11 @@ def test_a_hostile_stat_answer_counts_as_not_isolated(sshd):
             return result
 
     lots = [
-        host_checks.LotDevices(name="a", vendor="nvidia", gpu_indices=(0,)),
-        host_checks.LotDevices(name="b", vendor="nvidia", gpu_indices=(1,)),
+        host_probe.LotDevices(name="a", vendor="nvidia", gpu_indices=(0,)),
+        host_probe.LotDevices(name="b", vendor="nvidia", gpu_indices=(1,)),
     ]
     with get_driver("ssh").connect(sshd.host_spec) as connection:
-        finding = host_checks.probe(LyingConnection(connection), lots=lots, runtime=NO_RUNTIME)
+        finding = host_probe.probe(LyingConnection(connection), lots=lots, runtime=NO_RUNTIME)
 
     assert finding.mode == Host.Isolation.NOT_ISOLATED
     assert "/dev/nvidia0: world-accessible (mode 7777" in finding.report
@@ -216,16 +218,16 @@ def test_the_beat_checks_ssh_hosts_never_checked_or_checked_long_ago(probed_host
 
     from django.utils import timezone
 
-    assert services.hosts_check_due() == {"checked": 1, "unreachable": 0}
+    assert hosts_check_due() == {"checked": 1, "unreachable": 0}
     probed_host.refresh_from_db()
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
-    assert services.hosts_check_due() == {"checked": 0, "unreachable": 0}  # checked just now
+    assert hosts_check_due() == {"checked": 0, "unreachable": 0}  # checked just now
     # Dry-run hosts are never probed by the beat: they keep their label.
     assert not Host.objects.filter(driver=Host.Driver.DRY_RUN, isolation_checked_at__isnull=False).exists()
 
-    later = timezone.now() + services.HOST_CHECK_INTERVAL + timedelta(minutes=1)
+    later = timezone.now() + HOST_CHECK_INTERVAL + timedelta(minutes=1)
     Host.objects.filter(pk=probed_host.pk).update(ssh_port=1)  # unreachable now: it keeps its finding
-    assert services.hosts_check_due(now=later) == {"checked": 0, "unreachable": 1}
+    assert hosts_check_due(now=later) == {"checked": 0, "unreachable": 1}
     probed_host.refresh_from_db()
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
 
@@ -293,14 +295,14 @@ def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory
     """Debian makes no /usr/local/libexec: the first provisioning on a fresh host must make it for the guard."""
     from datetime import UTC, datetime
 
-    from provisioning import containers, steps
+    from provisioning import containers, host_steps, step_context
 
     libexec = Path(containers.GUARD_PATH).parent
     kept = tmp_path / "libexec-before"
     if libexec.exists():
         libexec.rename(kept)  # the host as Debian leaves it
     try:
-        ctx = steps.StepContext(
+        ctx = step_context.StepContext(
             username="bn-fresh",
             comment="",
             authorized_keys="",
@@ -311,7 +313,7 @@ def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory
             container_runtime="podman",
             keys_expire_at=datetime.now(UTC),
         )
-        summary = steps.prepare_host(admin, ctx)
+        summary = host_steps.prepare_host(admin, ctx)
 
         assert "firewall guard on" in summary
         guard = Path(containers.GUARD_PATH)

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from provisioning.steps import MAX_PREFLIGHT_REPORT_BYTES, StepFailed, parse_preflight_report
+from provisioning.preflight_report import MAX_PREFLIGHT_REPORT_BYTES, parse_preflight_report
+from provisioning.step_context import StepFailed
 
 GOOD = {
     "schema": "binome.preflight/1",

@@ -10,7 +10,7 @@ from django.utils import timezone
 from booking.models import Order, OrderStatus
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import lifecycle, rules, runs, services, step_context
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
@@ -36,13 +36,13 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
     order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    username = services.username_for(order)
+    username = rules.username_for(order)
     try:  # from here on the user may exist: removed whatever happens
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_start(order=order, actor=admin_user)
+            runs.provisioning_start(order=order, actor=admin_user)
         # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
+            runs.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
         order.refresh_from_db()
         yield order, token, username, private_key
     finally:
@@ -84,7 +84,7 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
 
     # when the access is torn down
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, actor=admin_user, reason="test")
+        runs.teardown_start(order=order, actor=admin_user, reason="test")
 
     # then the login is refused, no process of the user remains, the keys are gone, the data volume is kept
     order.refresh_from_db()
@@ -93,25 +93,25 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
     assert login_as(username, private_key, "true").returncode != 0
     assert not admin.run(["pgrep", "-u", username], check=False).ok
-    assert admin.run(["cat", f"{steps.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout == ""
+    assert admin.run(["cat", f"{step_context.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout == ""
     volume = f"binome-{username}-data"
     assert admin.run(["podman", "volume", "exists", volume], check=False).ok
     access = Access.objects.get(order=order)
     assert access.status == Access.Status.REVOKED and access.wiped_at is None
 
     # and the files are deleted once the announced grace period (7 days by default) has passed
-    assert services.lifecycle_tick(now=order.ends_at + timedelta(days=6))["wiped"] == 0
+    assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=6))["wiped"] == 0
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.lifecycle_tick(now=order.ends_at + timedelta(days=7, minutes=1))["wiped"] == 1
+        assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=7, minutes=1))["wiped"] == 1
     wipe = order.provisioning_runs.get(kind="wipe")
     assert wipe.status == ProvisioningRun.Status.SUCCEEDED, wipe.error
     assert not admin.run(["id", "-u", username], check=False).ok
     assert not admin.run(["podman", "volume", "exists", volume], check=False).ok
-    assert not admin.run(["test", "-e", f"{steps.VOLUME_ROOT}/{username}.ext4"], check=False).ok
-    assert not admin.run(["test", "-e", f"{steps.KIT_ROOT}/{username}"], check=False).ok
+    assert not admin.run(["test", "-e", f"{step_context.VOLUME_ROOT}/{username}.ext4"], check=False).ok
+    assert not admin.run(["test", "-e", f"{step_context.KIT_ROOT}/{username}"], check=False).ok
     access.refresh_from_db()
     assert access.wiped_at is not None
-    assert services.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
+    assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
 
 
 def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, catalog, booking_data, mailoutbox):
@@ -120,7 +120,7 @@ def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, ca
     operator_settings.wipe_after_days = 3
     operator_settings.save()
 
-    services.end_warning_send(order=order, kind="24h")
+    lifecycle.end_warning_send(order=order, kind="24h")
 
     wipe = (order.ends_at + timedelta(days=3)).strftime("%Y-%m-%d %H:%M")
     assert f"for 3 days after the end, then they are deleted for good on {wipe} UTC" in mailoutbox[-1].body
@@ -136,7 +136,7 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
     Host.objects.filter(pk=loopback_host.pk).update(host_key=keypair("impostor")[1])
     try:
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_start(order=order, actor=admin_user)
+            runs.provisioning_start(order=order, actor=admin_user)
         order.refresh_from_db()
         run = order.provisioning_runs.get(kind="provision")
         assert order.status == OrderStatus.PROVISIONING_FAILED
@@ -144,14 +144,14 @@ def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
 
         Host.objects.filter(pk=loopback_host.pk).update(host_key=sshd.host_key_line)
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_retry(order=order, actor=admin_user)
+            runs.provisioning_retry(order=order, actor=admin_user)
         order.refresh_from_db()
         run.refresh_from_db()
         assert run.status == ProvisioningRun.Status.SUCCEEDED
-        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
+        assert rules.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
         assert [step.attempts for step in run.steps.all()] == [2] + [1] * (len(PROVISION_STEPS) - 1)  # connect twice
     finally:
-        remove_user(admin, services.username_for(order))
+        remove_user(admin, rules.username_for(order))
 
 
 @pytest.mark.integration
@@ -189,7 +189,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
     }
     first = start_celery_worker(**worker_env)
     try:
-        run = services.provisioning_start(order=order, actor=admin_user)  # committed: the worker picks it up
+        run = runs.provisioning_start(order=order, actor=admin_user)  # committed: the worker picks it up
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not run.steps.filter(name="prepare_image", status="running").exists():
             time.sleep(0.05)
@@ -199,7 +199,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         first.wait(timeout=10)
         start_celery_worker(**worker_env)
         time.sleep(3.5)  # the dead worker's lease runs out ...
-        services.lifecycle_tick()  # ... and beat's sweep hands the run to the new worker
+        lifecycle.lifecycle_tick()  # ... and beat's sweep hands the run to the new worker
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -220,17 +220,17 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
         }
         assert " created (" in run.steps.get(name="create_user").output  # made once, not "already exists"
         order.refresh_from_db()
-        assert services.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
+        assert rules.awaits_preflight_decision(order)  # no GPU here: the check fails, an operator decides
     finally:
         with get_driver("ssh").connect(sshd.host_spec) as connection:
-            remove_user(connection, services.username_for(order))
+            remove_user(connection, rules.username_for(order))
 
 
 def test_every_key_is_restricted_and_forwards_reach_the_container_s_network_not_the_host_s_loopback(
     provisioned, login_as, admin, sshd
 ):
     order, _token, username, private_key = provisioned
-    keys = admin.run(["cat", f"{steps.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout.splitlines()
+    keys = admin.run(["cat", f"{step_context.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout.splitlines()
     expiry = Access.objects.get(order=order).keys_expire_at.astimezone(UTC).strftime("%Y%m%d%H%M%SZ")
     assert keys and all(line.startswith("restrict,pty,port-forwarding,") for line in keys)
     assert all(f'expiry-time="{expiry}"' in line for line in keys)
@@ -249,7 +249,7 @@ def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_exten
     now = timezone.now()
     Order.objects.filter(pk=order.pk).update(starts_at=now - timedelta(days=3), ends_at=now - timedelta(minutes=61))
     with django_capture_on_commit_callbacks(execute=True):
-        renewal = services.access_keys_renew(order=order)
+        renewal = runs.access_keys_renew(order=order)
     renewal.refresh_from_db()
     assert renewal.status == ProvisioningRun.Status.SUCCEEDED, renewal.error
 
@@ -263,6 +263,6 @@ def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_exten
     # when the window is extended, the lifecycle sweep writes the new end into the keys, and the login works again
     Order.objects.filter(pk=order.pk).update(ends_at=timezone.now() + timedelta(days=7))
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.lifecycle_tick()["keys_renewed"] == 1
+        assert lifecycle.lifecycle_tick()["keys_renewed"] == 1
     assert login_as(username, private_key, "true").returncode == 0
-    assert services.lifecycle_tick()["keys_renewed"] == 0
+    assert lifecycle.lifecycle_tick()["keys_renewed"] == 0

@@ -13,7 +13,7 @@ from booking.models import Lot, Order, OrderStatus
 from booking.services import order_cancel_by_operator
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import services, steps
+from provisioning import lifecycle, rules, runs, services, steps
 from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import _free_port, remove_user
@@ -74,7 +74,7 @@ def provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> O
     order = paid(client, booking_data, admin_user, lots)
     services.order_approve(order=order, actor=admin_user)
     with capture(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
+        runs.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
     assert order.status == OrderStatus.READY
     return order
@@ -82,7 +82,7 @@ def provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> O
 
 def tick(capture, now: datetime) -> dict:
     with capture(execute=True):  # eager Celery: the runs the tick queues are executed on commit
-        return services.lifecycle_tick(now=now)
+        return lifecycle.lifecycle_tick(now=now)
 
 
 def the_host(order: Order) -> Host:
@@ -94,9 +94,9 @@ def the_host(order: Order) -> Host:
 
 
 def test_the_retry_delay_doubles_from_one_minute_up_to_an_hour():
-    delays = [services.retry_delay(attempts) for attempts in range(1, 10)]
+    delays = [rules.retry_delay(attempts) for attempts in range(1, 10)]
     assert delays == [timedelta(minutes=minutes) for minutes in (1, 2, 4, 8, 16, 32, 60, 60, 60)]
-    assert services.retry_delay(100_000) == timedelta(hours=1)  # a run failing hourly for years does not overflow
+    assert rules.retry_delay(100_000) == timedelta(hours=1)  # a run failing hourly for years does not overflow
 
 
 def test_a_failing_teardown_is_retried_with_growing_delays_as_one_run_with_one_note(
@@ -152,15 +152,15 @@ def test_two_sweeps_at_once_queue_a_due_retry_once(
     order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, reason="test")
+        runs.teardown_start(order=order, reason="test")
     run = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     run.refresh_from_db()
     assert run.attempts == 1
 
     clock.now = run.next_retry_at
     with django_capture_on_commit_callbacks(execute=True) as queued:
-        first = services.lifecycle_tick(now=clock.now)  # both before any worker took the run
-        second = services.lifecycle_tick(now=clock.now)
+        first = lifecycle.lifecycle_tick(now=clock.now)  # both before any worker took the run
+        second = lifecycle.lifecycle_tick(now=clock.now)
 
     assert (first["retried"], second["retried"], second["resumed"]) == (1, 0, 0)
     assert sum(callback.__qualname__.startswith("_run_requeue") for callback in queued) == 1  # one execution
@@ -287,7 +287,7 @@ def test_the_failing_teardowns_speak_french(
     order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     with django_capture_on_commit_callbacks(execute=True):
-        services.teardown_start(order=order, reason="test")
+        runs.teardown_start(order=order, reason="test")
     client.force_login(operator)
     client.cookies["django_language"] = "fr"
 
@@ -312,7 +312,7 @@ def failed_preflight(client, booking_data, admin_user, operator, monkeypatch, dj
     act(client, order, "approve", callbacks=django_capture_on_commit_callbacks)
     act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
     order.refresh_from_db()
-    assert services.awaits_preflight_decision(order)
+    assert rules.awaits_preflight_decision(order)
     return order
 
 
@@ -360,7 +360,7 @@ def test_a_reassignment_to_another_host_tears_the_old_host_down_and_the_order_go
 
     # the final teardown works on the host the order is on; the old one keeps its revocation time
     revoked_at = old_access.revoked_at
-    services.teardown_start(order=order, reason="test")
+    runs.teardown_start(order=order, reason="test")
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     assert set(teardown.steps.values_list("host_id", flat=True)) == {new_host.pk}
     old_access.refresh_from_db()
@@ -384,7 +384,7 @@ def test_the_customer_sees_only_the_host_the_order_is_on(
     page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
 
     text = page.content.decode()
-    username = services.username_for(order)
+    username = rules.username_for(order)
     assert f"{username}@{elsewhere.host.address}" in text
     assert f"{username}@{held.host.address}" not in text
     assert "bf16 matmul differs" not in text  # the old host's failed report is not shown either
@@ -525,12 +525,12 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
     order, _token = place(client, booking_data(lots="1", ssh_keys=public_key))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
     services.order_approve(order=order, actor=admin_user)
-    username = services.username_for(order)
+    username = rules.username_for(order)
     try:
         with django_capture_on_commit_callbacks(execute=True):
-            services.provisioning_start(order=order, actor=admin_user)
+            runs.provisioning_start(order=order, actor=admin_user)
         order.refresh_from_db()
-        assert services.awaits_preflight_decision(order)
+        assert rules.awaits_preflight_decision(order)
         # a process the customer left behind on the host (a server, a job started before the hand-over)
         admin.run(["sh", "-c", 'runuser -u "$1" -- setsid sleep 600 >/dev/null 2>&1 &', "left", username])
         assert admin.run(["pgrep", "-u", username], check=False).exit_status == 0
@@ -539,7 +539,7 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
         Lot.objects.filter(pk=elsewhere.pk).update(status=Lot.Status.ACTIVE)  # the fixture kept the others off
 
         with django_capture_on_commit_callbacks(execute=True):
-            services.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
+            runs.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
 
         release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
         assert release.status == ProvisioningRun.Status.SUCCEEDED, release.error
@@ -560,7 +560,7 @@ def test_a_window_that_passed_before_its_hand_over_leaves_no_container_and_the_o
     order = paid(client, booking_data, admin_user)
     services.order_approve(order=order, actor=admin_user)
     with django_capture_on_commit_callbacks(execute=True):
-        services.provisioning_start(order=order, actor=admin_user)
+        runs.provisioning_start(order=order, actor=admin_user)
     order.refresh_from_db()
     assert order.status == OrderStatus.PROVISIONING_FAILED
     assert tick(django_capture_on_commit_callbacks, order.ends_at - timedelta(minutes=1))["torn_down"] == 0

@@ -22,7 +22,7 @@ from booking.selectors import free_lot_ids, window_for
 from payments import checkout
 from payments.models import Invoice
 from portal.numbers import whole_number
-from provisioning import selectors, services
+from provisioning import rules, runs, selectors, services
 from provisioning.admin import report_host_check
 from provisioning.models import Host
 
@@ -99,7 +99,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),
         "free_lots": free_lots,
-        "awaits_decision": services.awaits_preflight_decision(order),
+        "awaits_decision": rules.awaits_preflight_decision(order),
     }
     template = "console/order.html#runs" if request.htmx else "console/order.html"
     return render(request, template, context)
@@ -119,18 +119,16 @@ def _optional_number(post, name: str) -> int | None:
 ACTIONS = {
     "approve": lambda order, user, reason, post: services.order_approve(order=order, actor=user),
     "reject": lambda order, user, reason, post: services.order_reject(order=order, actor=user, reason=reason),
-    "retry": lambda order, user, reason, post: services.provisioning_retry(
+    "retry": lambda order, user, reason, post: runs.provisioning_retry(
         order=order, actor=user, run_id=_optional_number(post, "run")
     ),
-    "preflight": lambda order, user, reason, post: services.preflight_rerun(order=order, actor=user),
-    "handover": lambda order, user, reason, post: services.provisioning_hand_over(
-        order=order, actor=user, reason=reason
-    ),
-    "teardown": lambda order, user, reason, post: services.teardown_start(
+    "preflight": lambda order, user, reason, post: runs.preflight_rerun(order=order, actor=user),
+    "handover": lambda order, user, reason, post: runs.provisioning_hand_over(order=order, actor=user, reason=reason),
+    "teardown": lambda order, user, reason, post: runs.teardown_start(
         order=order, actor=user, reason=reason or "torn down by an operator"
     ),
-    "provision": lambda order, user, reason, post: services.provisioning_start(order=order, actor=user),
-    "reassign": lambda order, user, reason, post: services.lot_reassign(
+    "provision": lambda order, user, reason, post: runs.provisioning_start(order=order, actor=user),
+    "reassign": lambda order, user, reason, post: runs.lot_reassign(
         order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
     ),
     "extend": lambda order, user, reason, post: checkout.order_extension_request(

@@ -8,7 +8,7 @@ SSH server inside it. A host without a runtime is not isolated: customers are ne
 The dry-run driver runs nothing: its hosts are labelled "dry run", never reported as isolated.
 
 This module only runs commands and reads their answers (hostile input: parsed and bounded); recording what it
-found is provisioning.services.host_check's job.
+found is provisioning.hosts.host_check's job.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ _LOGIN_STACK = (
 
 
 def login_stack(connection: Connection) -> LoginStack:
-    """Whether nothing of a customer's can be read or run by the host's login stack. By construction (steps.py) a
+    """Whether nothing of a customer's can be read or run by the host's login stack. By construction (host_steps.py) a
     customer account has no login shell and a root-owned home with nothing of theirs in it, and the customer never
     has a process on the host: this checks that it holds on the host as it is, including accounts left by an
     earlier design."""

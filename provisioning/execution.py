@@ -1,0 +1,244 @@
+"""Executing a provisioning run: the lease that lets one worker, and one run of an order at a time, work on it; its
+steps not done yet, host by host through one connection each; and what its end does to the order (hand-over,
+failure, readiness, revocation, the wipe's date). A step done is never done again, so a run interrupted anywhere
+resumes cleanly.
+"""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from booking import notices
+from booking.locks import lock_order
+from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
+from booking.notices import Notice
+from booking.services import order_transition
+from provisioning import selectors, steps
+from provisioning.drivers.base import DriverError
+from provisioning.hosts import host_connect
+from provisioning.models import RETRIED_RUN_KINDS, Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.rules import HANDING_OVER, acting, awaits_preflight_decision, retry_delay
+from provisioning.runs import accesses_set, handover_start, held_host_ids
+from provisioning.step_context import StepContext, StepFailed
+
+logger = logging.getLogger(__name__)
+
+
+# What still runs once the order is released (every other run stops before its next step).
+RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
+
+
+def _context(order: Order, access: Access, host: Host) -> StepContext:
+    hardware = order.hardware_class
+    operator_settings = OperatorSettings.current()
+    gpu_indices = [int(index) for index in access.gpu_indices.split(",") if index]
+    lots = max(1, len(gpu_indices) // max(1, hardware.cards_per_lot))
+    return StepContext(
+        username=access.username,
+        comment=f"Binome {order.public_id}",
+        authorized_keys="".join(f"{key.public_key}\n" for key in order.ssh_keys.all()),
+        gpu_indices=gpu_indices,
+        expect_arch=hardware.architecture,
+        expect_vendor=hardware.vendor,
+        image_ref=order.environment.image_ref,
+        image_id=access.image_id,
+        # the demo's dry-run hosts run nothing: they stand for a podman host
+        container_runtime=host.container_runtime or ("podman" if host.driver == Host.Driver.DRY_RUN else ""),
+        keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
+        ssh_port_base=host.ssh_port_base,
+        publish_address=settings.PROVISIONING_PUBLISH_ADDRESS,
+        lots_in_container=lots,
+        lots_on_host=max(lots, host.lots.count()),
+        disk_gib=host.disk_per_lot_gib * lots,
+        device_dir=settings.PROVISIONING_DEVICE_DIR,
+        **selectors.container_limits(host, lots=lots),
+    )
+
+
+def _take_lease(run: ProvisioningRun, now: datetime) -> str:
+    """ "taken" when this worker may execute the run now; "waiting" while another run of the same order holds
+    its lease (one run at a time works on an order's hosts); "busy" when the run is finished or held."""
+    with transaction.atomic():
+        lock_order(run.order_id)  # serialises lease taking per order
+        sibling_running = (
+            ProvisioningRun.objects.filter(
+                order_id=run.order_id, status=ProvisioningRun.Status.RUNNING, lease_until__gte=now
+            )
+            .exclude(pk=run.pk)
+            .exists()
+        )
+        if sibling_running:
+            return "waiting"
+        lease = now + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS)
+        # A compare-and-set, so an UPDATE and not a save: of two workers handed the same run, only the one whose
+        # UPDATE still finds the lease free or expired takes it. started_at keeps the first take's time.
+        taken = ProvisioningRun.objects.filter(
+            Q(lease_until__isnull=True) | Q(lease_until__lt=now),
+            pk=run.pk,
+            status__in=[ProvisioningRun.Status.QUEUED, ProvisioningRun.Status.RUNNING],
+        ).update(
+            lease_until=lease, status=ProvisioningRun.Status.RUNNING, started_at=Coalesce("started_at", Value(now))
+        )
+    return "taken" if taken else "busy"
+
+
+def run_execute(*, run: ProvisioningRun) -> str:
+    """Execute the run's steps that are not done, host by host. Returns the run's status, or "waiting" /
+    "busy" when it cannot run now (the task tries a waiting run again)."""
+    lease = _take_lease(run, timezone.now())
+    if lease != "taken":
+        return lease
+    run.refresh_from_db()
+    order = Order.objects.select_related("hardware_class", "environment").get(pk=run.order_id)
+    pending = list(run.steps.exclude(status=ProvisioningStep.Status.DONE).select_related("host"))
+    failure = ""
+    connections: dict[int, object] = {}
+    try:
+        for step in pending:
+            if run.kind not in RELEASED_RUN_KINDS and _released(order):
+                failure = f"stopped before {step.name}: the order was {order.get_status_display().lower()}"
+                break
+            access = Access.objects.select_related("host").get(order=order, host=step.host)
+            failure = _execute_step(run=run, step=step, order=order, access=access, connections=connections)
+            if failure:
+                break
+    finally:
+        for connection in connections.values():
+            connection.close()
+    return _finish(run=run, order=order, failure=failure)
+
+
+def _released(order: Order) -> bool:
+    """Whether the order was cancelled, rejected or ended while a run worked on it (read fresh)."""
+    order.status = Order.objects.filter(pk=order.pk).values_list("status", flat=True).get()
+    return order.status in RELEASING_STATUSES
+
+
+def _execute_step(
+    *, run: ProvisioningRun, step: ProvisioningStep, order: Order, access: Access, connections: dict
+) -> str:
+    """Run one step through the host's connection (opened once per host). Returns the failure, or ""."""
+    # Saved, not updated: the order page shows the run's progress, and a save makes its renderings stale.
+    _save(run, lease_until=timezone.now() + timedelta(seconds=settings.PROVISIONING_LEASE_SECONDS))
+    _save(step, status=ProvisioningStep.Status.RUNNING, attempts=step.attempts + 1, started_at=timezone.now(), error="")
+    try:
+        if step.host_id not in connections:
+            connections[step.host_id] = host_connect(host=step.host)
+        context = _context(order, access, step.host)
+        output = steps.STEPS[step.name](connections[step.host_id], context)
+    except (DriverError, StepFailed) as exc:
+        failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
+        _save(step, status=ProvisioningStep.Status.FAILED, finished_at=timezone.now(), error=str(failure)[:5000])
+        return failure
+    found = getattr(output, "access", {})  # what the step made that the access keeps (step_context.StepOutput)
+    if found:
+        _save(access, **found)
+    _save(step, status=ProvisioningStep.Status.DONE, finished_at=timezone.now(), output=str(output)[:20000])
+    return ""
+
+
+def _save(row: ProvisioningRun | ProvisioningStep | Access, **values) -> None:
+    """Write `values` on the row and save those fields only: a save, so that what the order page shows of it is
+    drawn again (the page caches listen to saves, not to updates)."""
+    for name, value in values.items():
+        setattr(row, name, value)
+    row.save(update_fields=list(values))
+
+
+@transaction.atomic
+def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
+    now = timezone.now()
+    status = ProvisioningRun.Status.FAILED if failure else ProvisioningRun.Status.SUCCEEDED
+    attempts = ProvisioningRun.objects.select_for_update().values_list("attempts", flat=True).get(pk=run.pk) + 1
+    retry_at = now + retry_delay(attempts) if failure and run.kind in RETRIED_RUN_KINDS else None
+    _save(
+        run, status=status, finished_at=now, error=failure, lease_until=None, attempts=attempts, next_retry_at=retry_at
+    )
+    if retry_at:
+        logger.warning("%s run %s failed (attempt %s), retry at %s: %s", run.kind, run.pk, attempts, retry_at, failure)
+    order = Order.objects.select_for_update().get(pk=order.pk)
+    if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
+        failed_checks = _failed_preflights(order)
+        if failure:
+            _provisioning_failed(order, "provisioning failed", {"error": failure[:500], "run": run.pk})
+        elif failed_checks:  # the hand-over waits for an operator's decision
+            _provisioning_failed(
+                order, "pre-flight check failed: waiting for an operator", {"run": run.pk, "failed": failed_checks}
+            )
+        else:
+            handover_start(order=order)
+    elif run.kind == ProvisioningRun.Kind.PREFLIGHT and not failure and awaits_preflight_decision(order):
+        if not _failed_preflights(order):
+            handover_start(order=order)
+    elif run.kind == ProvisioningRun.Kind.KEYS and order.status in HANDING_OVER:
+        if failure and order.status == OrderStatus.PROVISIONING:
+            _provisioning_failed(order, "hand-over failed", {"error": failure[:500], "run": run.pk})
+        elif not failure:
+            note = order.accesses.exclude(handover_note="").values_list("handover_note", flat=True).first()
+            actor = acting(run.triggered_by) if note else {}
+            before = order.provisioning_runs.filter(created_at__lte=run.created_at).exclude(pk=run.pk).first()
+            reason = (
+                f"handed over despite the pre-flight check: {note}"
+                if note
+                else "pre-flight check passed on a re-run"
+                if before and before.kind == ProvisioningRun.Kind.PREFLIGHT
+                else "access ready"
+            )
+            _hand_over(order=order, now=now, reason=reason, evidence={"run": run.pk}, **actor)
+    elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
+        accesses_set(order, wiped_at=now)
+    elif run.kind == ProvisioningRun.Kind.RELEASE_HOST and not failure:
+        accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.REVOKED, revoked_at=now)
+    elif run.kind == ProvisioningRun.Kind.TEARDOWN and not failure:
+        # The hosts it worked on: a host the order left may still wait for its own release run.
+        accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.REVOKED, revoked_at=now)
+        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
+            order_transition(
+                order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
+            )
+    return status
+
+
+def _provisioning_failed(order: Order, reason: str, evidence: dict) -> None:
+    order_transition(
+        order=order,
+        to_status=OrderStatus.PROVISIONING_FAILED,
+        actor_kind=OrderEvent.Actor.SYSTEM,
+        reason=reason,
+        evidence=evidence,
+    )
+
+
+def _failed_preflights(order: Order) -> dict[str, list[str]]:
+    """Host name → the names of the checks that failed, for the accesses whose pre-flight report is a FAIL."""
+    failed = {}
+    for access in order.accesses.filter(host_id__in=held_host_ids(order)).select_related("host"):
+        if access.preflight_status == "FAIL":
+            checks = (access.preflight_report or {}).get("checks") or []
+            failed[access.host.name] = [
+                str(check.get("name")) for check in checks if isinstance(check, dict) and check.get("status") == "FAIL"
+            ]
+    return failed
+
+
+def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **actor) -> None:
+    """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
+    actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
+    accesses_set(order, hosts=held_host_ids(order), status=Access.Status.READY, ready_at=now)
+    order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
+    if order.starts_at <= now:
+        order_transition(
+            order=order, to_status=OrderStatus.ACTIVE, actor_kind=OrderEvent.Actor.SYSTEM, reason="window started"
+        )
+    from provisioning.tasks import send_access_ready
+
+    send_access_ready.delay_on_commit(order.pk)
+
+
+def access_email_send(*, order: Order) -> None:
+    notices.send(Notice.ACCESS_READY, order=order, accesses=list(order.accesses.select_related("host")))

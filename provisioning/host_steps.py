@@ -1,0 +1,178 @@
+"""The steps on the host itself and the customer's account there: reaching the host and preparing root's side of
+it (runtime, login stack, firewall guard), the account that gives the container its uid, the keys of the hand-over,
+and taking all of it away again (lock, keys, processes, the wipe).
+"""
+
+import posixpath
+import re
+from datetime import UTC, datetime
+
+from nodekit.bundle import host_file_bytes
+from provisioning import containers, host_probe
+from provisioning.container_steps import remove_container
+from provisioning.containers import CUSTOMER_GROUP  # the host's sshd denies it (docs/operations.md)
+from provisioning.drivers.base import CommandFailed, Connection
+from provisioning.step_context import (
+    KIT_ROOT,
+    VOLUME_ROOT,
+    StepContext,
+    StepFailed,
+    StepOutput,
+    install_root_files,
+    is_dry_run,
+    runtime_of,
+    user_exists,
+)
+
+NOLOGIN = "/usr/sbin/nologin"
+# Every key gets `restrict` (no agent or X11 forwarding, no ~/.ssh/rc), then what researchers need is given back: a
+# terminal, and port forwarding (-L, -D for VS Code Remote-SSH), which reaches only what the container reaches.
+KEY_OPTIONS = "restrict,pty,port-forwarding"
+
+
+def connect(conn: Connection, ctx: StepContext) -> str:
+    return conn.run(["uname", "-a"]).stdout.strip()
+
+
+def prepare_host(conn: Connection, ctx: StepContext) -> str:
+    """The runtime answers, the host's login stack keeps customers out (host_probe.login_stack), and root's
+    directories are in place."""
+    runtime = runtime_of(ctx)
+    answer = conn.run(runtime.command("version", "--format", "{{.Server.Version}}"), check=False, timeout=60)
+    if answer.exit_status != 0 and not is_dry_run(conn):
+        raise StepFailed(f"{runtime.path} does not answer on this host: {answer.stderr.strip()[-300:]}")
+    if not is_dry_run(conn):
+        stack = host_probe.login_stack(conn)
+        if not stack.ok:
+            raise StepFailed("the host's login stack could reach a customer: " + "; ".join(stack.problems))
+    # The guard's and its unit's directories too: Debian has no /usr/local/libexec until something makes it
+    make = (
+        'groupadd --force "$1" && install -d -m 755 -o root -g root "$2" && install -d -m 700 -o root -g root "$3"'
+        ' && install -d -m 755 -o root -g root "$4" "$5"'
+    )
+    conn.run(
+        [
+            *("sh", "-c", make, "prepare_host", CUSTOMER_GROUP, KIT_ROOT, VOLUME_ROOT),
+            *(posixpath.dirname(containers.GUARD_PATH), posixpath.dirname(containers.GUARD_UNIT_PATH)),
+        ]
+    )
+    conn.run(runtime.guard_argv())
+    # The same guard at boot, before the runtime restarts the containers (where systemd runs the host)
+    written = install_root_files(
+        conn,
+        {
+            containers.GUARD_PATH: (host_file_bytes("binome-guard"), 0o755, "root"),
+            containers.GUARD_UNIT_PATH: (runtime.guard_unit(), 0o644, "root"),
+        },
+    )
+    enable = (
+        'if [ -d /run/systemd/system ]; then systemctl daemon-reload && systemctl enable --quiet "$1" && echo on; fi'
+    )
+    at_boot = conn.run(["sh", "-c", enable, "prepare_host", "binome-guard.service"], check=False).stdout.strip()
+    boot = "rebuilt at boot" if at_boot == "on" else "no systemd here: rebuilt by each keys run"
+    changed = f" ({len(written)} file(s) written)" if written else ""
+    return (
+        f"{runtime.path}: answers; login stack keeps customers out; firewall guard on {runtime.bridges}, {boot}"
+        f"{changed}; {KIT_ROOT} and {VOLUME_ROOT} in place"
+    )
+
+
+def create_user(conn: Connection, ctx: StepContext) -> str:
+    """The account that gives the container its uid: no login shell, password locked, home the root-owned kit
+    directory, in the group the host's sshd denies. Nothing in it is the customer's."""
+    home = ctx.kit_dir
+    conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", KIT_ROOT, home])
+    account = ["--home-dir", home, "--shell", NOLOGIN]
+    if user_exists(conn, ctx.username):  # made earlier, or by the previous design (a home of the customer's own)
+        conn.run(["usermod", *account, "--append", "--groups", CUSTOMER_GROUP, "--lock", ctx.username])
+        return f"user {ctx.username} already exists (no login shell, locked, home {home} root-owned)"
+    conn.run(
+        ["useradd", "--no-create-home", *account, "--groups", CUSTOMER_GROUP, "--comment", ctx.comment, ctx.username]
+    )
+    conn.run(["usermod", "--lock", ctx.username])
+    return f"user {ctx.username} created (no login shell, locked, home {home} root-owned)"
+
+
+def authorized_keys_lines(authorized_keys: str, expires_at: datetime) -> list[str]:
+    """One restricted line per key: options, then the key type and data (the comment is dropped: it is the
+    customer's text, and nothing the options depend on)."""
+    expiry = expires_at.astimezone(UTC).strftime("%Y%m%d%H%M%SZ")
+    lines = []
+    for line in authorized_keys.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        key_type, key_data = fields[0], fields[1]
+        if not re.fullmatch(r"[a-z0-9@.-]+", key_type) or not re.fullmatch(r"[A-Za-z0-9+/=]+", key_data):
+            raise StepFailed(f"refusing a key line that is not `type base64`: {line[:40]!r}")
+        lines.append(f'{KEY_OPTIONS},expiry-time="{expiry}" {key_type} {key_data}')
+    return lines
+
+
+def install_keys(conn: Connection, ctx: StepContext) -> StepOutput:
+    """The hand-over: the customer's keys in the container's root-owned keys file, which starts its sshd."""
+    lines = authorized_keys_lines(ctx.authorized_keys, ctx.keys_expire_at)
+    content = "".join(f"{line}\n" for line in lines).encode()
+    conn.put_file(f"{ctx.ssh_dir}/authorized_keys", content, mode=0o644, owner="root:root")
+    expiry = ctx.keys_expire_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return StepOutput(
+        f"{len(lines)} key(s) installed (root-owned, read-only in the container), expiring {expiry}",
+        {"keys_expire_at": ctx.keys_expire_at},
+    )
+
+
+def revoke_keys(conn: Connection, ctx: StepContext) -> str:
+    """The container's keys file emptied (root's own directory: no customer path involved)."""
+    keys = f"{ctx.ssh_dir}/authorized_keys"
+    conn.run(["sh", "-c", 'if [ -f "$1" ]; then : > "$1"; fi', "revoke_keys", keys])
+    return "authorized keys removed"
+
+
+# Kill every process of user $1 until none is left (a process may fork while the previous ones die); exit 1 with
+# the survivors listed when some remain after about 5 s (one in uninterruptible sleep: the operator retries).
+_KILL_ALL = (
+    'killed=0; for attempt in $(seq 20); do pgrep -u "$1" >/dev/null || { echo "killed=$killed"; exit 0; }; '
+    'pkill -KILL -u "$1" && killed=1; sleep 0.25; done; pgrep -a -u "$1"; exit 1'
+)
+
+
+def stop_processes(conn: Connection, ctx: StepContext) -> str:
+    if not user_exists(conn, ctx.username):
+        return f"user {ctx.username} does not exist"
+    result = conn.run(["sh", "-c", _KILL_ALL, "stop_processes", ctx.username], check=False, timeout=60)
+    if result.exit_status != 0:
+        raise StepFailed(f"processes of {ctx.username} survived SIGKILL: {result.stdout.strip()[-500:]}")
+    if is_dry_run(conn):
+        return "processes stopped"
+    stopped = "killed=1" in result.stdout
+    return "processes stopped; none remains" if stopped else "no process was running"
+
+
+def lock_user(conn: Connection, ctx: StepContext) -> str:
+    if not user_exists(conn, ctx.username):
+        return f"user {ctx.username} does not exist"
+    conn.run(["usermod", "--lock", "--expiredate", "1", "--shell", NOLOGIN, ctx.username])
+    return "user locked and expired"
+
+
+def legacy_step(conn: Connection, ctx: StepContext) -> str:
+    """A step of the design before containers were the only way in (its runs may still be queued): nothing to do."""
+    return "a step of an earlier design: nothing to do"
+
+
+def wipe_data(conn: Connection, ctx: StepContext) -> str:
+    """The account, its data volume and its kit, after the grace period announced to the customer."""
+    remove_container(conn, ctx)  # a container still holding the volume would keep it
+    for path in dict.fromkeys([ctx.container_runtime] if ctx.container_runtime else []):
+        runtime = containers.Runtime(path)
+        if conn.run(runtime.command("volume", "inspect", ctx.volume_name), check=False).ok and not is_dry_run(conn):
+            conn.run(runtime.command("volume", "rm", "--force", ctx.volume_name), timeout=120)
+    conn.run(["rm", "-f", "--", ctx.volume_file, f"{ctx.volume_file}.part"])
+    if user_exists(conn, ctx.username):
+        stop_processes(conn, ctx)  # userdel refuses while a process of the user runs
+        try:
+            conn.run(["userdel", ctx.username])
+        except CommandFailed as exc:
+            raise StepFailed(f"userdel failed: {exc.result.stderr.strip()[-300:]}") from exc
+    conn.run(["rm", "-rf", "--one-file-system", "--", ctx.kit_dir])
+    return "user, data volume and kit deleted"
