@@ -152,7 +152,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from provisioning.demo import seed_demo_catalog
-from booking.models import HardwareClass, Lot
+from inventory.models import HardwareClass, Lot
 from booking import selectors
 from booking.models import BookingPolicy
 from tests.factories import add_lots, make_ssh_key

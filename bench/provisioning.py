@@ -88,10 +88,11 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
 
-    from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Lot, OrderStatus
+    from booking.models import BookingPolicy, EnvironmentImage, OrderStatus
     from booking.selectors import earliest_start_date
     from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
+    from inventory.models import HardwareClass, Host, Lot
     from payments.checkout import order_place
     from payments.selectors import current_invoice
     from payments.settlement import invoice_mark_paid
@@ -99,7 +100,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from provisioning import rules, runs, services
     from provisioning.demo import seed_demo_catalog
     from provisioning.drivers import get_driver
-    from provisioning.models import Access, Host, OperatorSettings
+    from provisioning.models import Access, OperatorSettings
     from tests.provisioning.conftest import customer_ssh, generate_keypair, remove_user
 
     celery_app.control.purge()

@@ -6,18 +6,9 @@ from django.db.models import BooleanField, ExpressionWrapper
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from booking.models import (
-    Allocation,
-    BookingPolicy,
-    EnvironmentImage,
-    HardwareClass,
-    Lot,
-    Order,
-    OrderEvent,
-    OrderSshKey,
-    Price,
-)
+from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, OrderEvent, OrderSshKey, Price
 from booking.selectors import OFFERED_LOT, offered_lots
+from inventory.models import HardwareClass, Lot
 from portal.singleton import SingletonAdmin
 
 

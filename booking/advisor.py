@@ -2,7 +2,7 @@
 serialisable verdict kept with the order. Reads only."""
 
 from booking import fit
-from booking.models import HardwareClass
+from inventory.models import HardwareClass
 
 
 def hypothesis_advice_code(advice: fit.Advice, hypothesis: str | None) -> str:

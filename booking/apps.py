@@ -4,8 +4,7 @@ from django.utils.translation import gettext_lazy as _
 
 
 def connect_availability(*models, app: str) -> None:
-    """Saves and deletes of these models change what can be booked (booking/availability.py). Each app connects
-    its own models in its `apps.py`; booking's are below."""
+    """Saves and deletes of these models change what can be booked (booking/availability.py)."""
     from booking import availability
 
     for model in models:
@@ -21,7 +20,8 @@ class BookingConfig(AppConfig):
         # Admin edits of the catalog or the fleet, and single saves of allocations, change what can be booked
         # (allocations' bulk writes say so themselves: AllocationQuerySet).
         from booking import availability
-        from booking.models import Allocation, BookingPolicy, EnvironmentImage, HardwareClass, Lot, Price
+        from booking.models import Allocation, BookingPolicy, EnvironmentImage, Price
+        from inventory.models import HardwareClass, Lot
 
         connect_availability(HardwareClass, EnvironmentImage, Price, Lot, BookingPolicy, Allocation, app="booking")
         m2m_changed.connect(

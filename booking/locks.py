@@ -5,7 +5,8 @@ bookings of one class), then allocation rows (conventions.md #4, Saleor's `check
 Call inside a transaction; each function locks what it names and returns the fresh rows.
 """
 
-from booking.models import HardwareClass, Order
+from booking.models import Order
+from inventory.models import HardwareClass
 
 
 def lock_order(order_id: int) -> Order:

@@ -1,52 +1,23 @@
-"""The catalog, the inventory, and the Order with its state machine and allocations.
+"""What is sold (environment images, prices, the booking policy) and the Order with its state machine and allocations
+of the fleet's lots (inventory/).
 
 Invariants the database guards: one price per (class, window length), positive prices and lot counts, windows
 that end after they start, one credit per token hash, and (PostgreSQL, migration 0002) no two live allocations of
 one lot whose periods overlap.
 """
 
-import re
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from booking import availability
+from inventory.models import HardwareClass, Lot, Runtime, validate_version, version_tuple
 from portal.singleton import SingletonRow
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """'12.8' -> (12, 8); '6.2.4' -> (6, 2, 4). Non-numeric parts end the version."""
-    parts = []
-    for part in version.strip().split("."):
-        match = re.match(r"\d+", part)
-        if not match:
-            break
-        parts.append(int(match.group()))
-    return tuple(parts)
-
-
-def validate_version(value: str) -> None:
-    if not re.fullmatch(r"\d+(\.\d+){0,3}", value.strip()):
-        raise ValidationError(_("Write a version as numbers separated by dots, e.g. 12.8 or 6.2.4."))
-
-
-class Vendor(models.TextChoices):
-    NVIDIA = "nvidia", "NVIDIA"
-    AMD = "amd", "AMD"
-
-
-class Runtime(models.TextChoices):
-    CUDA = "cuda", "CUDA"
-    ROCM = "rocm", "ROCm"
-
-
-RUNTIME_OF_VENDOR = {Vendor.NVIDIA: Runtime.CUDA, Vendor.AMD: Runtime.ROCM}
 
 
 class WindowDays(models.IntegerChoices):
@@ -55,51 +26,6 @@ class WindowDays(models.IntegerChoices):
     THREE = 3, _("3 days")
     SEVEN = 7, _("7 days")
     THIRTY = 30, _("30 days")
-
-
-class HardwareClass(models.Model):
-    """What a lot is made of: e.g. a pair of NVIDIA B200 (2 × 180 GB, sm_100, NVLink)."""
-
-    slug = models.SlugField(_("slug"), max_length=40, unique=True)
-    name = models.CharField(_("name"), max_length=100)
-    vendor = models.CharField(_("vendor"), max_length=16, choices=Vendor.choices)
-    gpu_model = models.CharField(_("GPU model"), max_length=40)
-    memory_per_card_gb = models.PositiveIntegerField(_("memory per card (GB)"))
-    cards_per_lot = models.PositiveSmallIntegerField(_("cards per lot"), default=2)
-    interconnect = models.CharField(_("interconnect"), max_length=100)
-    architecture = models.CharField(
-        _("architecture"), max_length=20, help_text=_("Compute target, e.g. sm_100 (Blackwell), sm_90, gfx942.")
-    )
-    min_runtime_version = models.CharField(
-        _("minimum CUDA or ROCm version"),
-        max_length=20,
-        validators=[validate_version],
-        help_text=_("The oldest CUDA (NVIDIA) or ROCm (AMD) release that targets this architecture."),
-    )
-    summary = models.CharField(_("summary"), max_length=300, blank=True)
-    is_default = models.BooleanField(_("default class"), default=False)
-    is_active = models.BooleanField(_("offered"), default=True)
-    position = models.PositiveSmallIntegerField(_("position"), default=0)
-
-    class Meta:
-        ordering = ["position", "name"]
-        verbose_name = _("hardware class")
-        verbose_name_plural = _("hardware classes")
-        constraints = [
-            models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True), name="one_default_class"),
-            models.CheckConstraint(condition=Q(cards_per_lot__gte=1), name="class_has_cards"),
-        ]
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def runtime(self) -> str:
-        return RUNTIME_OF_VENDOR[self.vendor]
-
-    @property
-    def lot_memory_gb(self) -> int:
-        return self.memory_per_card_gb * self.cards_per_lot
 
 
 class EnvironmentImage(models.Model):
@@ -217,61 +143,6 @@ class BookingPolicy(SingletonRow, models.Model):
     @property
     def turnaround(self) -> timedelta:
         return timedelta(hours=self.turnaround_hours)
-
-
-class Lot(models.Model):
-    """The unit rented: the cards of one class that go together, on one host."""
-
-    class Status(models.TextChoices):
-        ACTIVE = "active", _("Active")
-        MAINTENANCE = "maintenance", _("In maintenance")
-
-    name = models.CharField(_("name"), max_length=80, unique=True)
-    hardware_class = models.ForeignKey(
-        HardwareClass, on_delete=models.PROTECT, related_name="lots", verbose_name=_("hardware class")
-    )
-    host = models.ForeignKey("provisioning.Host", on_delete=models.PROTECT, related_name="lots", verbose_name=_("host"))
-    gpu_indices = models.CharField(
-        _("GPU indices"), max_length=64, help_text=_("The host's GPU indices in this lot, e.g. 0,1.")
-    )
-    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.ACTIVE)
-
-    class Meta:
-        ordering = ["hardware_class", "name"]
-        verbose_name = _("lot")
-        verbose_name_plural = _("lots")
-        constraints = [models.UniqueConstraint(fields=["host", "gpu_indices"], name="one_lot_per_host_gpus")]
-        indexes = [models.Index(fields=["hardware_class", "status"])]
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def gpu_index_list(self) -> list[int]:
-        return [int(index) for index in self.gpu_indices.split(",") if index.strip()]
-
-    def clean(self) -> None:
-        if not re.fullmatch(r"\d{1,3}(,\d{1,3})*", self.gpu_indices.replace(" ", "")):
-            raise ValidationError({"gpu_indices": _("List GPU indices as numbers separated by commas, e.g. 0,1.")})
-        self.gpu_indices = self.gpu_indices.replace(" ", "")
-        indices = self.gpu_index_list
-        if len(set(indices)) != len(indices):
-            raise ValidationError({"gpu_indices": _("A GPU index appears twice.")})
-        if self.hardware_class_id and len(indices) != self.hardware_class.cards_per_lot:
-            raise ValidationError(
-                {
-                    "gpu_indices": _("A lot of %(hardware)s has %(count)d cards.")
-                    % {"hardware": self.hardware_class, "count": self.hardware_class.cards_per_lot}
-                }
-            )
-        if self.host_id:
-            taken = {
-                index
-                for other in Lot.objects.filter(host_id=self.host_id).exclude(pk=self.pk)
-                for index in other.gpu_index_list
-            }
-            if taken & set(indices):
-                raise ValidationError({"gpu_indices": _("These GPUs already belong to another lot of this host.")})
 
 
 class OrderStatus(models.TextChoices):

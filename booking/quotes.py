@@ -9,8 +9,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from booking import selectors
-from booking.models import BookingPolicy, EnvironmentImage, HardwareClass
+from booking.models import BookingPolicy, EnvironmentImage
 from booking.rules import BookingError, capacity_problem, check_environment, check_window
+from inventory.models import HardwareClass
 
 
 @dataclass

@@ -7,7 +7,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from booking import selectors
-from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, WindowDays
+from booking.models import BookingPolicy, EnvironmentImage, WindowDays
+from inventory.models import HardwareClass
 
 
 class BookingError(Exception):

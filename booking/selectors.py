@@ -8,18 +8,9 @@ from decimal import Decimal
 from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
-from booking.models import (
-    Allocation,
-    BookingPolicy,
-    EnvironmentImage,
-    HardwareClass,
-    Lot,
-    Order,
-    OrderAccessToken,
-    OrderStatus,
-    Price,
-)
+from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, OrderAccessToken, OrderStatus, Price
 from booking.tokens import token_hash
+from inventory.models import HardwareClass, Lot
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from booking.models import (
     Allocation,
     BookingPolicy,
     EnvironmentImage,
-    HardwareClass,
     Hypothesis,
     Order,
     OrderAccessToken,
@@ -42,6 +41,7 @@ from booking.rules import (
 from booking.signals import send_order_status_changed_on_commit
 from booking.ssh_keys import SshPublicKey
 from booking.tokens import new_access_token, new_public_id, token_hash
+from inventory.models import HardwareClass
 
 logger = logging.getLogger(__name__)
 

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "portal",
+    "inventory",  # the fleet: hardware classes, hosts, lots (below every other app)
     "booking",
     "payments",
     "provisioning",

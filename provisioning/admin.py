@@ -4,9 +4,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from booking.rules import BookingError
+from inventory.models import Host
 from portal.singleton import SingletonAdmin
 from provisioning import hosts
-from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep
 
 
 def report_host_check(request: HttpRequest, host: Host) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import re
 
+from inventory.rules import RUNTIME_PATTERN
 from nodekit.bundle import host_file_bytes, script_bytes
 from provisioning import containers, host_probe
 from provisioning.drivers.base import Connection
@@ -308,7 +309,7 @@ def remove_container(conn: Connection, ctx: StepContext) -> str:
     candidates += [path for path in found.stdout.split() if path.startswith("/")]
     removed = []
     for path in dict.fromkeys(candidates):
-        if not re.fullmatch(containers.RUNTIME_PATTERN, path):
+        if not re.fullmatch(RUNTIME_PATTERN, path):
             continue
         runtime = containers.Runtime(path)
         exists = runtime.command("container", "inspect", "--format", "{{.Id}}", ctx.container_name)

@@ -22,8 +22,6 @@ from nodekit.bundle import host_file_bytes
 OCI_RUNTIME = "runc"
 ULIMITS = ("nofile=1024:1024", "nproc=4096:4096")
 
-# What a host's container runtime setting may be: podman or docker, by name or absolute path (root runs it).
-RUNTIME_PATTERN = r"(/[A-Za-z0-9._-]+)*/?(podman|docker)"
 CUSTOMER_GROUP = "binome-customers"  # the customers' accounts on a host; its sshd denies the group
 KIT_MOUNT = "/opt/binome"  # the root-owned kit directory of the order, read-only inside
 SSH_DIR = f"{KIT_MOUNT}/ssh"  # sshd's configuration, host key and the customer's keys, all root-owned

@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 
-from booking.models import BookingPolicy, EnvironmentImage, HardwareClass, Lot, Price, Runtime, Vendor
-from provisioning.models import Host
+from booking.models import BookingPolicy, EnvironmentImage, Price
+from inventory.models import HardwareClass, Host, Lot, Runtime, Vendor
 
 DEMO_OPERATOR_USERNAME = "operator"
 DEMO_OPERATOR_PASSWORD = "binome-demo-operator"  # noqa: S105 (demo only; seed_demo refuses to run without DEBUG)
@@ -144,10 +144,10 @@ OPERATOR_PERMISSIONS = [
     ("payments", "review_payments"),
     ("booking", "view_order"),
     ("booking", "view_orderevent"),
-    ("booking", "view_lot"),
+    ("inventory", "view_lot"),
     ("payments", "view_invoice"),
     ("payments", "view_transfer"),
-    ("provisioning", "view_host"),
+    ("inventory", "view_host"),
     ("provisioning", "view_provisioningrun"),
     ("provisioning", "view_access"),
 ]

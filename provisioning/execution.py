@@ -18,10 +18,11 @@ from booking.locks import lock_order
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
 from booking.services import order_transition
+from inventory.models import Host
 from provisioning import selectors, steps
 from provisioning.drivers.base import DriverError
 from provisioning.hosts import host_connect
-from provisioning.models import RETRIED_RUN_KINDS, Access, Host, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.models import RETRIED_RUN_KINDS, Access, OperatorSettings, ProvisioningRun, ProvisioningStep
 from provisioning.rules import HANDING_OVER, acting, awaits_preflight_decision, retry_delay
 from provisioning.runs import accesses_set, handover_start, held_host_ids
 from provisioning.step_context import StepContext, StepFailed

@@ -18,9 +18,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inventory.models import Isolation
 from provisioning.containers import CUSTOMER_GROUP, GUARD_FORWARD, GUARD_IN, GUARD_TO, Runtime
 from provisioning.drivers.base import Connection
-from provisioning.models import Isolation
 
 PROBE_TIMEOUT_S = 60
 MAX_REPORT_LINES = 60

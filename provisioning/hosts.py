@@ -16,10 +16,10 @@ from django.utils.translation import gettext as _
 
 from booking.models import EnvironmentImage, Order
 from booking.services import order_note
+from inventory.models import Host
 from provisioning import host_probe, selectors
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import Connection, DriverError, HostSpec
-from provisioning.models import Host
 from provisioning.rules import ProvisioningError, acting
 
 logger = logging.getLogger(__name__)

@@ -12,10 +12,11 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from booking.locks import lock_order
-from booking.models import Lot, Order, OrderStatus
+from booking.models import Order, OrderStatus
 from booking.services import order_note, order_reassign_lot, order_transition
+from inventory.models import Host, Lot
 from provisioning import steps
-from provisioning.models import RETRIED_RUN_KINDS, Access, Host, ProvisioningRun, ProvisioningStep
+from provisioning.models import RETRIED_RUN_KINDS, Access, ProvisioningRun, ProvisioningStep
 from provisioning.rules import (
     HANDING_OVER,
     UNDER_WAY,

@@ -3,7 +3,8 @@
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from booking.models import Allocation, Order, OrderStatus
-from provisioning.models import RETRIED_RUN_KINDS, Host, ProvisioningRun, ProvisioningStep
+from inventory.models import Host
+from provisioning.models import RETRIED_RUN_KINDS, ProvisioningRun, ProvisioningStep
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
 BOOKED_STATUSES = [

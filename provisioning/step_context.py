@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from inventory.rules import RUNTIME_PATTERN
 from provisioning import containers
 from provisioning.drivers.base import Connection
 
@@ -113,7 +114,7 @@ def runtime_of(ctx: StepContext) -> containers.Runtime:
             "this host has no container runtime set: customers are only ever given a container (set podman or "
             "docker on the host and check it again)"
         )
-    if not re.fullmatch(containers.RUNTIME_PATTERN, runtime):
+    if not re.fullmatch(RUNTIME_PATTERN, runtime):
         raise StepFailed(f"the host's container runtime must be podman or docker (a name or a path): {runtime[:80]!r}")
     return containers.Runtime(runtime)
 

@@ -6,7 +6,8 @@ import pytest
 from django.core.cache import cache
 
 from booking import selectors
-from booking.models import BookingPolicy, HardwareClass, Hypothesis
+from booking.models import BookingPolicy, Hypothesis
+from inventory.models import HardwareClass
 from portal.celery import app as celery_app
 from provisioning.demo import seed_demo_catalog
 from tests.factories import make_ssh_key

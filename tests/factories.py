@@ -3,8 +3,7 @@
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from booking.models import HardwareClass, Lot
-from provisioning.models import Host
+from inventory.models import HardwareClass, Host, Lot
 
 
 def make_ssh_key(comment: str = "researcher@lab") -> str:

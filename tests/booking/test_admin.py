@@ -3,7 +3,8 @@
 import pytest
 from django.urls import reverse
 
-from booking.models import EnvironmentImage, Lot, Order
+from booking.models import EnvironmentImage, Order
+from inventory.models import Lot
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +42,7 @@ def test_an_image_cannot_be_offered_on_hardware_its_runtime_does_not_target(admi
 
 def test_a_lot_must_have_as_many_distinct_free_gpus_as_its_class_has_cards(admin_client, catalog):
     existing = Lot.objects.select_related("host").filter(hardware_class=catalog["b200-pair"]).first()
-    add_url = reverse("admin:booking_lot_add")
+    add_url = reverse("admin:inventory_lot_add")
     base = {"name": "new-lot", "hardware_class": catalog["b200-pair"].pk, "host": existing.host.pk, "status": "active"}
 
     for indices, message in [

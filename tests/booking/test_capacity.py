@@ -9,8 +9,9 @@ from django.db import IntegrityError, close_old_connections, connection, transac
 from django.test import Client
 from django.urls import reverse
 
-from booking.models import Allocation, Lot, Order, OrderStatus
+from booking.models import Allocation, Order, OrderStatus
 from booking.services import orders_expire_stale_holds
+from inventory.models import Lot
 from tests.factories import add_lots
 
 

@@ -10,7 +10,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
-from booking.models import Lot, Order, OrderStatus
+from booking.models import Order, OrderStatus
+from inventory.models import Lot
 from payments.models import Invoice
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import awaits_preflight_decision, username_for

@@ -116,15 +116,15 @@ def _role_clients(django_user_model) -> dict[str, Client]:
 
 CONSOLE_ACTIONS = ["approve", "reject", "retry", "preflight", "teardown", "provision", "reassign", "extend", "cancel"]
 ADMIN_CHANGELISTS = [
-    "booking_hardwareclass",
-    "booking_lot",
+    "inventory_hardwareclass",
+    "inventory_lot",
     "booking_order",
     "booking_orderevent",
     "payments_invoice",
     "payments_transfer",
     "payments_operatorrate",
     "payments_chaincursor",
-    "provisioning_host",
+    "inventory_host",
     "provisioning_provisioningrun",
     "provisioning_access",
 ]

@@ -358,8 +358,7 @@ def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loo
     """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot an order gets, 2,3 another. Its
     containers publish their SSH servers on 127.0.0.1, from a port range of its own (tests may run side by side);
     each lot's data volume is 1 GiB."""
-    from booking.models import Lot  # here, not at import: bench/provisioning.py imports this module before Django
-    from provisioning.models import Host
+    from inventory.models import Host, Lot  # here, not at import: bench/provisioning.py imports this before Django
 
     settings.PROVISIONING_SSH_KEY_FILE = str(server.host_spec.client_key_path)
     settings.PROVISIONING_PUBLISH_ADDRESS = "127.0.0.1"

@@ -8,7 +8,8 @@ import pytest
 from django.core import mail
 from django.urls import reverse
 
-from booking.models import Lot, Order, OrderStatus
+from booking.models import Order, OrderStatus
+from inventory.models import Lot
 from payments.models import Invoice
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid

@@ -5,9 +5,8 @@ and what an operator is told when a host's lots are refused."""
 import pytest
 from django.urls import reverse
 
-from booking.models import Lot
+from inventory.models import Host, Lot
 from provisioning.hosts import host_check
-from provisioning.models import Host
 from tests.provisioning.test_host_checks import NO_RUNTIME, probed_host
 
 pytestmark = pytest.mark.django_db
@@ -66,9 +65,9 @@ def test_the_lot_admin_says_why_an_active_lot_is_not_offered(
     lot = probed_host.lots.first()
     client.force_login(admin_user)
 
-    changelist = client.get(reverse("admin:booking_lot_changelist")).content.decode()
+    changelist = client.get(reverse("admin:inventory_lot_changelist")).content.decode()
     response = client.post(
-        reverse("admin:booking_lot_change", args=[lot.pk]),
+        reverse("admin:inventory_lot_change", args=[lot.pk]),
         {
             "name": lot.name,
             "hardware_class": lot.hardware_class_id,
@@ -90,7 +89,7 @@ def test_the_admin_action_checks_the_selected_hosts(client, admin_user, catalog)
     client.force_login(admin_user)
 
     response = client.post(
-        reverse("admin:provisioning_host_changelist"),
+        reverse("admin:inventory_host_changelist"),
         {"action": "check_hosts", "_selected_action": [host.pk]},
         follow=True,
     )
@@ -127,7 +126,7 @@ def test_the_host_form_refuses_hostile_shares(client, admin_user, field, value, 
     }
     data[field] = value
 
-    response = client.post(reverse("admin:provisioning_host_add"), data)
+    response = client.post(reverse("admin:inventory_host_add"), data)
 
     assert response.status_code == 200 and error in response.content.decode()
     assert not Host.objects.filter(name="gpu-new").exists()
@@ -149,7 +148,7 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
         "disk_per_lot_gib": "500",
     }
 
-    response = client.post(reverse("admin:provisioning_host_add"), data)
+    response = client.post(reverse("admin:inventory_host_add"), data)
 
     assert response.status_code == 302
     host = Host.objects.get(name="gpu-new")

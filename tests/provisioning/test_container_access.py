@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from booking.models import Lot, OrderStatus
+from booking.models import OrderStatus
+from inventory.models import Host, Lot
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from provisioning import rules, runs, services
-from provisioning.models import Access, Host, ProvisioningRun
+from provisioning.models import Access, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from booking.models import Lot, Order, OrderEvent, OrderStatus
+from booking.models import Order, OrderEvent, OrderStatus
 from booking.selectors import free_lot_ids, offered_lots
+from inventory.models import Host, Lot
 from provisioning import host_probe
 from provisioning.drivers import get_driver
 from provisioning.hosts import HOST_CHECK_INTERVAL, HostCheck, host_check, hosts_check_due
-from provisioning.models import Host
 from provisioning.rules import ProvisioningError
 from tests.provisioning.conftest import make_loopback_host
 

@@ -5,7 +5,7 @@ from decimal import Decimal
 import pytest
 from django.db import IntegrityError
 
-from provisioning.models import Host
+from inventory.models import Host
 from provisioning.selectors import container_limits
 
 pytestmark = pytest.mark.django_db

@@ -8,10 +8,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from booking.models import Order, OrderStatus
+from inventory.models import Host
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from provisioning import lifecycle, rules, runs, services, step_context
-from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
+from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import customer_ssh, remove_user

@@ -1,7 +1,6 @@
 """Taking access away: a teardown that fails is retried with backoff (the same run, one note), shown once in the
 console; a lot reassigned to another host tears the old host down and the order goes on."""
 
-import importlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -9,12 +8,13 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from booking.models import Lot, Order, OrderStatus
+from booking.models import Order, OrderStatus
 from booking.services import order_cancel_by_operator
+from inventory.models import Host, Lot
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from provisioning import lifecycle, rules, runs, services, steps
-from provisioning.models import Access, Host, OperatorSettings, ProvisioningRun
+from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from tests.booking.test_pages import place
 from tests.provisioning.conftest import _free_port, remove_user
 from tests.provisioning.test_console import act, preflight_reporting
@@ -203,29 +203,6 @@ def test_a_failing_wipe_is_retried_not_started_again(
     (wipe,) = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.WIPE)
     assert wipe.status == ProvisioningRun.Status.FAILED and wipe.attempts == 2  # at +30 s, then 1 min later
     assert Access.objects.get(order=order).wiped_at is None
-
-
-def test_the_migration_schedules_the_latest_failed_teardown_left_by_the_old_sweep_only(
-    client, booking_data, admin_user, clock, django_capture_on_commit_callbacks
-):
-    """Before 0009 the sweep started a new teardown every tick while the last one failed: those copies are
-    history; only the latest failed run of each order and kind is retried from now on."""
-    from django.apps import apps
-
-    migration = importlib.import_module("provisioning.migrations.0009_run_retry_backoff")
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
-    failed = ProvisioningRun.Status.FAILED
-    old_copies = [  # what the old sweep left, as rows (no service makes them any more)
-        ProvisioningRun.objects.create(order=order, kind=ProvisioningRun.Kind.TEARDOWN, status=failed) for _ in range(3)
-    ]
-    wipe = ProvisioningRun.objects.create(order=order, kind=ProvisioningRun.Kind.WIPE, status=failed)
-    preflight = ProvisioningRun.objects.create(order=order, kind=ProvisioningRun.Kind.PREFLIGHT, status=failed)
-
-    migration.schedule_failed_teardowns(apps, None)
-
-    scheduled = ProvisioningRun.objects.filter(attempts=1, next_retry_at=clock.now)
-    assert set(scheduled.values_list("pk", flat=True)) == {old_copies[-1].pk, wipe.pk}
-    assert not ProvisioningRun.objects.filter(pk=preflight.pk, next_retry_at__isnull=False).exists()
 
 
 # --- the console ----------------------------------------------------------------------------------------------

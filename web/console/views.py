@@ -16,15 +16,15 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from booking import services as booking_services
-from booking.models import Allocation, BookingPolicy, Lot, Order, OrderStatus
+from booking.models import Allocation, BookingPolicy, Order, OrderStatus
 from booking.rules import BookingError
 from booking.selectors import free_lot_ids, window_for
+from inventory.models import Host, Lot
 from payments import checkout
 from payments.models import Invoice
 from portal.numbers import whole_number
 from provisioning import rules, runs, selectors, services
 from provisioning.admin import report_host_check
-from provisioning.models import Host
 
 OPERATE = "booking.operate_orders"
 

@@ -8,8 +8,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MaxValueValidator
 from django.utils.translation import gettext_lazy as _
 
-from booking.models import EnvironmentImage, HardwareClass, Hypothesis, WindowDays
+from booking.models import EnvironmentImage, Hypothesis, WindowDays
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
+from inventory.models import HardwareClass
 
 # Possessive quantifiers (`*+`): the two runs of spaces cannot trade characters, so a `<` followed by a long run of
 # spaces and no letter is rejected in one pass (`<\s*[/!?]?\s*` split the run every possible way: quadratic).
