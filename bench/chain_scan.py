@@ -96,8 +96,8 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from django.core.cache import cache
 
     from booking.models import BookingPolicy, EnvironmentImage, Order, OrderStatus
+    from booking.placing import BookingRequest, Contact
     from booking.selectors import earliest_start_date
-    from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
     from inventory.models import HardwareClass
     from payments import config, invoices

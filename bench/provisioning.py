@@ -89,8 +89,8 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from django.core.cache import cache
 
     from booking.models import BookingPolicy, EnvironmentImage, OrderStatus
+    from booking.placing import BookingRequest, Contact
     from booking.selectors import earliest_start_date
-    from booking.services import BookingRequest, Contact
     from booking.ssh_keys import parse_public_key
     from inventory.models import HardwareClass, Host, Lot
     from payments.checkout import order_place

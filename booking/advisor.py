@@ -1,7 +1,7 @@
-"""The memory-fit advisor on the portal: booking/fit.py's formulas applied to the catalog's classes, as a small
+"""The memory-fit advisor on the portal: booking/fit_advice.py's advice applied to the catalog's classes, as a small
 serialisable verdict kept with the order. Reads only."""
 
-from booking import fit
+from booking import fit, fit_advice
 from inventory.models import HardwareClass
 
 
@@ -22,8 +22,12 @@ def hypothesis_advice_code(advice: fit.Advice, hypothesis: str | None) -> str:
 
 
 def advise(*, inputs: fit.FitInput, classes: list[HardwareClass], hypothesis: str | None) -> dict:
-    hardware = [(c.name, float(c.memory_per_card_gb), c.cards_per_lot) for c in classes] or list(fit.DEFAULT_HARDWARE)
-    advice = fit.advise(inputs, hardware=hardware, hypothesis=hypothesis if hypothesis in fit.HYPOTHESES else None)
+    hardware = [(c.name, float(c.memory_per_card_gb), c.cards_per_lot) for c in classes] or list(
+        fit_advice.DEFAULT_HARDWARE
+    )
+    advice = fit_advice.advise(
+        inputs, hardware=hardware, hypothesis=hypothesis if hypothesis in fit.HYPOTHESES else None
+    )
     return {
         "recommendation": advice.recommendation,
         "hypothesis": hypothesis or "",

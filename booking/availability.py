@@ -2,7 +2,7 @@
 or fleet edit bumps it (on commit), and whatever is computed from availability or the catalog is kept in the
 shared cache with the generation it was computed at, so nothing stale is served after a change.
 
-Booking's availability hint (services._availability_hint) and the catalog the booking page draws from are kept so;
+Booking's availability hint (placing._availability_hint) and the catalog the booking page draws from are kept so;
 the presentation layer keys its cached copies of the booking page by the same generation (web/page_cache.py).
 Entries also expire after `TTL` seconds, which bounds the drift of time-based content (the earliest date).
 """

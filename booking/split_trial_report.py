@@ -1,6 +1,8 @@
 """Validate a split-trial report (nodekit/split_trial.py, schema ``binome.split-trial/1``) uploaded to the portal.
 
-Pure: standard library only, no torch, no Django. The one entry point::
+The validator is pure (standard library only, no torch, no database): its one entry point is below. The upload
+service at the end (`split_trial_upload`) keeps a valid report with its order and turns the validator's codes into
+the customer's language::
 
     from booking.split_trial_report import InvalidReport, parse_report
 
@@ -39,6 +41,12 @@ import json
 import math
 import re
 import unicodedata
+from typing import TYPE_CHECKING
+
+from django.utils.translation import gettext, gettext_lazy
+
+if TYPE_CHECKING:
+    from booking.models import Order
 
 SCHEMA = "binome.split-trial/1"
 MAX_BYTES = 256_000
@@ -442,3 +450,40 @@ def parse_report(raw: bytes, *, max_bytes: int = MAX_BYTES) -> dict:
         "dropped_keys": cleaner.dropped,
     }
     return cleaned
+
+
+# --- the upload: a report kept with its order, or the reason it is refused in the customer's language ---
+
+
+def split_trial_upload(*, order: Order, raw: bytes):
+    """Keep a split-trial kit report with the order, once it has been validated field by field."""
+    from booking.models import SplitTrialReport
+    from booking.rules import BookingError
+
+    try:
+        report = parse_report(raw)
+    except InvalidReport as exc:
+        raise BookingError(
+            SPLIT_TRIAL_MESSAGES.get(exc.code, SPLIT_TRIAL_MESSAGES["not_json"]), field="report"
+        ) from exc
+    if order.split_trials.count() >= 20:
+        raise BookingError(gettext("This order already keeps 20 reports."), field="report")
+    return SplitTrialReport.objects.create(order=order, report=report)
+
+
+def _split_trial_messages() -> dict:
+
+    return {
+        "too_large": gettext_lazy("This report is too large: a split-trial report is a few kilobytes of JSON."),
+        "not_json": gettext_lazy("This file is not a JSON report written by the split-trial kit."),
+        "too_deep": gettext_lazy("This JSON is nested too deeply to be a split-trial report."),
+        "wrong_schema": gettext_lazy("This is not a split-trial report (schema binome.split-trial/1)."),
+        "missing_field": gettext_lazy("This report misses a field the split-trial kit always writes."),
+        "bad_field": gettext_lazy("A field of this report has the wrong type."),
+        "bad_number": gettext_lazy("A number of this report is not a finite, plausible measurement."),
+        "bad_text": gettext_lazy("A text of this report is empty or too long."),
+        "bad_ranks": gettext_lazy("The two-card phase must report exactly ranks 0 and 1, consistent with the run."),
+    }
+
+
+SPLIT_TRIAL_MESSAGES = _split_trial_messages()

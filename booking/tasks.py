@@ -4,7 +4,7 @@ from celery import shared_task
 from django.conf import settings
 from django.core.validators import validate_email
 
-from booking import services
+from booking import links, services
 from booking.models import Order
 
 
@@ -17,7 +17,7 @@ def expire_holds() -> int:
 def send_order_link(order_id: int) -> None:
     order = Order.objects.filter(pk=order_id).first()
     if order is not None:
-        services.order_send_link(order=order)
+        links.order_send_link(order=order)
 
 
 @shared_task(name="booking.send_order_links", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
@@ -25,4 +25,4 @@ def send_order_links(email: str, language: str) -> int:
     # Task arguments are input like any other: re-validate before use.
     validate_email(email)
     language = language if language in dict(settings.LANGUAGES) else settings.LANGUAGE_CODE
-    return services.orders_send_links(email=email, language=language)
+    return links.orders_send_links(email=email, language=language)

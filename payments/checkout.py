@@ -10,6 +10,7 @@ from datetime import datetime
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from booking import placing
 from booking import services as booking
 from booking.locks import lock_order
 from booking.models import BookingPolicy, Order, OrderEvent
@@ -17,20 +18,20 @@ from payments import invoices as payments
 from payments.models import Invoice
 
 
-def order_place(*, request: booking.BookingRequest, policy: BookingPolicy | None = None) -> tuple[Order, str]:
+def order_place(*, request: placing.BookingRequest, policy: BookingPolicy | None = None) -> tuple[Order, str]:
     """Place an order: its lots held, its quote and deposit address, in one transaction (an invoice that cannot
     be made undoes the booking). Returns the order and its secret token.
 
     The checks that need no lock come first (a rush on the last lot is answered there); when the lots are gone
     under the class lock, the answer (with the next free dates) is drawn after the transaction, lock released.
     """
-    plan = booking.order_plan(request=request, policy=policy)
+    plan = placing.order_plan(request=request, policy=policy)
     try:
         with transaction.atomic():
-            order, token = booking.order_hold(plan=plan)
+            order, token = placing.order_hold(plan=plan)
             payments.invoice_for_new_order(order=order)
-    except booking.SoldOutUnderLock as refused:
-        raise booking.sold_out_answer(plan=plan, refused=refused) from refused
+    except placing.SoldOutUnderLock as refused:
+        raise placing.sold_out_answer(plan=plan, refused=refused) from refused
     return order, token
 
 

@@ -18,13 +18,12 @@ from booking.fit import (
     Optimizer,
     Precision,
     Verdict,
-    advise,
-    class_fit,
     memory_data_parallel,
     memory_sharded,
     memory_single_card,
     verdict,
 )
+from booking.fit_advice import advise, class_fit
 
 approx = pytest.approx
 

@@ -423,9 +423,9 @@ def test_the_status_block_is_only_served_for_its_own_order_link_and_language(cli
 
 def _second_link(order: Order) -> str:
     """As "send me my order link again" mints one."""
-    from booking.services import _issue_token
+    from booking.links import issue_token
 
-    return _issue_token(order=order)
+    return issue_token(order=order)
 
 
 def test_a_page_that_already_shows_the_current_block_gets_no_content(

@@ -4,6 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
 
+from booking import links as order_links
 from booking import services
 from booking.models import ORDER_TRANSITIONS, Order, OrderEvent, OrderStatus
 from booking.rules import InvalidTransition
@@ -80,8 +81,8 @@ def test_final_states_have_no_way_out_but_a_late_payment_can_revive_an_expired_o
 
 
 def test_each_link_email_carries_a_new_working_token(order, client):
-    services.order_send_link(order=order)
-    services.order_send_link(order=order)
+    order_links.order_send_link(order=order)
+    order_links.order_send_link(order=order)
 
     links = [message.body.split("http://127.0.0.1:8000", 1)[1].split()[0] for message in mail.outbox]
     assert len(set(links)) == 2

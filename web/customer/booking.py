@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods
 from django_ratelimit.core import is_ratelimited
 
-from booking import advisor, availability, selectors, services
+from booking import advisor, availability, links, placing, selectors
 from booking.models import BookingPolicy
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut
@@ -226,9 +226,9 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
     return render(request, "customer/sold_out.html", context)
 
 
-def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit) -> services.BookingRequest:
+def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit) -> placing.BookingRequest:
     data = form.cleaned_data
-    return services.BookingRequest(
+    return placing.BookingRequest(
         **fit,
         client_key=client_key,
         hardware_class=data["hardware_class"],
@@ -236,7 +236,7 @@ def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit
         lot_count=data["lots"],
         start_date=data["start_date"],
         days=data["days"],
-        contact=services.Contact(
+        contact=placing.Contact(
             name=data["contact_name"].strip(),
             email=data["contact_email"].strip(),
             organisation=data["organisation"].strip(),
@@ -267,7 +267,7 @@ def resend_link(request: HttpRequest) -> HttpResponse:
         )
         if limited:
             return render(request, "429.html", status=429)
-        services.orders_request_links(email=email, language=get_language())
+        links.orders_request_links(email=email, language=get_language())
         sent = True
     return render(request, "customer/resend_link.html", {"form": form, "sent": sent})
 

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
-from booking import selectors, services
+from booking import links, selectors, services, split_trial_report
 from booking.models import Order, OrderStatus
 from booking.rules import BookingError
 from payments import invoices
@@ -144,7 +144,7 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     """Revoke every link to the order (this one included) and mail a new one to the order's contact."""
     order = _order_or_404(public_id, token)
-    services.order_links_revoke(order=order)
+    links.order_links_revoke(order=order)
     context = {
         "order": order,
         "masked_email": _masked_email(order.contact_email),
@@ -167,10 +167,10 @@ def split_trial_upload(request: HttpRequest, public_id: str, token: str) -> Http
     if upload is None:
         messages.error(request, _("Choose the report file (report.json) written by the split-trial kit."))
     elif upload.size > 256_000:
-        messages.error(request, str(services.SPLIT_TRIAL_MESSAGES["too_large"]))
+        messages.error(request, str(split_trial_report.SPLIT_TRIAL_MESSAGES["too_large"]))
     else:
         try:
-            services.split_trial_upload(order=order, raw=upload.read(256_001))
+            split_trial_report.split_trial_upload(order=order, raw=upload.read(256_001))
         except BookingError as exc:
             messages.error(request, str(exc.message))
         else:

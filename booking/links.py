@@ -1,0 +1,63 @@
+"""The order's secret links: minted (only their hash is kept), mailed, revoked, and sent again on request."""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from booking import notices, selectors
+from booking.locks import lock_order
+from booking.models import Order, OrderAccessToken, OrderEvent
+from booking.notices import Notice
+from booking.services import order_note
+from booking.tokens import new_access_token, token_hash
+
+
+def issue_token(*, order: Order) -> str:
+    token = new_access_token()
+    OrderAccessToken.objects.create(order=order, token_hash=token_hash(token))
+    return token
+
+
+def order_link(*, order: Order, token: str) -> str:
+    return settings.SITE_URL + reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
+
+
+def order_send_link(*, order: Order) -> None:
+    """E-mail a fresh secret link to the order's contact (a new token, so no secret travels through the broker)."""
+    token = issue_token(order=order)
+    notices.send(Notice.ORDER_LINK, order=order, link=order_link(order=order, token=token))
+
+
+@transaction.atomic
+def order_links_revoke(*, order: Order) -> int:
+    """Every secret link of the order stops working at once (the one used included); a new one is mailed to the
+    order's contact, minted by the task so that no secret travels through the broker. Returns how many links
+    were revoked."""
+    order = lock_order(order.pk)
+    revoked, _by_model = order.access_tokens.all().delete()  # post_delete: the status polls of old links stop
+    order_note(order=order, reason="links revoked", actor_kind=OrderEvent.Actor.CUSTOMER, evidence={"links": revoked})
+    from booking.tasks import send_order_link
+
+    send_order_link.delay_on_commit(order.pk)
+    return revoked
+
+
+def orders_send_links(*, email: str, language: str, now: datetime | None = None) -> int:
+    """E-mail fresh links to every recent order of an address. Sends nothing when there is none."""
+    now = now or timezone.now()
+    orders = list(selectors.orders_for_email(email=email, since=now - timedelta(days=400))[:20])
+    if not orders:
+        return 0
+    links = [(order, order_link(order=order, token=issue_token(order=order))) for order in orders]
+    notices.send(Notice.ORDER_LINKS, to=orders[0].contact_email, language=language, links=links)
+    return len(orders)
+
+
+def orders_request_links(*, email: str, language: str) -> None:
+    """Ask for fresh links by e-mail. Same work whether or not the address has orders (nothing to learn)."""
+    from booking.tasks import send_order_links
+
+    send_order_links.delay_on_commit(email.strip().lower(), language)

@@ -1,0 +1,261 @@
+"""Placing an order: the request, the plan made without a lock (checks, price, the sold-out answer), and the hold
+of specific lots under the class lock, written in the caller's transaction (payments/checkout.py adds the invoice).
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from booking import availability, selectors
+from booking.links import issue_token
+from booking.locks import lock_capacity
+from booking.models import (
+    Allocation,
+    BookingPolicy,
+    EnvironmentImage,
+    Hypothesis,
+    Order,
+    OrderEvent,
+    OrderSshKey,
+    OrderStatus,
+)
+from booking.rules import BookingError, SoldOut, capacity_problem, check_environment, check_window
+from booking.ssh_keys import SshPublicKey
+from booking.tokens import new_public_id
+from inventory.models import HardwareClass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Contact:
+    name: str
+    email: str
+    organisation: str
+    messenger: str = ""
+
+
+@dataclass(frozen=True)
+class BookingRequest:
+    hardware_class: HardwareClass
+    environment: EnvironmentImage
+    lot_count: int
+    start_date: date
+    days: int
+    contact: Contact
+    ssh_keys: list[SshPublicKey]
+    hypothesis: str
+    hypothesis_detail: str = ""
+    notes: str = ""
+    language: str = "en"
+    fit_inputs: dict | None = None
+    fit_advice: dict | None = None
+    client_key: str = ""  # portal.client.client_key of the request: counts unpaid lots per client address
+
+
+def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
+    """Python checks for friendly messages; the database constraints remain the guarantee."""
+    check_environment(hardware_class=request.hardware_class, environment=request.environment)
+    check_window(start_date=request.start_date, days=request.days, lot_count=request.lot_count, policy=policy, now=now)
+    if request.hypothesis not in Hypothesis.values:
+        raise BookingError(_("Choose a hypothesis."), field="hypothesis")
+    if request.hypothesis == Hypothesis.OTHER and not request.hypothesis_detail.strip():
+        raise BookingError(_("Describe your hypothesis in a few words."), field="hypothesis_detail")
+    if not request.ssh_keys:
+        raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
+
+
+def _elsewhen(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> tuple[int, list[date]]:
+    """The class's active lots, and the next start dates with enough of them free."""
+    total = selectors.active_lot_count(hardware_class=request.hardware_class)
+    next_dates = []
+    if total >= request.lot_count:
+        next_dates = selectors.next_start_dates(
+            hardware_class=request.hardware_class,
+            lot_count=request.lot_count,
+            days=request.days,
+            after=request.start_date + timedelta(days=1),
+            policy=policy,
+            now=now,
+        )
+    return total, next_dates
+
+
+def _sold_out_answer(*, request: BookingRequest, free: int, total: int, next_dates: list[date]) -> BookingError:
+    message = capacity_problem(
+        hardware_class=request.hardware_class, lot_count=request.lot_count, free=min(free, total), total=total
+    )
+    if total < request.lot_count:  # more lots than exist: a wrong number, not a full calendar
+        return BookingError(message, field="lots")
+    return SoldOut(message or "", next_dates=next_dates)
+
+
+def _availability_hint(
+    *, request: BookingRequest, policy: BookingPolicy, window: selectors.Window, now: datetime
+) -> tuple[int, int, list[date]]:
+    """(free lots, active lots, next dates when short) for this request, read without any lock and kept in the
+    shared cache until the next booking, release or catalog edit (the booking page's generation): a rush on the
+    last lot is answered "sold out" without a query. Only a hint: a booking that looks possible is decided under
+    the class lock, and releases bump the generation on commit, so a stale hint never refuses a free lot."""
+
+    def compute() -> tuple[int, int, list[date]]:
+        free = len(
+            selectors.free_lot_ids(hardware_class=request.hardware_class, window=window, limit=request.lot_count)
+        )
+        if free >= request.lot_count:
+            return free, free, []
+        return free, *_elsewhen(request=request, policy=policy, now=now)
+
+    key = f"booking:availability:{request.hardware_class.pk}:{request.start_date}:{request.days}:{request.lot_count}"
+    return availability.remember(key, compute)
+
+
+def _price_per_lot(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
+    # From the prices the catalog prefetched when it did; one query otherwise.
+    return next((price.amount_per_lot for price in hardware_class.prices.all() if price.days == days), None)
+
+
+@dataclass(frozen=True)
+class OrderPlan:
+    """A booking request that passed every check made without a lock: what `order_hold` needs."""
+
+    request: BookingRequest
+    policy: BookingPolicy
+    window: selectors.Window
+    price_per_lot: Decimal
+    now: datetime
+
+
+class SoldOutUnderLock(Exception):
+    """The lots looked free, but were gone once the class was locked. `sold_out_answer` says what to tell the
+    researcher, outside the transaction (it looks up the next dates)."""
+
+    def __init__(self, free: int):
+        self.free = free
+
+
+def order_plan(
+    *, request: BookingRequest, now: datetime | None = None, policy: BookingPolicy | None = None
+) -> OrderPlan:
+    """The checks before placing an order, made without any lock: the request's own rules, the price, and the
+    cached availability hint. A rush on the last lot is answered here, sold out, without waiting for the lock
+    (raises BookingError or SoldOut)."""
+    now = now or timezone.now()
+    policy = policy or BookingPolicy.current()
+    _check_request(request=request, policy=policy, now=now)
+    price_per_lot = _price_per_lot(hardware_class=request.hardware_class, days=request.days)
+    if price_per_lot is None:
+        raise BookingError(_("This window is not on sale for this hardware class."), field="days")
+    window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
+    free, total, next_dates = _availability_hint(request=request, policy=policy, window=window, now=now)
+    if free < request.lot_count:
+        raise _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
+    return OrderPlan(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
+
+
+def sold_out_answer(*, plan: OrderPlan, refused: SoldOutUnderLock) -> BookingError:
+    """What to tell a researcher whose lots were taken under the lock (call outside the transaction)."""
+    total, next_dates = _elsewhen(request=plan.request, policy=plan.policy, now=plan.now)
+    return _sold_out_answer(request=plan.request, free=refused.free, total=total, next_dates=next_dates)
+
+
+def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
+    """Hold specific lots for the planned window and write the order, inside the caller's transaction (the
+    orchestrator adds the invoice to it). Bookings of one class are serialised by the class lock; the exclusion
+    constraint on allocations (PostgreSQL) is the guarantee behind it. Raises SoldOutUnderLock when the lots
+    are gone. Returns the order and its secret token (shown once)."""
+    request = plan.request
+    lock_capacity(request.hardware_class.pk)
+    _check_unpaid_lots(request=request, policy=plan.policy, now=plan.now)
+    lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=plan.window, limit=request.lot_count)
+    if len(lot_ids) < request.lot_count:
+        raise SoldOutUnderLock(free=len(lot_ids))
+    order = _order_from(plan)
+    try:
+        with transaction.atomic():
+            Allocation.objects.bulk_create(
+                Allocation(order=order, lot_id=lot_id, starts_at=plan.window.held_from, ends_at=plan.window.held_until)
+                for lot_id in lot_ids
+            )
+    except IntegrityError as exc:  # the exclusion constraint caught an overlap the lock did not prevent
+        logger.warning("allocation overlap refused for %s: %s", order.public_id, exc)
+        raise SoldOutUnderLock(free=0) from exc
+    OrderSshKey.objects.bulk_create(
+        OrderSshKey(
+            order=order, key_type=key.key_type, bits=key.bits, fingerprint=key.fingerprint, public_key=key.openssh()
+        )
+        for key in request.ssh_keys
+    )
+    token = issue_token(order=order)
+    OrderEvent.objects.create(
+        order=order,
+        from_status="",
+        to_status=OrderStatus.AWAITING_PAYMENT,
+        actor_kind=OrderEvent.Actor.CUSTOMER,
+        reason="order placed",
+        evidence={"lots": len(lot_ids), "held_until": order.hold_expires_at.isoformat()},
+    )
+    from booking.tasks import send_order_link
+
+    send_order_link.delay_on_commit(order.pk)
+    return order, token
+
+
+def _check_unpaid_lots(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
+    """Holding lots costs nothing until paid: one e-mail address or one client address holds at most the policy's
+    number of unpaid lots at a time. Checked under the class lock (two bookings of different classes at the same
+    instant may both pass; the hold then ends with the quote anyway)."""
+    held = selectors.unpaid_lots_of(email=request.contact.email, client_key=request.client_key)
+    limit = policy.max_unpaid_lots_per_client
+    if held.lots + request.lot_count <= limit:
+        return
+    frees_at = (held.first_release or now).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    message = ngettext(
+        "Your e-mail address or your connection already holds %(held)s unpaid lot, and one client may hold at most "
+        "%(limit)s at a time: held lots are kept from other researchers until they are paid. Pay or cancel an "
+        "unpaid order, or wait until its hold ends (%(frees_at)s UTC), then book again.",
+        "Your e-mail address or your connection already holds %(held)s unpaid lots, and one client may hold at "
+        "most %(limit)s at a time: held lots are kept from other researchers until they are paid. Pay or cancel "
+        "an unpaid order, or wait until its hold ends (%(frees_at)s UTC), then book again.",
+        held.lots,
+    )
+    raise BookingError(
+        message % {"held": held.lots, "limit": limit, "frees_at": frees_at},
+        field="lots",
+    )
+
+
+def _order_from(plan: OrderPlan) -> Order:
+    request = plan.request
+    return Order.objects.create(
+        public_id=new_public_id(),
+        status=OrderStatus.AWAITING_PAYMENT,
+        hardware_class=request.hardware_class,
+        environment=request.environment,
+        lot_count=request.lot_count,
+        days=request.days,
+        starts_at=plan.window.starts_at,
+        ends_at=plan.window.ends_at,
+        contact_name=request.contact.name,
+        contact_email=request.contact.email,
+        organisation=request.contact.organisation,
+        messenger=request.contact.messenger,
+        hypothesis=request.hypothesis,
+        hypothesis_detail=request.hypothesis_detail,
+        notes=request.notes,
+        currency=settings.PRICE_CURRENCY,
+        price_per_lot=plan.price_per_lot,
+        total_price=plan.price_per_lot * request.lot_count,
+        hold_expires_at=plan.now + timedelta(minutes=plan.policy.hold_minutes),
+        language=request.language,
+        client_key=request.client_key,
+        fit_inputs=request.fit_inputs,
+        fit_advice=request.fit_advice,
+    )
