@@ -129,6 +129,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: cache, Celery broker and results (or server-free defaults) ----------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
+# The cache keeps pickles of the code's classes (the booking page's catalog, model instances). Bump this whenever a
+# cached class or model moves or changes shape: the entries of the earlier code become invisible at the deploy,
+# instead of failing to unpickle (ModuleNotFoundError) on every page until they expire. 2: web/ and inventory/.
+CACHE_LAYOUT_VERSION = 2
 if REDIS_URL:
     CACHES = {
         "default": {
@@ -136,6 +140,7 @@ if REDIS_URL:
             "BACKEND": "portal.cache.ResilientRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
+            "VERSION": CACHE_LAYOUT_VERSION,
             # Fail fast: a cache that does not answer must not hold a request.
             "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
         }
@@ -151,6 +156,7 @@ else:
             "BACKEND": "portal.embedded_cache.SQLiteCache",
             "LOCATION": env.str("CACHE_FILE", default=str(VAR_DIR / "cache.sqlite3")),
             "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
+            "VERSION": CACHE_LAYOUT_VERSION,
             "OPTIONS": {"MAX_ENTRIES": 10_000},
         }
     }
