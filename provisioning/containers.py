@@ -41,6 +41,8 @@ SUPERVISE_SSHD = (
 GUARD_IN, GUARD_FORWARD, GUARD_TO = "BINOME-IN", "BINOME-FWD", "BINOME-TO"  # nodekit/binome-guard's chains
 GUARD_PATH = "/usr/local/libexec/binome-guard"
 GUARD_UNIT_PATH = "/etc/systemd/system/binome-guard.service"
+GUARD_REFRESH_PATH = "/etc/systemd/system/binome-guard-refresh.service"
+GUARD_TIMER_PATH = "/etc/systemd/system/binome-guard.timer"
 
 
 @dataclass(frozen=True)
@@ -92,14 +94,26 @@ class Runtime:
         table's FORWARD (on a fresh host, or at boot, after the guard) can never pass a packet it drops."""
         return ["sh", "-c", host_file_bytes("binome-guard").decode(), "binome-guard", self.bridges]
 
-    def guard_unit(self) -> bytes:
-        """The boot unit that rebuilds the guard before the runtime restarts the containers (--restart always)."""
-        return (
-            "[Unit]\nDescription=Binome: firewall guard around the customers' container networks\n"
-            "Before=podman-restart.service docker.service\nAfter=network-pre.target\n\n"
-            f"[Service]\nType=oneshot\nExecStart={GUARD_PATH} {self.bridges}\n"
-            "RemainAfterExit=yes\n\n[Install]\nWantedBy=multi-user.target\n"
-        ).encode()
+    def guard_units(self) -> dict[str, bytes]:
+        """systemd units of the guard, by path. At boot it is built before the runtime restarts the containers
+        (--restart always), and the restart requires it: a guard that fails starts no container. A timer rebuilds it
+        every 30 s (the script is idempotent and swaps its chains in one transaction), so a firewall reload that
+        flushes every table (nftables' `flush ruleset`) leaves the customers unguarded for 30 s at most."""
+        run = f"[Service]\nType=oneshot\nExecStart={GUARD_PATH} {self.bridges}\n"
+        title = "Description=Binome: firewall guard around the customers' container networks"
+        return {
+            GUARD_UNIT_PATH: (
+                f"[Unit]\n{title}\nBefore=podman-restart.service docker.service\nAfter=network-pre.target\n\n"
+                f"{run}RemainAfterExit=yes\n\n"
+                "[Install]\nWantedBy=multi-user.target\nRequiredBy=podman-restart.service docker.service\n"
+            ).encode(),
+            GUARD_REFRESH_PATH: f"[Unit]\n{title} (rebuilt)\n\n{run}".encode(),
+            GUARD_TIMER_PATH: (
+                f"[Unit]\n{title} (rebuilt every 30 s)\n\n"
+                "[Timer]\nOnBootSec=30s\nOnUnitActiveSec=30s\nAccuracySec=5s\nUnit=binome-guard-refresh.service\n\n"
+                "[Install]\nWantedBy=timers.target\n"
+            ).encode(),
+        }
 
     def volume_create(self, name: str, image_path: str) -> list[str]:
         """A volume backed by an ext4 file system in `image_path`: its size is the customer's disk limit. The runtime

@@ -215,14 +215,21 @@ def _image_lines(connection: Connection, runtime: Runtime, images: list[str]) ->
     return lines
 
 
-# The guard's three jumps (mangle table) and the last rule of each of its chains (a chain emptied is no guard).
+# The guard's three jumps (mangle table), the last rule of BINOME-IN and BINOME-TO, the first of BINOME-FWD (the
+# drop between bridges) and how many ranges it drops, and IPv6's drops: a chain emptied or cut is no guard.
 _GUARD_CHECK = (
     f'iptables -w 10 -t mangle -C INPUT -i "$1" -j {GUARD_IN} '
     f'&& iptables -w 10 -t mangle -C FORWARD -i "$1" -j {GUARD_FORWARD} '
     f'&& iptables -w 10 -t mangle -C FORWARD -o "$1" -j {GUARD_TO} '
     f"&& iptables -w 10 -t mangle -S {GUARD_IN} | tail -n 1 "
-    f"&& iptables -w 10 -t mangle -S {GUARD_TO} | tail -n 1"
+    f"&& iptables -w 10 -t mangle -S {GUARD_TO} | tail -n 1 "
+    f"&& iptables -w 10 -t mangle -S {GUARD_FORWARD} | sed -n 2p "
+    f"&& iptables -w 10 -t mangle -S {GUARD_FORWARD} | grep -c -- ' -d .* -j DROP$' "
+    '&& { ! command -v ip6tables >/dev/null || { ip6tables -w 10 -t mangle -C INPUT -i "$1" -j DROP '
+    '&& ip6tables -w 10 -t mangle -C FORWARD -i "$1" -j DROP '
+    '&& ip6tables -w 10 -t mangle -C FORWARD -o "$1" -j DROP; }; }'
 )
+GUARDED_RANGES = 6  # nodekit/binome-guard's private, carrier-grade NAT, link-local and metadata ranges
 
 
 def _guard_in_place(connection: Connection, runtime: str) -> bool:
@@ -234,7 +241,12 @@ def _guard_in_place(connection: Connection, runtime: str) -> bool:
             return False
     argv = ["sh", "-c", _GUARD_CHECK, "guard", runtime.bridges]
     answer = connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S)
-    return answer.ok and answer.stdout.split("\n")[:2] == [f"-A {GUARD_IN} -j DROP", f"-A {GUARD_TO} -j DROP"]
+    return answer.ok and answer.stdout.split("\n")[:4] == [
+        f"-A {GUARD_IN} -j DROP",
+        f"-A {GUARD_TO} -j DROP",
+        f"-A {GUARD_FORWARD} -o {runtime.bridges} -j DROP",
+        str(GUARDED_RANGES),
+    ]
 
 
 def _answering_runtime(connection: Connection, runtime: str, lines: list[str]) -> str:

@@ -57,19 +57,17 @@ def prepare_host(conn: Connection, ctx: StepContext) -> str:
         ]
     )
     conn.run(runtime.guard_argv())
-    # The same guard at boot, before the runtime restarts the containers (where systemd runs the host)
+    # The same guard at boot, before the runtime restarts the containers, and every 30 s (where systemd runs the host)
+    units = {path: (content, 0o644, "root") for path, content in runtime.guard_units().items()}
     written = install_root_files(
-        conn,
-        {
-            containers.GUARD_PATH: (host_file_bytes("binome-guard"), 0o755, "root"),
-            containers.GUARD_UNIT_PATH: (runtime.guard_unit(), 0o644, "root"),
-        },
+        conn, {containers.GUARD_PATH: (host_file_bytes("binome-guard"), 0o755, "root"), **units}
     )
     enable = (
-        'if [ -d /run/systemd/system ]; then systemctl daemon-reload && systemctl enable --quiet "$1" && echo on; fi'
+        "if [ -d /run/systemd/system ]; then systemctl daemon-reload && systemctl enable --quiet binome-guard.service"
+        " && systemctl enable --quiet --now binome-guard.timer && echo on; fi"
     )
-    at_boot = conn.run(["sh", "-c", enable, "prepare_host", "binome-guard.service"], check=False).stdout.strip()
-    boot = "rebuilt at boot" if at_boot == "on" else "no systemd here: rebuilt by each keys run"
+    at_boot = conn.run(["sh", "-c", enable], check=False).stdout.strip()
+    boot = "rebuilt at boot and every 30 s" if at_boot == "on" else "no systemd here: rebuilt by each keys run"
     changed = f" ({len(written)} file(s) written)" if written else ""
     return (
         f"{runtime.path}: answers; login stack keeps customers out; firewall guard on {runtime.bridges}, {boot}"

@@ -291,6 +291,45 @@ def test_a_host_whose_firewall_guard_is_gone_is_not_isolated_until_it_is_rebuilt
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
 
 
+@pytest.mark.parametrize(
+    "cut",
+    [
+        ["-D", "BINOME-FWD", "1"],  # the drop between two customers' bridges (their published ports through the host)
+        ["-F", "BINOME-FWD"],  # every forwarding rule
+        ["-D", "BINOME-FWD", "-d", "169.254.0.0/16", "-j", "DROP"],  # the cloud's metadata service
+    ],
+    ids=["bridge-to-bridge-drop", "emptied", "metadata-range"],
+)
+def test_a_guard_whose_forwarding_chain_was_cut_counts_as_missing(probed_host, admin, cut):
+    from provisioning.containers import Runtime
+
+    runtime = Runtime("podman")
+    admin.run(["iptables", "-t", "mangle", *cut])
+    try:
+        check(probed_host)
+        assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED and not probed_host.offers_lots
+    finally:
+        admin.run(runtime.guard_argv())
+    check(probed_host)
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+
+
+def test_the_guard_lets_dns_through_to_the_host_s_resolvers_only(admin):
+    """DNS is the one exception to "nothing private": to the resolvers the containers are given, nowhere else."""
+    from provisioning.containers import GUARD_FORWARD, GUARD_IN, Runtime
+
+    admin.run(Runtime("podman").guard_argv())
+    resolvers = {
+        line.split()[1]
+        for line in Path("/etc/resolv.conf").read_text().splitlines()
+        if line.startswith("nameserver") and "." in line and not line.split()[1].startswith("127.")
+    }
+    rules = admin.run(["iptables", "-t", "mangle", "-S"]).stdout.splitlines()
+    dns = [rule for rule in rules if "--dport 53" in rule]
+    assert dns and all(any(f"-d {resolver}/32 " in rule for resolver in resolvers) for rule in dns), dns
+    assert {rule.split()[1] for rule in dns} == {GUARD_IN, GUARD_FORWARD}
+
+
 def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory_yet(admin, tmp_path):
     """Debian makes no /usr/local/libexec: the first provisioning on a fresh host must make it for the guard."""
     from datetime import UTC, datetime
