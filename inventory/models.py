@@ -173,7 +173,7 @@ class Host(models.Model):
     is_active = models.BooleanField(_("active"), default=True)
     notes = models.TextField(_("notes"), blank=True)
     # Each lot's container gets this share of the host (podman --cpus / --memory / --shm-size); a share left empty
-    # is derived from the host's size split over its lots (provisioning.steps._shares).
+    # is derived from the host's size split over its lots (provisioning.container_steps._shares).
     cpus_per_lot = models.DecimalField(
         _("CPUs per lot"),
         max_digits=6,

@@ -63,7 +63,7 @@ class ProvisioningRun(models.Model):
     triggered_by = models.ForeignKey("auth.User", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     # How many times the run was executed to an end, a success or a failure. A failed run that takes access away
     # (teardown, wipe, release of a host) is queued again by the lifecycle sweep at next_retry_at, with a delay
-    # that doubles at each failure (provisioning.services.retry_delay): the same run resumes at its failed step.
+    # that doubles at each failure (provisioning.rules.retry_delay): the same run resumes at its failed step.
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     next_retry_at = models.DateTimeField(_("next retry at"), null=True, blank=True)
 
@@ -89,7 +89,7 @@ class ProvisioningRun(models.Model):
 
 
 # Runs that take access away: one that fails is queued again by the lifecycle sweep, after a delay that doubles at
-# each failure (provisioning.services.retry_delay), until it succeeds; the console lists those failing.
+# each failure (provisioning.rules.retry_delay), until it succeeds; the console lists those failing.
 RETRIED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
 
 
