@@ -100,7 +100,7 @@ def invoice_create(
 
 
 def invoice_for_new_order(*, order: Order) -> Invoice:
-    """The first invoice of an order being placed, in the same transaction (portal/checkout.py)."""
+    """The first invoice of an order being placed, in the same transaction (payments/checkout.py)."""
     return invoice_create(order=order, fiat_amount=order.total_price)
 
 

@@ -6,8 +6,8 @@ written into the block's own poll URL (`?v=`), and a small record under that id:
 (order number and token hash) and the versions of what it shows:
 
 - the order's version (`order_key`, by order number), replaced on commit by every save or delete of the order,
-  its events, its links, its invoices and their transfers, its accesses (model signals, connected in the
-  `apps.py` of the app that owns each model; services save what the page shows with `update_fields`, never a
+  its events, its links, its invoices and their transfers, its accesses (model signals, all connected in
+  web/apps.py; services save what the page shows with `update_fields`, never a
   queryset `.update()`, so that every such write goes through them);
 - the chains' version (`CHAINS_KEY`), replaced when a chain becomes unreachable or answers again ("check
   delayed" depends on the chain's cursor, not only on the invoice).

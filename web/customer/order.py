@@ -85,7 +85,17 @@ def _order_context(order: Order, token: str) -> dict:
         "now": now,
         "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
         "progress": _provisioning_progress(order),
+        "payment": payment_selectors.payment_view(order),  # the current invoice: address, amount, QR code
+        "extension": _extension_payment(order),
     }
+
+
+def _extension_payment(order: Order) -> payment_selectors.PaymentView | None:
+    """The payment block of an extension being paid, on a ready or active window."""
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+        return None
+    invoice = payment_selectors.open_extension_invoice(order)
+    return payment_selectors.payment_view(order, invoice=invoice) if invoice is not None else None
 
 
 def _provisioning_progress(order: Order) -> dict | None:
