@@ -96,7 +96,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from django.core.cache import cache
 
     from booking.models import BookingPolicy, EnvironmentImage, Order, OrderStatus
-    from booking.placing import BookingRequest, Contact
+    from booking.placing import BookingRequest, Contact, Research
     from booking.selectors import earliest_start_date
     from booking.ssh_keys import parse_public_key
     from inventory.models import HardwareClass
@@ -142,7 +142,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
                 days=3,
                 contact=Contact(name="Bench", email="bench@example.org", organisation="Bench"),
                 ssh_keys=[parse_public_key(make_ssh_key())],
-                hypothesis="shorter_step",
+                research=Research(hypothesis="shorter_step", detail="Bench", measure="Scan cost"),
             )
         )
         orders.append(order)

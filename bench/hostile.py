@@ -71,7 +71,10 @@ def booking(csrf: str, **overrides: str) -> bytes:
         "contact_email": "ada@example.org",
         "organisation": "Lab",
         "ssh_keys": "ssh-ed25519 AAAA",
+        "sharing": "full_copy",
         "hypothesis": "bigger_batch",
+        "hypothesis_detail": "A bigger global batch reaches the target loss sooner.",
+        "hypothesis_measure": "Loss against examples seen.",
         "notes": "",
         **overrides,
     }

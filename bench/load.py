@@ -52,7 +52,7 @@ from django.test import Client
 from provisioning.demo import seed_demo_catalog
 from booking.models import BookingPolicy
 from booking.selectors import earliest_start_date
-from tests.factories import make_ssh_key
+from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 
 seed_demo_catalog()
 start = earliest_start_date(policy=BookingPolicy.current()).isoformat()
@@ -60,7 +60,7 @@ client = Client(SERVER_NAME="testserver")
 response = client.post("/", {
     "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8", "lots": "1", "start_date": start,
     "days": "7", "contact_name": "Load", "contact_email": "load@example.org", "organisation": "Bench",
-    "ssh_keys": make_ssh_key(), "hypothesis": "bigger_batch",
+    "ssh_keys": make_ssh_key(), **RESEARCH_ANSWERS,
 })
 print(json.dumps({"order_url": response["Location"], "start": start, "key": make_ssh_key()}))
 """
@@ -97,7 +97,10 @@ def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
                 "contact_email": f"racer{index}@example.org",
                 "organisation": "Bench",
                 "ssh_keys": key,
+                "sharing": "full_copy",
                 "hypothesis": "shorter_step",
+                "hypothesis_detail": "Two cards halve the step at the same global batch.",
+                "hypothesis_measure": "Median step time after warm-up, one card then two.",
             }
         )
         connection.close()

@@ -155,7 +155,7 @@ from provisioning.demo import seed_demo_catalog
 from inventory.models import HardwareClass, Lot
 from booking import selectors
 from booking.models import BookingPolicy
-from tests.factories import add_lots, make_ssh_key
+from tests.factories import RESEARCH_ANSWERS, add_lots, make_ssh_key
 
 seed_demo_catalog()
 add_lots(HardwareClass.objects.get(slug="h200-pair"), int(sys.argv[1]))
@@ -164,7 +164,7 @@ client = Client(SERVER_NAME="testserver", REMOTE_ADDR="127.0.0.9")
 response = client.post("/", {
     "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8", "lots": "2", "start_date": start,
     "days": "7", "contact_name": "Bench", "contact_email": "bench@example.org", "organisation": "Bench",
-    "ssh_keys": make_ssh_key(), "hypothesis": "bigger_batch",
+    "ssh_keys": make_ssh_key(), **RESEARCH_ANSWERS,
 })
 assert response.status_code == 302, response.content[:500]
 order_url = response["Location"]

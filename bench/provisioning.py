@@ -89,7 +89,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from django.core.cache import cache
 
     from booking.models import BookingPolicy, EnvironmentImage, OrderStatus
-    from booking.placing import BookingRequest, Contact
+    from booking.placing import BookingRequest, Contact, Research
     from booking.selectors import earliest_start_date
     from booking.ssh_keys import parse_public_key
     from inventory.models import HardwareClass, Host, Lot
@@ -143,7 +143,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
                 days=7,
                 contact=Contact(name="Bench", email="bench@example.org", organisation="Bench"),
                 ssh_keys=[parse_public_key(public_key)],
-                hypothesis="bigger_batch",
+                research=Research(hypothesis="bigger_batch", detail="Bench", measure="Provisioning time"),
             )
         )
         invoice_mark_paid(invoice=current_invoice(order), user=admin, reason="bench")

@@ -21,17 +21,29 @@ def hypothesis_advice_code(advice: fit.Advice, hypothesis: str | None) -> str:
     return ""
 
 
-def advise(*, inputs: fit.FitInput, classes: list[HardwareClass], hypothesis: str | None) -> dict:
+# What each hypothesis advice suggests the two cards share (booking.models.Sharing codes).
+SUGGESTED_SHARING = {"two_experiments": "independent_runs", "data_parallel": "full_copy", "shard": "parameters_sharded"}
+
+
+def advise(
+    *, inputs: fit.FitInput, classes: list[HardwareClass], hypothesis: str | None, rocm_ready: bool = False
+) -> dict:
     hardware = [(c.name, float(c.memory_per_card_gb), c.cards_per_lot) for c in classes] or list(
         fit_advice.DEFAULT_HARDWARE
     )
     advice = fit_advice.advise(
-        inputs, hardware=hardware, hypothesis=hypothesis if hypothesis in fit.HYPOTHESES else None
+        inputs,
+        hardware=hardware,
+        hypothesis=hypothesis if hypothesis in fit.HYPOTHESES else None,
+        rocm_ready=rocm_ready,
     )
+    hypothesis_advice = hypothesis_advice_code(advice, hypothesis)
     return {
         "recommendation": advice.recommendation,
+        "rocm_ready": rocm_ready,
         "hypothesis": hypothesis or "",
-        "hypothesis_advice": hypothesis_advice_code(advice, hypothesis),
+        "hypothesis_advice": hypothesis_advice,
+        "suggested_sharing": SUGGESTED_SHARING.get(hypothesis_advice, ""),
         "reasons": advice.reasons,
         "classes": [
             {

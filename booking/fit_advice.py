@@ -108,14 +108,17 @@ def _class_sentence(fit: ClassFit) -> str:
     return f"{fit.hardware} ({_gb(fit.card_gb)} per card): " + "; ".join(parts) + "."
 
 
-def _alternatives(fits: list[ClassFit], *, recommendation: str) -> list[str]:
-    """Classes where one card fits although the recommendation, which prefers H200 then B200, needs a pair."""
+def _alternatives(fits: list[ClassFit], *, recommendation: str, rocm_ready: bool) -> list[str]:
+    """Classes where one card fits although the recommendation, which prefers H200 then B200, needs a pair. An
+    MI300X is named only for a project that runs on ROCm."""
     if recommendation in ("one_h200_enough", "b200_single_card"):
         return []
     return [
         f"One card of the {fit.hardware} would also fit ({_gb(single.breakdown.total_gb)} of {_gb(fit.card_gb)})."
         for fit in fits
-        if (single := fit.option("single_card")) is not None and single.verdict is Verdict.FITS
+        if (single := fit.option("single_card")) is not None
+        and single.verdict is Verdict.FITS
+        and (rocm_ready or "MI300X" not in fit.hardware.upper())
     ]
 
 
@@ -182,6 +185,7 @@ def advise(
     *,
     hardware: Sequence[tuple[str, float, int]] = DEFAULT_HARDWARE,
     hypothesis: str | None = None,
+    rocm_ready: bool = False,
 ) -> Advice:
     """Every option on every class, and a recommendation, tried in this order:
 
@@ -194,6 +198,9 @@ def advise(
     `hypothesis` (a booking.models.Hypothesis code) adds `hypothesis_advice`: compare_hyperparameters → two
     independent single-card experiments when one card fits; make_possible → sharding; bigger_batch and
     shorter_step → data parallelism when one card fits, else sharding; other → none.
+
+    The MI300X is recommended only when `rocm_ready` (the researcher says the project runs on ROCm): an NVIDIA
+    project does not move to AMD for memory alone. Otherwise a fit there is said as a note, not recommended.
     """
     if hypothesis is not None and hypothesis not in HYPOTHESES:
         raise ValueError(f"hypothesis must be one of {', '.join(sorted(HYPOTHESES))}; got {hypothesis!r}.")
@@ -214,9 +221,15 @@ def advise(
             "Neither one H200 nor one B200 card is comfortably enough: shard the model states over both cards of "
             "the B200 pair."
         )
-    elif _verdict_of(mi300x, "sharded_pair") in usable:
+    elif rocm_ready and _verdict_of(mi300x, "sharded_pair") in usable:
         recommendation, target = "mi300x_pair_sharded", mi300x
         why = "Only the MI300X pair, with 192 GB per card, holds the model sharded over both cards."
+    elif _verdict_of(mi300x, "sharded_pair") in usable:
+        recommendation, target = "does_not_fit", b200 or fits[0]
+        why = (
+            "The model does not fit an NVIDIA class, not even sharded over a pair. The MI300X pair, with 192 GB per "
+            "card, would hold it sharded, for a project that already runs on ROCm."
+        )
     else:
         recommendation, target = "does_not_fit", b200 or fits[0]
         why = "The model does not fit any class, not even sharded over a pair."
@@ -244,7 +257,7 @@ def advise(
         "card. Data parallelism keeps a full copy per card; only sharding divides the model states, and it never "
         "divides the activations.",
         why,
-        *_alternatives(fits, recommendation=recommendation),
+        *_alternatives(fits, recommendation=recommendation, rocm_ready=rocm_ready),
     ]
     return Advice(
         fits=fits,

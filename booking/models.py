@@ -196,6 +196,20 @@ class Hypothesis(models.TextChoices):
     OTHER = "other", _("Something else")
 
 
+class Sharing(models.TextChoices):
+    """What the two cards share (the offer page: decide it first; 360 GB added up is not one allocation)."""
+
+    FULL_COPY = "full_copy", _("A full copy of the model on each card (data parallel)")
+    PARAMETERS_SHARDED = "parameters_sharded", _("Parameters, gradients and optimizer states sharded (FSDP, ZeRO-3)")
+    LAYERS_SPLIT = "layers_split", _("Layers split across the two cards (pipeline)")
+    INDEPENDENT_RUNS = "independent_runs", _("Nothing: two independent runs, one per card")
+    NOT_SURE = "not_sure", _("Not sure yet (the fit advisor below helps)")
+
+
+# A followed campaign checkpoints at least once a day and at most every hour (the offer: 30 days with checkpoints).
+CHECKPOINT_INTERVAL_HOURS = (1, 24)
+
+
 class Order(models.Model):
     public_id = models.CharField(_("order number"), max_length=16, unique=True, editable=False)
     status = models.CharField(
@@ -217,8 +231,15 @@ class Order(models.Model):
     organisation = models.CharField(_("organisation"), max_length=200)
     messenger = models.CharField(_("messenger handle"), max_length=100, blank=True)
 
+    sharing = models.CharField(
+        _("what the two cards share"), max_length=24, choices=Sharing.choices, default=Sharing.NOT_SURE
+    )
     hypothesis = models.CharField(_("hypothesis"), max_length=32, choices=Hypothesis.choices)
     hypothesis_detail = models.TextField(_("hypothesis, in your words"), blank=True)
+    hypothesis_measure = models.TextField(_("the measure that would confirm it"), blank=True)
+    # A 30-day campaign's plan (required for 30 days by the booking rules; blank for shorter windows).
+    checkpoint_interval_hours = models.PositiveSmallIntegerField(_("checkpoint every (hours)"), null=True, blank=True)
+    stop_criteria = models.TextField(_("stop criteria"), blank=True)
     notes = models.TextField(_("notes"), blank=True)
 
     currency = models.CharField(_("currency"), max_length=3)

@@ -20,13 +20,14 @@ from booking.models import (
     Allocation,
     BookingPolicy,
     EnvironmentImage,
-    Hypothesis,
     Order,
     OrderEvent,
     OrderSshKey,
     OrderStatus,
+    Sharing,
+    WindowDays,
 )
-from booking.rules import BookingError, SoldOut, capacity_problem, check_environment, check_window
+from booking.rules import BookingError, SoldOut, capacity_problem, check_environment, check_research, check_window
 from booking.ssh_keys import SshPublicKey
 from booking.tokens import new_public_id
 from inventory.models import HardwareClass
@@ -43,6 +44,19 @@ class Contact:
 
 
 @dataclass(frozen=True)
+class Research:
+    """What the researcher writes down before renting (the offer page's method): what the two cards share, the
+    hypothesis in their words with the measure that would confirm it, and a 30-day campaign's plan."""
+
+    hypothesis: str
+    detail: str
+    measure: str
+    sharing: str = Sharing.NOT_SURE
+    checkpoint_interval_hours: int | None = None
+    stop_criteria: str = ""
+
+
+@dataclass(frozen=True)
 class BookingRequest:
     hardware_class: HardwareClass
     environment: EnvironmentImage
@@ -51,8 +65,7 @@ class BookingRequest:
     days: int
     contact: Contact
     ssh_keys: list[SshPublicKey]
-    hypothesis: str
-    hypothesis_detail: str = ""
+    research: Research
     notes: str = ""
     language: str = "en"
     fit_inputs: dict | None = None
@@ -64,10 +77,16 @@ def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datet
     """Python checks for friendly messages; the database constraints remain the guarantee."""
     check_environment(hardware_class=request.hardware_class, environment=request.environment)
     check_window(start_date=request.start_date, days=request.days, lot_count=request.lot_count, policy=policy, now=now)
-    if request.hypothesis not in Hypothesis.values:
-        raise BookingError(_("Choose a hypothesis."), field="hypothesis")
-    if request.hypothesis == Hypothesis.OTHER and not request.hypothesis_detail.strip():
-        raise BookingError(_("Describe your hypothesis in a few words."), field="hypothesis_detail")
+    research = request.research
+    check_research(
+        sharing=research.sharing,
+        hypothesis=research.hypothesis,
+        detail=research.detail,
+        measure=research.measure,
+        days=request.days,
+        checkpoint_interval_hours=research.checkpoint_interval_hours,
+        stop_criteria=research.stop_criteria,
+    )
     if not request.ssh_keys:
         raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
 
@@ -247,8 +266,15 @@ def _order_from(plan: OrderPlan) -> Order:
         contact_email=request.contact.email,
         organisation=request.contact.organisation,
         messenger=request.contact.messenger,
-        hypothesis=request.hypothesis,
-        hypothesis_detail=request.hypothesis_detail,
+        sharing=request.research.sharing,
+        hypothesis=request.research.hypothesis,
+        hypothesis_detail=request.research.detail,
+        hypothesis_measure=request.research.measure,
+        # Only a 30-day campaign carries a plan: a shorter window keeps none of what the form may have sent.
+        checkpoint_interval_hours=(
+            request.research.checkpoint_interval_hours if request.days == WindowDays.THIRTY else None
+        ),
+        stop_criteria=request.research.stop_criteria if request.days == WindowDays.THIRTY else "",
         notes=request.notes,
         currency=settings.PRICE_CURRENCY,
         price_per_lot=plan.price_per_lot,

@@ -7,7 +7,14 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from booking import selectors
-from booking.models import BookingPolicy, EnvironmentImage, WindowDays
+from booking.models import (
+    CHECKPOINT_INTERVAL_HOURS,
+    BookingPolicy,
+    EnvironmentImage,
+    Hypothesis,
+    Sharing,
+    WindowDays,
+)
 from inventory.models import HardwareClass
 
 
@@ -65,6 +72,41 @@ def check_window(*, start_date: date, days: int, lot_count: int, policy: Booking
             % {"days": policy.horizon_days, "date": latest.isoformat()},
             field="start_date",
         )
+
+
+def check_research(
+    *,
+    sharing: str,
+    hypothesis: str,
+    detail: str,
+    measure: str,
+    days: int,
+    checkpoint_interval_hours: int | None,
+    stop_criteria: str,
+) -> None:
+    """The offer page's method, before renting: what the cards share, a hypothesis in the researcher's words with
+    the measure that would confirm it, and for a 30-day campaign its checkpoints and stop criteria."""
+    if sharing not in Sharing.values:
+        raise BookingError(_("Choose what the two cards will share."), field="sharing")
+    if hypothesis not in Hypothesis.values:
+        raise BookingError(_("Choose a hypothesis."), field="hypothesis")
+    if not detail.strip():
+        raise BookingError(_("Describe your hypothesis in a few words."), field="hypothesis_detail")
+    if not measure.strip():
+        raise BookingError(_("Say which measure would confirm your hypothesis."), field="hypothesis_measure")
+    if days == WindowDays.THIRTY:
+        low, high = CHECKPOINT_INTERVAL_HOURS
+        if checkpoint_interval_hours is None or not low <= checkpoint_interval_hours <= high:
+            raise BookingError(
+                _("A 30-day campaign checkpoints every %(low)d to %(high)d hours: give the interval.")
+                % {"low": low, "high": high},
+                field="checkpoint_interval_hours",
+            )
+        if not stop_criteria.strip():
+            raise BookingError(
+                _("A 30-day campaign needs its stop criteria: say when you would stop it early."),
+                field="stop_criteria",
+            )
 
 
 def capacity_problem(*, hardware_class: HardwareClass, lot_count: int, free: int, total: int) -> str | None:

@@ -6,11 +6,11 @@ import pytest
 from django.core.cache import cache
 
 from booking import selectors
-from booking.models import BookingPolicy, Hypothesis
+from booking.models import BookingPolicy
 from inventory.models import HardwareClass
 from portal.celery import app as celery_app
 from provisioning.demo import seed_demo_catalog
-from tests.factories import make_ssh_key
+from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 from tests.processes import process_env_for_tests, stop_process_groups, worker_argv
 
 
@@ -73,8 +73,7 @@ def booking_data(catalog, ssh_key, start_date):
             "organisation": "Analytical Engines Lab",
             "messenger": "@ada:matrix.org",
             "ssh_keys": ssh_key,
-            "hypothesis": Hypothesis.BIGGER_BATCH,
-            "hypothesis_detail": "Global batch 2048 instead of 1024 should shorten time to target loss.",
+            **RESEARCH_ANSWERS,
             "notes": "",
         }
         data.update(overrides)

@@ -5,6 +5,14 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from inventory.models import HardwareClass, Host, Lot
 
+# The research fields of the booking form (the offer page's method), answered as a researcher would.
+RESEARCH_ANSWERS = {
+    "sharing": "full_copy",
+    "hypothesis": "bigger_batch",
+    "hypothesis_detail": "Global batch 2048 instead of 1024 should shorten time to target loss.",
+    "hypothesis_measure": "Examples per second and loss against examples seen, one card then two.",
+}
+
 
 def make_ssh_key(comment: str = "researcher@lab") -> str:
     key = ed25519.Ed25519PrivateKey.generate().public_key()

@@ -24,6 +24,14 @@
     }
   }
 
+  // A 30-day campaign's plan is asked only for a 30-day window (kept shown when it carries an error).
+  function syncCampaign() {
+    var plan = document.querySelector("[data-campaign]");
+    var chosen = document.querySelector("input[name=days]:checked");
+    if (!plan) return;
+    plan.hidden = !(chosen && chosen.value === "30") && !plan.querySelector(".field-error");
+  }
+
   // "Quote valid until …": add the minutes left, kept fresh (the server's time is in the datetime attribute).
   function updateCountdowns() {
     var lang = document.documentElement.lang || "en";
@@ -42,9 +50,11 @@
     window.setInterval(updateCountdowns, 30000);
     document.body.addEventListener("htmx:afterSwap", updateCountdowns);
     syncEnvironments();
+    syncCampaign();
     document.addEventListener("change", function (event) {
       var target = event.target;
       if (target.name === "hardware_class") syncEnvironments();
+      if (target.name === "days") syncCampaign();
       if (target.hasAttribute && target.hasAttribute("data-autosubmit")) target.form.submit();
     });
     document.addEventListener("click", function (event) {

@@ -5,6 +5,8 @@ import html
 import pytest
 from django.contrib.auth.models import Permission
 from django.urls import reverse
+from django.utils import translation
+from django.utils.translation import gettext
 
 from booking.models import Order
 
@@ -115,3 +117,48 @@ def test_the_booking_page_carries_the_advisor_wired_to_its_live_partial(client, 
     page = client.get(reverse("booking:book")).content.decode()
     assert 'hx-get="/fit/"' in page and 'hx-target="#fit-advice"' in page and 'name="fit-parameters_billion"' in page
     assert 'hx-include="[data-fit], [name=hypothesis]"' in page
+
+
+ONLY_MI300X_SHARDED = {  # 185B bf16 inference, no reserve: 185 GB per card sharded; only a 192 GB card holds it
+    "fit-parameters_billion": "185",
+    "fit-mode": "inference",
+    "fit-weight_precision": "bf16",
+    "fit-optimizer": "none",
+    "fit-optimizer_precision": "fp32",
+    "fit-reserve_percent": "0",
+}
+
+
+@pytest.mark.parametrize("language", ["en", "fr"])
+def test_the_mi300x_is_suggested_only_to_a_project_that_says_it_runs_on_rocm(client, catalog, language):
+    cuda_project = advice(client, ONLY_MI300X_SHARDED, language=language)
+    rocm_project = advice(client, {**ONLY_MI300X_SHARDED, "fit-rocm_ready": "on"}, language=language)
+
+    with translation.override(language):
+        mi300x = gettext(
+            "Only the MI300X pair, sharded, holds it (192 GB per card): your project runs on ROCm, so it is the one."
+        )
+        nothing = gettext(
+            "It does not fit, even sharded over a pair: reduce the model, the precision or the activations."
+        )
+    assert mi300x not in cuda_project and nothing in cuda_project
+    assert "for a project that already runs on ROCm" in cuda_project  # the fit is said, not recommended
+    assert mi300x in rocm_project
+
+
+def test_the_advisor_suggests_what_the_cards_share_and_the_order_keeps_the_answer_given(client, catalog, booking_data):
+    small = {**SEVEN_B, "fit-parameters_billion": "1", "hypothesis": "compare_hyperparameters"}
+    assert "Suggested answer to “What will the two cards share?”: nothing, two independent runs." in advice(
+        client, small
+    )
+
+    response = client.post(
+        reverse("booking:book"),
+        {**booking_data(sharing="not_sure", hypothesis="compare_hyperparameters"), **small, "fit-rocm_ready": "on"},
+    )
+
+    assert response.status_code == 302
+    order = Order.objects.get()
+    assert order.sharing == "not_sure"  # the researcher's answer, not the suggestion
+    assert order.fit_advice["suggested_sharing"] == "independent_runs"
+    assert order.fit_advice["rocm_ready"] is True

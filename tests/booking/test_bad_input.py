@@ -136,10 +136,18 @@ CASES = [
         "private",
     ),
     ("ssh_keys", SCRIPT, LINE_1),
+    ("sharing", "", REQUIRED),
+    ("sharing", "the_whole_360_gb", ours("Choose what the two cards will share.")),
     ("hypothesis", "", REQUIRED),
     ("hypothesis", "world_domination", ours("Choose one of the hypotheses listed.")),
     ("hypothesis_detail", SCRIPT, MARKUP),
     ("hypothesis_detail", "h" * 2001, pair("at most 2000 characters", "au plus 2000 caractères")),
+    ("hypothesis_detail", "", ours("Describe your hypothesis in a few words.")),
+    ("hypothesis_detail", "   \n ", ours("Describe your hypothesis in a few words.")),
+    ("hypothesis_measure", "", ours("Say which measure would confirm your hypothesis.")),
+    ("hypothesis_measure", "  ", ours("Say which measure would confirm your hypothesis.")),
+    ("hypothesis_measure", SCRIPT, MARKUP),
+    ("hypothesis_measure", "m" * 1001, pair("at most 1000 characters", "au plus 1000 caractères")),
     ("notes", "<iframe src=//evil>", MARKUP),
     ("notes", "n" * 4001, pair("at most 4000 characters", "au plus 4000 caractères")),
 ]
@@ -189,13 +197,53 @@ def test_bad_value_gets_a_clear_message_in_the_readers_language_and_nothing_is_s
     _assert_nothing_saved()
 
 
-@pytest.mark.parametrize("language", ["en", "fr"])
-def test_other_hypothesis_needs_words(client, catalog, booking_data, language):
-    client.cookies["django_language"] = language
-    response = client.post(reverse("booking:book"), booking_data(hypothesis="other", hypothesis_detail=""))
+CAMPAIGN_CASES = [
+    # the 30-day plan's fields, and the message the researcher reads
+    ({"checkpoint_interval_hours": "", "stop_criteria": "Loss flat for 3 days."}, "interval"),
+    ({"checkpoint_interval_hours": "6", "stop_criteria": ""}, "stop"),
+    ({"checkpoint_interval_hours": "6", "stop_criteria": "  "}, "stop"),
+    ({"checkpoint_interval_hours": "0", "stop_criteria": "Loss flat."}, "bounds"),
+    ({"checkpoint_interval_hours": "25", "stop_criteria": "Loss flat."}, "bounds"),
+    ({"checkpoint_interval_hours": "six", "stop_criteria": "Loss flat."}, "whole"),
+    ({"checkpoint_interval_hours": "6", "stop_criteria": SCRIPT}, "markup"),
+]
 
-    assert ours("Describe your hypothesis in a few words.")(language) in html.unescape(response.content.decode())
+
+@pytest.mark.parametrize("language", ["en", "fr"])
+@pytest.mark.parametrize(("plan", "expectation"), CAMPAIGN_CASES)
+def test_a_30_day_campaign_needs_its_checkpoint_interval_and_stop_criteria(
+    client, catalog, booking_data, language, plan, expectation
+):
+    client.cookies["django_language"] = language
+
+    response = client.post(reverse("booking:book"), booking_data(days="30", **plan))
+
+    assert response.status_code == 200
+    page = html.unescape(response.content.decode())
+    expected = {
+        "interval": ours("A 30-day campaign checkpoints regularly: give the interval."),
+        "stop": ours("A 30-day campaign needs its stop criteria: say when you would stop it early."),
+        "bounds": pair("Ensure this value is", "Assurez-vous que cette valeur est"),
+        "whole": ours("Give the checkpoint interval as a whole number of hours, e.g. 6."),
+        "markup": MARKUP,
+    }[expectation](language)
+    assert expected in page
     _assert_nothing_saved()
+
+
+def test_a_30_day_campaign_keeps_its_plan_and_a_shorter_window_keeps_none(client, catalog, booking_data):
+    plan = {"checkpoint_interval_hours": "6", "stop_criteria": "Validation loss flat for 3 days."}
+
+    campaign = client.post(reverse("booking:book"), booking_data(days="30", contact_email="a@example.org", **plan))
+    week = client.post(reverse("booking:book"), booking_data(days="7", contact_email="b@example.org", **plan))
+
+    assert campaign.status_code == week.status_code == 302
+    thirty = Order.objects.get(contact_email="a@example.org")
+    seven = Order.objects.get(contact_email="b@example.org")
+    assert (thirty.checkpoint_interval_hours, thirty.stop_criteria) == (6, "Validation loss flat for 3 days.")
+    assert (seven.checkpoint_interval_hours, seven.stop_criteria) == (None, "")
+    page = client.get(campaign["Location"]).content.decode()
+    assert "A checkpoint every 6 hours" in page and "Validation loss flat for 3 days." in page
 
 
 def test_a_post_with_no_fields_at_all_lists_what_is_missing(client, catalog):

@@ -100,8 +100,8 @@ def test_7b_sharded_over_a_pair_holds_56_gb_of_states_per_card_plus_all_its_acti
     assert verdict(total_gb=breakdown.total_gb, card_gb=141) is Verdict.FITS
 
 
-def test_7b_advice_is_the_sharded_b200_pair_and_mentions_that_one_mi300x_card_would_do():
-    advice = advise(training(7, **SEVEN_B))
+def test_7b_advice_is_the_sharded_b200_pair_and_mentions_one_mi300x_card_only_to_a_rocm_project():
+    advice = advise(training(7, **SEVEN_B), rocm_ready=True)
 
     # H200 single does not fit, B200 single only tight, B200 sharded fits → b200_pair_sharded
     assert advice.recommendation == "b200_pair_sharded"
@@ -111,6 +111,10 @@ def test_7b_advice_is_the_sharded_b200_pair_and_mentions_that_one_mi300x_card_wo
     assert option(advice, "MI300X", "single_card").verdict is Verdict.FITS
     assert any("One card of the AMD MI300X pair would also fit" in reason for reason in advice.reasons)
     assert advice.reasons[0].startswith("Estimate per card, in GB of 10^9 bytes")
+    # A CUDA project is not sent to AMD for memory alone.
+    cuda_project = advise(training(7, **SEVEN_B))
+    assert cuda_project.recommendation == "b200_pair_sharded"
+    assert not any("MI300X pair would also fit" in reason for reason in cuda_project.reasons)
 
 
 def test_full_checkpointing_keeps_a_fraction_of_the_activations_and_brings_7b_within_one_h200():
@@ -233,13 +237,17 @@ def test_a_model_for_one_b200_but_not_one_h200_gets_b200_single_card():
     assert advice.recommendation == "b200_single_card"
 
 
-def test_a_model_only_the_mi300x_pair_holds_sharded():
+def test_a_model_only_the_mi300x_pair_holds_sharded_is_sent_there_only_when_the_project_runs_on_rocm():
     # inference, 185B bf16, no reserve: 370 GB; sharded 185 GB per card: B200 180 → does not fit; MI300X: 163.2 <
     # 185 ≤ 192 → tight
-    advice = advise(inference(185, reserve_fraction=0.0))
+    advice = advise(inference(185, reserve_fraction=0.0), rocm_ready=True)
     assert option(advice, "B200", "sharded_pair").verdict is Verdict.DOES_NOT_FIT
     assert option(advice, "MI300X", "sharded_pair").verdict is Verdict.TIGHT
     assert advice.recommendation == "mi300x_pair_sharded"
+
+    cuda_project = advise(inference(185, reserve_fraction=0.0))
+    assert cuda_project.recommendation == "does_not_fit"
+    assert any("would hold it sharded, for a project that already runs on ROCm" in r for r in cuda_project.reasons)
 
 
 def test_a_model_too_big_even_sharded_does_not_fit_and_says_so():

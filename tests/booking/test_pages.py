@@ -735,3 +735,23 @@ def test_a_cancel_posted_from_another_origin_is_refused_even_with_the_csrf_token
 
     assert answer.status_code == 403
     assert Order.objects.get(pk=order.pk).status == OrderStatus.AWAITING_PAYMENT
+
+
+def test_the_booking_form_follows_the_method_and_the_order_keeps_what_was_written(client, catalog, booking_data):
+    page = client.get(reverse("booking:book")).content.decode()
+    # What the cards share, then the hypothesis with its measure, then the machines and window, then the contact.
+    positions = [
+        page.index(f'name="{name}"')
+        for name in ("sharing", "hypothesis", "hypothesis_detail", "hypothesis_measure", "hardware_class", "days")
+    ]
+    assert positions == sorted(positions)
+    assert page.index('name="checkpoint_interval_hours"') > page.index('name="days"')
+    assert page.index('name="contact_name"') > page.index('name="days"')
+
+    order, token = place(client, booking_data(sharing="layers_split"))
+
+    assert order.sharing == "layers_split"
+    assert order.hypothesis_measure == booking_data()["hypothesis_measure"]
+    shown = html.unescape(client.get(order_url(order, token)).content.decode())
+    assert "Layers split across the two cards (pipeline)" in shown
+    assert booking_data()["hypothesis_measure"] in shown

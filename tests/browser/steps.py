@@ -16,7 +16,10 @@ def fill_booking(page, *, lots: str, email: str) -> None:
     page.fill("input[name=contact_email]", email)
     page.fill("input[name=organisation]", "Analytical Engines Lab")
     page.fill("textarea[name=ssh_keys]", make_ssh_key())
+    page.check("input[name=sharing][value='parameters_sharded']")
     page.check("input[name=hypothesis][value='make_possible']")
+    page.fill("textarea[name=hypothesis_detail]", "A 13B model trains at all once sharded over the pair.")
+    page.fill("textarea[name=hypothesis_measure]", "The run completes at 1,000 tokens per second or more.")
 
 
 def place_order(page, base_url: str, *, lots: str = "1", email: str = "ada@example.org") -> Order:

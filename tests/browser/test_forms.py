@@ -239,3 +239,37 @@ def test_a_link_followed_from_the_order_page_tells_the_other_site_nothing(
     headers = {name.lower(): value for name, value in received[0].items()}
     assert "referer" not in headers, headers
     assert not any(token in value for value in headers.values())
+
+
+def test_the_booking_form_asks_the_method_first_and_a_30_day_campaign_its_plan(researcher, live_server, catalog):
+    page = researcher
+    page.goto(live_server.url + "/")
+    fields = ["sharing", "hypothesis", "hypothesis_detail", "hypothesis_measure", "hardware_class", "days"]
+    tops = [page.locator(f"[name={name}]").first.bounding_box()["y"] for name in fields]
+    assert tops == sorted(tops), dict(zip(fields, tops, strict=True))
+
+    # The plan's fields are asked only once 30 days are chosen.
+    assert not page.is_visible("input[name=checkpoint_interval_hours]")
+    fill_booking(page, lots="1", email="campaign@example.org")
+    page.check("input[name=days][value='30']")
+    assert page.is_visible("input[name=checkpoint_interval_hours]")
+
+    # Sent without the plan or the measure: the form comes back and says what is missing, nothing typed is lost.
+    page.fill("textarea[name=hypothesis_measure]", "")
+    submitted(page, page.locator("button.button-primary"))
+    errors = page.inner_text(".booking-form")
+    assert "Say which measure would confirm your hypothesis." in errors
+    assert "A 30-day campaign checkpoints regularly: give the interval." in errors
+    assert "A 30-day campaign needs its stop criteria" in errors
+    assert page.input_value("textarea[name=hypothesis_detail]").startswith("A 13B model trains at all")
+    assert not Order.objects.filter(contact_email="campaign@example.org").exists()
+
+    page.fill("textarea[name=hypothesis_measure]", "The run completes at 1,000 tokens per second or more.")
+    page.fill("input[name=checkpoint_interval_hours]", "6")
+    page.fill("textarea[name=stop_criteria]", "Validation loss flat for three days.")
+    submitted(page, page.locator("button.button-primary"), to=ORDER_URL)
+
+    order = Order.objects.get(contact_email="campaign@example.org")
+    assert (order.days, order.sharing, order.hypothesis) == (30, "parameters_sharded", "make_possible")
+    assert (order.checkpoint_interval_hours, order.stop_criteria) == (6, "Validation loss flat for three days.")
+    assert "A checkpoint every 6 hours" in page.inner_text("body")

@@ -27,7 +27,7 @@ from payments import config
 from payments.chain import DevChain
 from provisioning.demo import DEMO_OPERATOR_PASSWORD, DEMO_OPERATOR_USERNAME
 from tests.browser.steps import pay_link
-from tests.factories import make_ssh_key
+from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 from tests.payments.conftest import Anvil, chains_toml, free_port
 from tests.processes import stop_process_groups
 
@@ -249,7 +249,7 @@ def book(visitor: Visitor, *, choice: dict, start: date, email: str) -> Answer:
             "contact_email": email,
             "organisation": "Analytical Engines Lab",
             "ssh_keys": make_ssh_key(),
-            "hypothesis": "make_possible",
+            **RESEARCH_ANSWERS,
         },
     )
 

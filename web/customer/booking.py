@@ -243,8 +243,14 @@ def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit
             messenger=data["messenger"].strip(),
         ),
         ssh_keys=data["ssh_keys"],
-        hypothesis=data["hypothesis"],
-        hypothesis_detail=data["hypothesis_detail"].strip(),
+        research=placing.Research(
+            sharing=data["sharing"],
+            hypothesis=data["hypothesis"],
+            detail=data["hypothesis_detail"].strip(),
+            measure=data["hypothesis_measure"].strip(),
+            checkpoint_interval_hours=data["checkpoint_interval_hours"],
+            stop_criteria=data["stop_criteria"].strip(),
+        ),
         notes=data["notes"].strip(),
         language=language if language in dict(settings.LANGUAGES) else settings.LANGUAGE_CODE,
     )
@@ -297,7 +303,9 @@ def _fit_advice(form: FitForm, *, hypothesis: str, catalog: Catalog) -> dict | N
     inputs = form.fit_input()
     if inputs is None:
         return None
-    return advisor.advise(inputs=inputs, classes=catalog.classes, hypothesis=hypothesis)
+    return advisor.advise(
+        inputs=inputs, classes=catalog.classes, hypothesis=hypothesis, rocm_ready=form.cleaned_data["rocm_ready"]
+    )
 
 
 @require_http_methods(["GET"])

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MaxValueValidator
 from django.utils.translation import gettext_lazy as _
 
-from booking.models import EnvironmentImage, Hypothesis, WindowDays
+from booking.models import CHECKPOINT_INTERVAL_HOURS, EnvironmentImage, Hypothesis, Sharing, WindowDays
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
 from inventory.models import HardwareClass
 
@@ -163,6 +163,13 @@ class BookingForm(QuoteForm):
             "One key per line, as in ~/.ssh/id_ed25519.pub. Accepted: ed25519, ECDSA, RSA of 3072 bits or more."
         ),
     )
+    sharing = forms.ChoiceField(
+        label=_("What will the two cards share?"),
+        choices=Sharing.choices,
+        widget=forms.RadioSelect,
+        error_messages={"invalid_choice": _("Choose what the two cards will share.")},
+        help_text=_("Two cards are two separate memories: 360 GB added up is never one allocation."),
+    )
     hypothesis = forms.ChoiceField(
         label=_("What should two cards bring to your research?"),
         choices=Hypothesis.choices,
@@ -172,9 +179,34 @@ class BookingForm(QuoteForm):
     hypothesis_detail = BoundedCharField(
         label=_("Your hypothesis, in your words"),
         max_length=2000,
+        validators=[no_markup],
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text=_("One sentence, e.g. “A global batch of 2048 instead of 1024 reaches the target loss sooner.”"),
+        error_messages={"required": _("Describe your hypothesis in a few words.")},
+    )
+    hypothesis_measure = BoundedCharField(
+        label=_("The measure that would confirm it"),
+        max_length=1000,
+        validators=[no_markup],
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text=_("e.g. “time per step after warm-up, 1.6× shorter on two cards at the same global batch”."),
+        error_messages={"required": _("Say which measure would confirm your hypothesis.")},
+    )
+    checkpoint_interval_hours = forms.IntegerField(
+        label=_("Checkpoint every (hours)"),
+        required=False,
+        min_value=CHECKPOINT_INTERVAL_HOURS[0],
+        max_value=CHECKPOINT_INTERVAL_HOURS[1],
+        widget=forms.NumberInput(attrs={"min": CHECKPOINT_INTERVAL_HOURS[0], "max": CHECKPOINT_INTERVAL_HOURS[1]}),
+        error_messages={"invalid": _("Give the checkpoint interval as a whole number of hours, e.g. 6.")},
+    )
+    stop_criteria = BoundedCharField(
+        label=_("Stop criteria"),
+        max_length=2000,
         required=False,
         validators=[no_markup],
         widget=forms.Textarea(attrs={"rows": 2}),
+        help_text=_("When would you end the campaign early, e.g. “validation loss flat for 3 days”."),
     )
     notes = BoundedCharField(
         label=_("Notes for the operators (optional)"),
@@ -192,8 +224,21 @@ class BookingForm(QuoteForm):
 
     def clean(self) -> dict:
         cleaned = super().clean()
-        if cleaned.get("hypothesis") == Hypothesis.OTHER and not cleaned.get("hypothesis_detail", "").strip():
-            self.add_error("hypothesis_detail", _("Describe your hypothesis in a few words."))
+        for name, message in (
+            ("hypothesis_detail", _("Describe your hypothesis in a few words.")),
+            ("hypothesis_measure", _("Say which measure would confirm your hypothesis.")),
+        ):
+            if name in cleaned and not cleaned[name].strip():
+                self.add_error(name, message)
+        if cleaned.get("days") == WindowDays.THIRTY:
+            if cleaned.get("checkpoint_interval_hours") is None and "checkpoint_interval_hours" not in self.errors:
+                self.add_error(
+                    "checkpoint_interval_hours", _("A 30-day campaign checkpoints regularly: give the interval.")
+                )
+            if not cleaned.get("stop_criteria", "").strip() and "stop_criteria" not in self.errors:
+                self.add_error(
+                    "stop_criteria", _("A 30-day campaign needs its stop criteria: say when you would stop it early.")
+                )
         return cleaned
 
 
@@ -259,6 +304,12 @@ class FitForm(forms.Form):
     optimizer_precision = _fit_choice(
         _("Optimizer state in"), [("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "fp8")], "fp32"
     )
+    rocm_ready = forms.BooleanField(
+        label=_("My project already runs on ROCm (AMD)"),
+        required=False,
+        widget=forms.CheckboxInput(attrs={"data-fit": ""}),
+        help_text=_("Only then is the MI300X suggested: moving a CUDA project to ROCm is a project of its own."),
+    )
     activations_gb = _fit_number(_("Activations per card (GB), if measured"), min_value=0, max_value=100000)
     batch = _fit_number(_("Batch per card"), whole=True)
     sequence = _fit_number(_("Sequence length"), whole=True)
@@ -304,4 +355,4 @@ class FitForm(forms.Form):
             return None
 
     def stored_inputs(self) -> dict:
-        return {name: value for name, value in self.cleaned_data.items() if value not in (None, "")}
+        return {name: value for name, value in self.cleaned_data.items() if value not in (None, "", False)}
