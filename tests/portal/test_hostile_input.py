@@ -60,8 +60,12 @@ BOOKING_FIELDS = [
     "organisation",
     "messenger",
     "ssh_keys",
+    "sharing",
     "hypothesis",
     "hypothesis_detail",
+    "hypothesis_measure",
+    "checkpoint_interval_hours",
+    "stop_criteria",
     "notes",
 ]
 
