@@ -167,10 +167,14 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
         failed_checks = _failed_preflights(order)
         if failure:
             _provisioning_failed(order, "provisioning failed", {"error": failure[:500], "run": run.pk})
-        elif failed_checks:  # the hand-over waits for an operator's decision
+        elif failed_checks:  # the hand-over waits for an operator's decision; the customer is told why
             _provisioning_failed(
                 order, "pre-flight check failed: waiting for an operator", {"run": run.pk, "failed": failed_checks}
             )
+            from provisioning.tasks import send_preflight_held
+
+            order_id = order.pk
+            transaction.on_commit(lambda: send_preflight_held.delay(order_id))
         else:
             handover_start(order=order)
     elif run.kind == ProvisioningRun.Kind.PREFLIGHT and not failure and awaits_preflight_decision(order):
@@ -239,6 +243,14 @@ def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **ac
     from provisioning.tasks import send_access_ready
 
     send_access_ready.delay_on_commit(order.pk)
+
+
+def preflight_held_email_send(*, order: Order) -> None:
+    """Tell the customer that the pre-flight check failed and the hand-over waits for an operator, with the checks
+    that failed on each host (nothing is sent once the order has moved on: re-run, moved or handed over)."""
+    if not awaits_preflight_decision(order):
+        return
+    notices.send(Notice.PREFLIGHT_HELD, order=order, failed=_failed_preflights(order))
 
 
 def access_email_send(*, order: Order) -> None:

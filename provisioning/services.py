@@ -13,7 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from booking import notices
 from booking.models import RELEASING_STATUSES, Order, OrderStatus
+from booking.notices import Notice
 from booking.services import order_transition
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import ProvisioningError, acting
@@ -34,8 +36,22 @@ def order_reject(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
     """Refuse a paid order; its lots are released, and payments flags the refund owed (on the event)."""
     reason = reason.strip()
     if not reason:
-        raise ProvisioningError(_("Give the reason for rejecting this order."), field="reason")
-    order_transition(order=order, to_status=OrderStatus.REJECTED, reason=f"rejected: {reason}", **acting(actor))
+        raise ProvisioningError(_("Give the reason for rejecting this order: the customer reads it."), field="reason")
+    order_transition(
+        order=order,
+        to_status=OrderStatus.REJECTED,
+        reason=f"rejected: {reason}",
+        evidence={"reason": reason},
+        **acting(actor),
+    )
+
+
+def order_rejected_email_send(*, order: Order) -> None:
+    """Tell the customer that their paid order was refused, why (the operator's words) and that a refund is owed."""
+    event = order.events.filter(to_status=OrderStatus.REJECTED).last()
+    if order.status != OrderStatus.REJECTED or event is None:
+        return
+    notices.send(Notice.ORDER_REJECTED, order=order, reason=str((event.evidence or {}).get("reason") or ""))
 
 
 # --- reactions to the order's transitions ---------------------------------------------------------------------
@@ -45,6 +61,10 @@ def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
     """Receiver of booking's `order_status_changed`, after the transition's commit (provisioning/apps.py)."""
     if to_status == OrderStatus.PAID:
         order_auto_approve(order_id=order_id)
+    if to_status == OrderStatus.REJECTED:
+        from provisioning.tasks import send_order_rejected
+
+        send_order_rejected.delay(order_id)
     elif to_status in RELEASING_STATUSES:
         access_release(order_id=order_id, reason=f"order {to_status}")
 

@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import execution, hosts, lifecycle
+from provisioning import execution, hosts, lifecycle, services
 from provisioning.models import ProvisioningRun
 
 
@@ -35,6 +35,20 @@ def send_end_warning(order_id: int, kind: str) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None and kind in {kind for kind, _before in lifecycle.WARNINGS}:
         lifecycle.end_warning_send(order=order, kind=kind)
+
+
+@shared_task(name="provisioning.send_preflight_held", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_preflight_held(order_id: int) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is not None:
+        execution.preflight_held_email_send(order=order)
+
+
+@shared_task(name="provisioning.send_order_rejected", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_order_rejected(order_id: int) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is not None:
+        services.order_rejected_email_send(order=order)
 
 
 @shared_task(name="provisioning.check_hosts")

@@ -89,12 +89,32 @@ def _end_warning(*, order: Order, kind: str, wipe_at, wipe_after_days: int) -> N
     )
 
 
+def _preflight_held(*, order: Order, failed: dict[str, list[str]]) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("The pre-flight check of your Binôme order %(number)s failed"),
+        template="email/preflight_held.txt",
+        context={"failed": sorted(failed.items())},
+    )
+
+
+def _order_rejected(*, order: Order, reason: str) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme order %(number)s was not accepted"),
+        template="email/order_rejected.txt",
+        context={"reason": reason},
+    )
+
+
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
     Notice.PAYMENT_RECEIVED: _payment_received,
     Notice.ACCESS_READY: _access_ready,
     Notice.END_WARNING: _end_warning,
+    Notice.PREFLIGHT_HELD: _preflight_held,
+    Notice.ORDER_REJECTED: _order_rejected,
 }
 
 

@@ -112,6 +112,30 @@ def test_rejecting_needs_a_reason_and_flags_the_refund(
     assert not order.allocations.filter(released_at__isnull=True).exists()
 
 
+def test_a_rejected_customer_is_told_why_by_mail_and_on_the_order_page(
+    client, paid_order, operator, django_capture_on_commit_callbacks, mailoutbox
+):
+    order, token = paid_order
+    Order.objects.filter(pk=order.pk).update(language="fr")
+    client.force_login(operator)
+    act(
+        client,
+        order,
+        "reject",
+        {"reason": "dual-use research not allowed"},
+        callbacks=django_capture_on_commit_callbacks,
+    )
+
+    (message,) = [message for message in mailoutbox if order.public_id in message.subject]
+    assert message.to == [order.contact_email]
+    assert "n'a pas été acceptée" in message.subject
+    assert "dual-use research not allowed" in message.body
+    assert "remboursement" in message.body
+    client.logout()
+    page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    assert "dual-use research not allowed" in page.content.decode()
+
+
 def test_auto_approval_is_off_by_default(client, catalog, booking_data, admin_user, django_capture_on_commit_callbacks):
     assert OperatorSettings.current().auto_approve is False
     order, _ = place(client, booking_data(lots="1"))
@@ -365,7 +389,7 @@ def test_the_console_speaks_french_to_a_french_operator(client, paid_order, oper
     assert "Payée, en attente d’approbation" in queue and "Se termine dans les 48 h" in queue
     assert "Paiements signalés" in queue and "Fenêtre (UTC)" in queue and "Rien ici." in queue
     assert "Approuver" in page and "Refuser (remboursement dû)" in page and "Historique" in page
-    assert "7 jours" in page and "Motif (obligatoire)" in page
+    assert "7 jours" in page and "Motif montré au client (obligatoire)" in page
     assert "Lots × jours (UTC)" in calendar and "tenu, impayé" in calendar
     assert f"{order.public_id} : approbation effectuée." in approved
     for english in ("Flagged payments", "Nothing here.", "Approve<", "History", "Lots × days"):
@@ -414,6 +438,11 @@ def test_a_failed_pre_flight_stops_the_hand_over_until_an_operator_decides(clien
     customer = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
     assert "ssh -p 42" not in customer.content.decode()
     assert not any("machines are ready" in message.subject for message in mailoutbox)
+    # the customer is told that the hand-over waits, and which check failed on which host
+    (held,) = [message for message in mailoutbox if "pre-flight check" in message.subject]
+    assert held.to == [order.contact_email] and order.public_id in held.subject
+    host = order.accesses.select_related("host").first().host.name
+    assert f"{host}: bf16_matmul" in held.body
     console = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
     assert "bf16 matmul differs" in console
     for action in ("preflight", "handover", "provision"):
@@ -429,6 +458,7 @@ def test_a_re_run_that_passes_hands_the_machines_over(
     act(client, order, "preflight", callbacks=django_capture_on_commit_callbacks)
     order.refresh_from_db()
     assert order.status == OrderStatus.PROVISIONING_FAILED  # still failing: still waiting
+    assert sum("pre-flight check" in message.subject for message in mail.outbox) == 1  # told once, not per re-run
 
     monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
     act(client, order, "preflight", callbacks=django_capture_on_commit_callbacks)
