@@ -246,6 +246,9 @@ class Order(models.Model):
     price_per_lot = models.DecimalField(_("price per lot"), max_digits=12, decimal_places=2)
     total_price = models.DecimalField(_("total"), max_digits=14, decimal_places=2)
     hold_expires_at = models.DateTimeField(_("lots held until"), null=True, blank=True)
+    # While an extension's invoice is open, the lots stay held past the window for it until then (booking.services
+    # extension_hold); the sweep gives the extra days back when it passes unpaid.
+    extension_held_until = models.DateTimeField(_("extension held until"), null=True, blank=True)
     # The memory-fit advisor's inputs and verdict when the researcher used it while booking (booking/fit.py).
     fit_inputs = models.JSONField(_("fit advisor inputs"), null=True, blank=True)
     fit_advice = models.JSONField(_("fit advisor verdict"), null=True, blank=True)
@@ -283,6 +286,10 @@ class Order(models.Model):
     @property
     def can_be_cancelled_by_customer(self) -> bool:
         return self.status == OrderStatus.AWAITING_PAYMENT
+
+    @property
+    def can_be_ended_early(self) -> bool:
+        return self.status in (OrderStatus.READY, OrderStatus.ACTIVE)
 
     @property
     def greeting_name(self) -> str:

@@ -210,6 +210,62 @@ def extension_price(*, order: Order, days: int) -> Decimal:
     return price * order.lot_count
 
 
+# A payment sent just before an extension's quote expires still has its lots when it confirms.
+EXTENSION_PAYMENT_GRACE = timedelta(minutes=30)
+
+
+@transaction.atomic
+def extension_hold(*, order: Order, days: int, actor: AbstractBaseUser | None = None, now: datetime | None = None):
+    """Hold the order's lots for an extension of `days` while its invoice is open: the lots' periods grow now, so
+    nobody books them meanwhile, and give the days back if the hold passes unpaid (extension_holds_release).
+    Returns the end of the hold (the invoice's quote must not outlast it). One extension at a time."""
+    now = now or timezone.now()
+    order = lock_order(order.pk)
+    if order.extension_held_until is not None and order.extension_held_until > now:
+        raise BookingError(_("An extension of this window is already waiting for its payment."), field="days")
+    window = extension_check(order=order, days=days)
+    policy = BookingPolicy.current()
+    until = now + timedelta(minutes=policy.hold_minutes) + EXTENSION_PAYMENT_GRACE
+    Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
+    order.extension_held_until = until
+    order.save(update_fields=["extension_held_until", "updated_at"])
+    order_note(
+        order=order,
+        reason=f"lots held for an extension of {days} days",
+        actor_kind=OrderEvent.Actor.OPERATOR if actor else OrderEvent.Actor.CUSTOMER,
+        actor=actor,
+        evidence={"days": days, "held_until": until.isoformat(), "lots_until": window.held_until.isoformat()},
+    )
+    return until
+
+
+def extension_holds_release(*, now: datetime | None = None, batch_size: int = 200) -> int:
+    """Give back the days held for extensions whose payment did not come in time: the lots' periods end with the
+    window again (a payment that still arrives extends the window if the lots are still free then)."""
+    now = now or timezone.now()
+    released = 0
+    candidate_ids = list(Order.objects.filter(extension_held_until__lt=now).values_list("pk", flat=True)[:batch_size])
+    for order_id in candidate_ids:
+        with transaction.atomic():
+            order = (
+                Order.objects.select_for_update(skip_locked=True)
+                .filter(pk=order_id, extension_held_until__lt=now)
+                .first()
+            )
+            if order is None:
+                continue
+            window_end = order.ends_at + BookingPolicy.current().turnaround
+            shrunk = Allocation.objects.filter(order=order, released_at__isnull=True, ends_at__gt=window_end).update(
+                ends_at=window_end
+            )
+            order.extension_held_until = None
+            order.save(update_fields=["extension_held_until", "updated_at"])
+            if shrunk:  # not when the order ended or was cancelled meanwhile: its lots are already free
+                order_note(order=order, reason="extension hold expired unpaid", actor_kind=OrderEvent.Actor.SYSTEM)
+                released += 1
+    return released
+
+
 @transaction.atomic
 def order_extend(*, order: Order, days: int, evidence: dict) -> None:
     """The extension is paid: move the end and the lots' periods. The exclusion constraint re-checks them; the
@@ -218,13 +274,37 @@ def order_extend(*, order: Order, days: int, evidence: dict) -> None:
     window = extension_check(order=order, days=days)
     Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
     order.ends_at = window.ends_at
-    order.save(update_fields=["ends_at", "updated_at"])
+    order.extension_held_until = None
+    order.save(update_fields=["ends_at", "extension_held_until", "updated_at"])
     order_note(
         order=order,
         reason=f"window extended by {days} days",
         actor_kind=OrderEvent.Actor.SYSTEM,
         evidence={**evidence, "new_end": window.ends_at.isoformat()},
     )
+
+
+def order_end_early(*, order: Order, now: datetime | None = None) -> None:
+    """The customer ends their window now: access is torn down at once (provisioning reacts to the transition) and
+    the lots can be booked again. What the unused days return is the terms' to say; the order records them."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        locked = lock_order(order.pk)
+        if not locked.can_be_ended_early:
+            raise InvalidTransition(_("Only a ready or running window can be ended early."))
+        unused = max(locked.ends_at - max(now, locked.starts_at), timedelta(0))
+        order_transition(
+            order=locked,
+            to_status=OrderStatus.ENDED,
+            actor_kind=OrderEvent.Actor.CUSTOMER,
+            reason="ended early by the customer",
+            evidence={
+                "booked_end": locked.ends_at.isoformat(),
+                "unused_hours": round(unused.total_seconds() / 3600, 2),
+            },
+            now=now,
+        )
+    order.status = locked.status
 
 
 def order_cancel_by_customer(*, order: Order) -> None:

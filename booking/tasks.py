@@ -10,7 +10,7 @@ from booking.models import Order
 
 @shared_task(name="booking.expire_holds")
 def expire_holds() -> int:
-    return services.orders_expire_stale_holds()
+    return services.orders_expire_stale_holds() + services.extension_holds_release()
 
 
 @shared_task(name="booking.send_order_link", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)

@@ -43,6 +43,7 @@ def order_extension_request(
     (booking.order_extend)."""
     order = lock_order(order.pk)
     amount = booking.extension_price(order=order, days=days)
+    booking.extension_hold(order=order, days=days, actor=actor, now=now)  # the lots wait for the payment
     invoice = payments.invoice_create(
         order=order, fiat_amount=amount, purpose=Invoice.Purpose.EXTENSION, extension_days=days, now=now
     )

@@ -273,3 +273,30 @@ def test_the_booking_form_asks_the_method_first_and_a_30_day_campaign_its_plan(r
     assert (order.days, order.sharing, order.hypothesis) == (30, "parameters_sharded", "make_possible")
     assert (order.checkpoint_interval_hours, order.stop_criteria) == (6, "Validation loss flat for three days.")
     assert "A checkpoint every 6 hours" in page.inner_text("body")
+
+
+def test_a_researcher_extends_the_window_then_ends_it_early(researcher, live_server, live_chain, catalog, admin_user):
+    page = researcher
+    order = place_order(page, live_server.url, email="window@example.org")
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    page.reload()
+    end = order.ends_at
+
+    page.locator("#your-window input[name=days][value='7']").check()
+    submitted(page, page.get_by_role("button", name="Extend and pay"), to=ORDER_URL)
+    assert "The lots are held for your extension" in page.inner_text("ul.messages")
+    extension = order.invoices.get(purpose="extension")
+    assert extension.extension_days == 7 and extension.deposit_address in page.content().lower()
+
+    # the browser's own check holds the form until the box is ticked; then the window ends
+    page.get_by_role("button", name="End my window now").click()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY and order.ends_at == end
+    page.get_by_label("I saved my results and checkpoints: end my window now.").check()
+    submitted(page, page.get_by_role("button", name="End my window now"), to=ORDER_URL)
+    assert "Your window is ended" in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.ENDED
+    assert not order.allocations.filter(released_at__isnull=True).exists()

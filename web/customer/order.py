@@ -15,9 +15,9 @@ from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
 from booking import links, selectors, services, split_trial_report
-from booking.models import Order, OrderStatus
+from booking.models import Order, OrderStatus, WindowDays
 from booking.rules import BookingError
-from payments import invoices
+from payments import checkout, invoices
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
 from portal.numbers import whole_number
@@ -90,6 +90,22 @@ def _order_context(order: Order, token: str) -> dict:
     }
 
 
+def _extension_offers(order: Order) -> list[dict]:
+    """What each extension would cost now, or why it cannot be had, for a ready or active window with no extension
+    waiting for its payment."""
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+        return []
+    if order.extension_held_until is not None and order.extension_held_until > timezone.now():
+        return []
+    offers = []
+    for days in WindowDays.values:
+        try:
+            offers.append({"days": days, "price": services.extension_price(order=order, days=days)})
+        except BookingError as exc:
+            offers.append({"days": days, "price": None, "why": exc.message})
+    return offers
+
+
 def _extension_payment(order: Order) -> payment_selectors.PaymentView | None:
     """The payment block of an extension being paid, on a ready or active window."""
     if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
@@ -133,6 +149,7 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
         if order.is_settled:
             response = HttpResponseStopPolling(response.content)
         return mark_private(response)
+    context["extension_offers"] = _extension_offers(order)  # the window's forms sit outside the polled block
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -227,4 +244,41 @@ def invoice_asset(request: HttpRequest, public_id: str, token: str) -> HttpRespo
         messages.error(request, exc.message)
     else:
         messages.success(request, _("New payment instructions below: use these, not the previous ones."))
+    return redirect("booking:order", public_id=public_id, token=token)
+
+
+@require_POST
+@never_cache
+def order_extend(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Ask for more days: the lots are held while the extension's invoice is open; its payment block appears in the
+    status section and the window moves once it is paid."""
+    order = _order_or_404(public_id, token)
+    if is_ratelimited(
+        request, group="extend", key=lambda _g, _r: public_id, rate="10/h", method="POST", increment=True
+    ):
+        messages.error(request, _("Too many extension requests for this order: try again in an hour."))
+        return redirect("booking:order", public_id=public_id, token=token)
+    try:
+        checkout.order_extension_request(order=order, days=whole_number(request.POST.get("days")), actor=None)
+    except (BookingError, PaymentError) as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("The lots are held for your extension: pay it below, and your window moves."))
+    return redirect("booking:order", public_id=public_id, token=token)
+
+
+@require_POST
+@never_cache
+def order_end_early(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """End the window now, once the customer confirmed they saved their results: teardown starts at once."""
+    order = _order_or_404(public_id, token)
+    if request.POST.get("confirm") != "end":
+        messages.error(request, _("Tick the box to confirm that you saved your results, then end the window."))
+        return redirect("booking:order", public_id=public_id, token=token)
+    try:
+        services.order_end_early(order=order)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("Your window is ended: access is being revoked and the cards are free again."))
     return redirect("booking:order", public_id=public_id, token=token)

@@ -1,0 +1,128 @@
+"""The window is the customer's: extending it from the order page (the lots held while the extension is paid) and
+ending it early (access torn down, the cards back on sale)."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from booking import services as booking_services
+from booking.models import Order, OrderStatus
+from payments.models import Invoice
+from payments.settlement import invoice_mark_paid
+from provisioning.models import ProvisioningRun
+from tests.provisioning.test_console import act, paid_order  # noqa: F401 (a fixture)
+
+TURNAROUND = timedelta(hours=6)
+
+
+@pytest.fixture
+def ready_order(client, paid_order, operator, django_capture_on_commit_callbacks):  # noqa: F811
+    order, token = paid_order
+    client.force_login(operator)
+    for action in ("approve", "provision"):
+        act(client, order, action, callbacks=django_capture_on_commit_callbacks)
+    client.logout()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+    return order, token
+
+
+def urls(order: Order, token: str) -> dict[str, str]:
+    kwargs = {"public_id": order.public_id, "token": token}
+    return {name: reverse(f"booking:{name}", kwargs=kwargs) for name in ("order", "order-extend", "order-end")}
+
+
+def held_until(order: Order) -> set:
+    return set(order.allocations.filter(released_at__isnull=True).values_list("ends_at", flat=True))
+
+
+def test_a_customer_extends_from_the_order_page_and_the_lots_wait_for_the_payment(client, ready_order, admin_user):
+    order, token = ready_order
+    end = order.ends_at
+    page = client.get(urls(order, token)["order"]).content.decode()
+    assert "Extend and pay" in page and "3 more days: 2900.00" in " ".join(page.split())  # 2 lots × 1,450
+
+    response = client.post(urls(order, token)["order-extend"], {"days": "3"}, follow=True)
+    assert "The lots are held for your extension" in response.content.decode()
+    extension = Invoice.objects.get(order=order, purpose="extension")
+    assert extension.extension_days == 3 and extension.deposit_address in response.content.decode().lower()
+    order.refresh_from_db()
+    assert order.ends_at == end  # the window moves only once paid ...
+    assert held_until(order) == {end + timedelta(days=3) + TURNAROUND}  # ... but nobody can book the lots meanwhile
+
+    # one extension at a time: a second request is refused and nothing changes
+    again = client.post(urls(order, token)["order-extend"], {"days": "7"}, follow=True).content.decode()
+    assert "already waiting for its payment" in again
+    assert Invoice.objects.filter(order=order, purpose="extension").count() == 1
+
+    invoice_mark_paid(invoice=extension, user=admin_user, reason="test")
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(days=3) and order.extension_held_until is None
+    assert held_until(order) == {order.ends_at + TURNAROUND}
+
+
+def test_an_unpaid_extension_gives_its_days_back(client, ready_order):
+    order, token = ready_order
+    end = order.ends_at
+    client.post(urls(order, token)["order-extend"], {"days": "7"})
+    order.refresh_from_db()
+    assert held_until(order) == {end + timedelta(days=7) + TURNAROUND}
+
+    assert booking_services.extension_holds_release(now=timezone.now()) == 0  # still within its quote
+    assert booking_services.extension_holds_release(now=timezone.now() + timedelta(days=1)) == 1
+    order.refresh_from_db()
+    assert order.ends_at == end and order.extension_held_until is None
+    assert held_until(order) == {end + TURNAROUND}
+    assert "extension hold expired unpaid" in order.events.values_list("reason", flat=True)
+    # and the customer can ask again
+    client.post(urls(order, token)["order-extend"], {"days": "3"})
+    assert Invoice.objects.filter(order=order, purpose="extension").count() == 2
+
+
+@pytest.mark.parametrize("days", ["", "5", "abc", "99999999999999999999", "3\x00"])
+def test_a_hostile_extension_request_is_answered_and_changes_nothing(client, ready_order, days):
+    order, token = ready_order
+    before = held_until(order)
+    response = client.post(urls(order, token)["order-extend"], {"days": days}, follow=True)
+    assert response.status_code == 200
+    assert "Choose an extension of 3, 7 or 30 days." in response.content.decode()
+    assert not Invoice.objects.filter(order=order, purpose="extension").exists()
+    assert held_until(order) == before
+
+
+def test_ending_early_needs_a_confirmation_then_frees_the_cards_and_tears_down(
+    client, ready_order, django_capture_on_commit_callbacks
+):
+    order, token = ready_order
+    response = client.post(urls(order, token)["order-end"], {}, follow=True)
+    assert "Tick the box to confirm" in response.content.decode()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(urls(order, token)["order-end"], {"confirm": "end"}, follow=True)
+    assert "Your window is ended" in response.content.decode()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.ENDED
+    assert not order.allocations.filter(released_at__isnull=True).exists()  # bookable again at once
+    assert order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN).exists()
+    event = order.events.filter(from_status=OrderStatus.READY, to_status=OrderStatus.ENDED).get()
+    assert event.reason == "ended early by the customer" and event.evidence["unused_hours"] > 0
+
+    # the forms are gone, and a replayed request is refused without a change
+    assert "End my window now" not in response.content.decode()
+    replay = client.post(urls(order, token)["order-end"], {"confirm": "end"}, follow=True).content.decode()
+    assert "Only a ready or running window can be ended early." in replay
+    assert order.events.filter(from_status=OrderStatus.READY, to_status=OrderStatus.ENDED).count() == 1
+
+
+def test_an_unpaid_order_cannot_be_ended_early(client, catalog, booking_data):
+    from tests.booking.test_pages import place
+
+    order, token = place(client, booking_data(lots="1"))
+    replay = client.post(urls(order, token)["order-end"], {"confirm": "end"}, follow=True).content.decode()
+    assert "Only a ready or running window can be ended early." in replay
+    order.refresh_from_db()
+    assert order.status == OrderStatus.AWAITING_PAYMENT
