@@ -19,7 +19,7 @@ class Notice(StrEnum):
     ORDER_LINKS = "order_links"  # to=, language=, links=[(order, link)]: every recent order of an address
     PAYMENT_RECEIVED = "payment_received"  # order=, invoice=: to the contact, and a copy to the operators
     ACCESS_READY = "access_ready"  # order=, accesses=: how to log in
-    END_WARNING = "end_warning"  # order=, kind= ("48h", "6h"), wipe_at=, wipe_after_days=
+    END_WARNING = "end_warning"  # order=, kind= ("48h", "6h"), wipe_at=, wipe_after_days=, link= (to extend)
     PREFLIGHT_HELD = "preflight_held"  # order=, failed={host name: [check names]}: the hand-over waits
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
 

@@ -13,7 +13,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from booking import notices
+from booking import links, notices
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
 from booking.rules import BookingError
@@ -214,10 +214,13 @@ def _resume_abandoned(now: datetime) -> int:
 
 
 def end_warning_send(*, order: Order, kind: str) -> None:
+    """The end is near: when, when the files go, and a fresh link to the order page, where the window can be
+    extended (minted here, in the task, so that no secret travels through the broker)."""
     notices.send(
         Notice.END_WARNING,
         order=order,
         kind=kind,
         wipe_at=wipe_date(order),
         wipe_after_days=OperatorSettings.current().wipe_after_days,
+        link=links.order_link(order=order, token=links.issue_token(order=order)),
     )

@@ -79,13 +79,13 @@ def _access_ready(*, order: Order, accesses: list) -> None:
     )
 
 
-def _end_warning(*, order: Order, kind: str, wipe_at, wipe_after_days: int) -> None:
+def _end_warning(*, order: Order, kind: str, wipe_at, wipe_after_days: int, link: str) -> None:
     send_to_order_contact(
         order=order,
         subject=gettext_lazy("Your Binôme window ends in %(left)s: order %(number)s"),
         subject_values={"left": kind.replace("h", " h")},
         template="email/end_warning.txt",
-        context={"kind": kind, "wipe_at": wipe_at, "wipe_after_days": wipe_after_days},
+        context={"kind": kind, "wipe_at": wipe_at, "wipe_after_days": wipe_after_days, "link": link},
     )
 
 

@@ -1,7 +1,9 @@
 """Provisioning for real: a host reached over SSH (Debian's sshd on 127.0.0.1), a customer who logs in with their
 own key to their container and finds their GPUs, a teardown after which the same login is refused."""
 
+import re
 from datetime import UTC, timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from django.urls import reverse
@@ -125,6 +127,11 @@ def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, ca
 
     wipe = (order.ends_at + timedelta(days=3)).strftime("%Y-%m-%d %H:%M")
     assert f"for 3 days after the end, then they are deleted for good on {wipe} UTC" in mailoutbox[-1].body
+    # it offers the extension, through a fresh link that opens the order page
+    link = re.search(r"https?://\S+/orders/\S+/", mailoutbox[-1].body).group(0)
+    assert "Extend the window" in mailoutbox[-1].body
+    page = client.get(urlsplit(link).path)
+    assert page.status_code == 200 and order.public_id in page.content.decode()
 
 
 def test_a_wrong_host_key_fails_the_run_with_a_reason_and_a_retry_resumes_it(
