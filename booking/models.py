@@ -180,6 +180,16 @@ ORDER_TRANSITIONS: dict[str, frozenset[str]] = {
     OrderStatus.ENDED: frozenset(),
     OrderStatus.CANCELLED: frozenset(),
 }
+KEYS_CHANGEABLE_STATUSES = frozenset(
+    {
+        OrderStatus.PAID,
+        OrderStatus.APPROVED,
+        OrderStatus.PROVISIONING,
+        OrderStatus.PROVISIONING_FAILED,
+        OrderStatus.READY,
+        OrderStatus.ACTIVE,
+    }
+)
 # Entering one of these releases the order's lots.
 RELEASING_STATUSES = frozenset({OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.ENDED, OrderStatus.REJECTED})
 # Nothing more will happen by itself: the order page stops polling.
@@ -286,6 +296,12 @@ class Order(models.Model):
     @property
     def can_be_cancelled_by_customer(self) -> bool:
         return self.status == OrderStatus.AWAITING_PAYMENT
+
+    @property
+    def keys_can_change(self) -> bool:
+        """From payment to the end of the window: the hand-over writes the keys as they are then, and a window that
+        runs has them rewritten at once."""
+        return self.status in KEYS_CHANGEABLE_STATUSES
 
     @property
     def can_be_ended_early(self) -> bool:

@@ -18,6 +18,7 @@ from booking.models import (
     BookingPolicy,
     Order,
     OrderEvent,
+    OrderSshKey,
     OrderStatus,
     WindowDays,
 )
@@ -27,6 +28,7 @@ from booking.rules import (
     SoldOut,
 )
 from booking.signals import send_order_status_changed_on_commit
+from booking.ssh_keys import SshPublicKey
 
 logger = logging.getLogger(__name__)
 
@@ -305,6 +307,50 @@ def order_end_early(*, order: Order, now: datetime | None = None) -> None:
             now=now,
         )
     order.status = locked.status
+
+
+MAX_SSH_KEYS = 10  # as at booking (booking.ssh_keys.parse_authorized_keys)
+
+
+@transaction.atomic
+def order_keys_change(
+    *, order: Order, add: list[SshPublicKey] = (), remove_ids: list[int] = ()
+) -> tuple[list[str], list[str]]:
+    """Add and remove the order's SSH keys (a lost laptop's key, a collaborator's), keeping between one and
+    MAX_SSH_KEYS; a key already there is not added twice, an id that is not the order's key is ignored. Noted in the
+    order's events. Returns the fingerprints added and removed (both empty: nothing changed)."""
+    order = lock_order(order.pk)
+    if not order.keys_can_change:
+        raise BookingError(_("The keys of this order can no longer be changed."))
+    existing = list(order.ssh_keys.all())
+    known = {key.fingerprint for key in existing}
+    removing = [key for key in existing if key.pk in set(remove_ids)]
+    adding = list({key.fingerprint: key for key in add if key.fingerprint not in known}.values())
+    remaining = len(existing) - len(removing) + len(adding)
+    if remaining < 1:
+        raise BookingError(_("Keep at least one key: add the new one before removing the last."), field="ssh_keys")
+    if remaining > MAX_SSH_KEYS:
+        raise BookingError(
+            _("An order takes at most %(max)d keys: remove one before adding another.") % {"max": MAX_SSH_KEYS},
+            field="ssh_keys",
+        )
+    if not removing and not adding:
+        return [], []
+    OrderSshKey.objects.filter(pk__in=[key.pk for key in removing]).delete()
+    OrderSshKey.objects.bulk_create(
+        OrderSshKey(
+            order=order, key_type=key.key_type, bits=key.bits, fingerprint=key.fingerprint, public_key=key.openssh()
+        )
+        for key in adding
+    )
+    added, removed = [key.fingerprint for key in adding], [key.fingerprint for key in removing]
+    order_note(
+        order=order,
+        reason="ssh keys changed",
+        actor_kind=OrderEvent.Actor.CUSTOMER,
+        evidence={"added": added, "removed": removed},
+    )
+    return added, removed
 
 
 def order_cancel_by_customer(*, order: Order) -> None:

@@ -14,12 +14,14 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from booking import notices
+from booking import services as booking_services
 from booking.models import RELEASING_STATUSES, Order, OrderStatus
 from booking.notices import Notice
 from booking.services import order_transition
+from booking.ssh_keys import SshPublicKey
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import ProvisioningError, acting
-from provisioning.runs import provisioning_start, teardown_start
+from provisioning.runs import access_keys_renew, provisioning_start, teardown_start
 
 # --- approval ------------------------------------------------------------------------------------------------
 
@@ -52,6 +54,30 @@ def order_rejected_email_send(*, order: Order) -> None:
     if order.status != OrderStatus.REJECTED or event is None:
         return
     notices.send(Notice.ORDER_REJECTED, order=order, reason=str((event.evidence or {}).get("reason") or ""))
+
+
+def access_keys_change(*, order: Order, add: list[SshPublicKey], remove_ids: list[int]) -> ProvisioningRun | None:
+    """The customer changes their keys: booking records them, a running window gets them rewritten on its machines
+    at once (a keys run; before the hand-over, the hand-over writes them), and the contact is told by e-mail either
+    way, so that a leaked order link cannot add a key unseen. Returns the keys run, if one was started."""
+    with transaction.atomic():
+        added, removed = booking_services.order_keys_change(order=order, add=add, remove_ids=remove_ids)
+        if not added and not removed:
+            return None
+        order.refresh_from_db(fields=["status"])
+        run = access_keys_renew(order=order) if order.status in (OrderStatus.READY, OrderStatus.ACTIVE) else None
+        from provisioning.tasks import send_keys_changed
+
+        order_id, applied = order.pk, run is not None
+        transaction.on_commit(lambda: send_keys_changed.delay(order_id, added, removed, applied))
+    return run
+
+
+def keys_changed_email_send(*, order: Order, added: list, removed: list, applied: bool) -> None:
+    fingerprints = [str(value)[:80] for value in [*added, *removed] if isinstance(value, str)]
+    if len(fingerprints) != len(added) + len(removed):  # task arguments are input too
+        return
+    notices.send(Notice.KEYS_CHANGED, order=order, added=added, removed=removed, applied=bool(applied))
 
 
 # --- reactions to the order's transitions ---------------------------------------------------------------------

@@ -51,6 +51,13 @@ def send_order_rejected(order_id: int) -> None:
         services.order_rejected_email_send(order=order)
 
 
+@shared_task(name="provisioning.send_keys_changed", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_keys_changed(order_id: int, added: list, removed: list, applied: bool) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is not None and isinstance(added, list) and isinstance(removed, list):
+        services.keys_changed_email_send(order=order, added=added, removed=removed, applied=applied)
+
+
 @shared_task(name="provisioning.check_hosts")
 def check_hosts() -> dict:
     return hosts.hosts_check_due()

@@ -107,6 +107,15 @@ def _order_rejected(*, order: Order, reason: str) -> None:
     )
 
 
+def _keys_changed(*, order: Order, added: list[str], removed: list[str], applied: bool) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("The SSH keys of your Binôme order %(number)s changed"),
+        template="email/keys_changed.txt",
+        context={"added": added, "removed": removed, "applied": applied},
+    )
+
+
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
@@ -115,6 +124,7 @@ WRITERS = {
     Notice.END_WARNING: _end_warning,
     Notice.PREFLIGHT_HELD: _preflight_held,
     Notice.ORDER_REJECTED: _order_rejected,
+    Notice.KEYS_CHANGED: _keys_changed,
 }
 
 

@@ -274,3 +274,26 @@ def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_exten
         assert lifecycle.lifecycle_tick()["keys_renewed"] == 1
     assert login_as(username, private_key, "true").returncode == 0
     assert lifecycle.lifecycle_tick()["keys_renewed"] == 0
+
+
+def test_a_key_added_during_the_window_logs_in_after_one_keys_run_and_a_removed_one_is_refused(
+    provisioned, login_as, keypair, client, django_capture_on_commit_callbacks
+):
+    order, token, username, private_key = provisioned
+    collaborator_key, collaborator_public = keypair("collaborator")
+    assert login_as(username, collaborator_key, "true").returncode != 0  # not yet
+    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(keys_url, {"ssh_keys": collaborator_public})
+    run = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS).first()
+    assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
+    assert login_as(username, collaborator_key, "whoami").stdout.strip() == username
+    assert login_as(username, private_key, "true").returncode == 0  # the first key still logs in
+
+    first = order.ssh_keys.order_by("pk").first()
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(keys_url, {"remove": str(first.pk)})
+    assert order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS).first().status == "succeeded"
+    assert login_as(username, private_key, "true").returncode != 0  # the lost laptop's key is refused
+    assert login_as(username, collaborator_key, "true").returncode == 0

@@ -126,3 +126,75 @@ def test_an_unpaid_order_cannot_be_ended_early(client, catalog, booking_data):
     assert "Only a ready or running window can be ended early." in replay
     order.refresh_from_db()
     assert order.status == OrderStatus.AWAITING_PAYMENT
+
+
+def a_key(keypair, name: str) -> str:
+    return keypair(name)[1]
+
+
+def test_keys_added_and_removed_during_the_window_are_rewritten_on_the_machines_and_mailed(
+    client, ready_order, keypair, mailoutbox, django_capture_on_commit_callbacks
+):
+    order, token = ready_order
+    first = order.ssh_keys.get()
+    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    runs_before = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS).count()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(keys_url, {"ssh_keys": a_key(keypair, "collaborator")}, follow=True)
+    assert "Keys changed: your machines get them within a minute." in response.content.decode()
+    new = order.ssh_keys.exclude(pk=first.pk).get()
+    assert new.fingerprint in response.content.decode()
+    keys_runs = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS)
+    assert keys_runs.count() == runs_before + 1
+    assert keys_runs.first().status == ProvisioningRun.Status.SUCCEEDED
+    (mail,) = [message for message in mailoutbox if "SSH keys" in message.subject]
+    assert mail.to == [order.contact_email] and f"+ added: {new.fingerprint}" in mail.body
+    assert order.events.filter(reason="ssh keys changed", evidence__added=[new.fingerprint]).exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(keys_url, {"remove": str(first.pk)})
+    assert list(order.ssh_keys.values_list("pk", flat=True)) == [new.pk]
+    assert f"- removed: {first.fingerprint}" in mailoutbox[-1].body
+
+    # the last key stays; a key of another order, or garbage, changes nothing
+    refused = client.post(keys_url, {"remove": str(new.pk)}, follow=True).content.decode()
+    assert "Keep at least one key" in refused
+    for hostile in ("", "abc", "-1", "99999999999999999999999", str(first.pk)):
+        client.post(keys_url, {"remove": hostile})
+    assert list(order.ssh_keys.values_list("pk", flat=True)) == [new.pk]
+    assert order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS).count() == runs_before + 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----", "private"),
+        ("ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQC7 short", "truncated or damaged"),
+        ("x" * 30000, "Ensure this value has at most"),
+        ("", "This field is required."),
+    ],
+)
+def test_a_bad_key_is_refused_with_a_message_and_the_keys_stay(client, ready_order, text, message):
+    order, token = ready_order
+    before = list(order.ssh_keys.values_list("fingerprint", flat=True))
+    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    response = client.post(keys_url, {"ssh_keys": text}, follow=True)
+    assert response.status_code == 200
+    assert message.lower() in response.content.decode().lower()
+    assert list(order.ssh_keys.values_list("fingerprint", flat=True)) == before
+    assert not order.events.filter(reason="ssh keys changed").exists()
+
+
+def test_at_most_ten_keys_and_none_once_the_window_ended(client, ready_order, keypair):
+    order, token = ready_order
+    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    nine = "\n".join(a_key(keypair, f"member{number}") for number in range(9))
+    client.post(keys_url, {"ssh_keys": nine})
+    assert order.ssh_keys.count() == 10
+    refused = client.post(keys_url, {"ssh_keys": a_key(keypair, "one-too-many")}, follow=True).content.decode()
+    assert "at most 10 keys" in refused and order.ssh_keys.count() == 10
+
+    booking_services.order_end_early(order=order)
+    refused = client.post(keys_url, {"remove": str(order.ssh_keys.first().pk)}, follow=True).content.decode()
+    assert "can no longer be changed" in refused and order.ssh_keys.count() == 10

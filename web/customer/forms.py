@@ -242,6 +242,23 @@ class BookingForm(QuoteForm):
         return cleaned
 
 
+class KeysAddForm(forms.Form):
+    """Keys added to an order during its life: the same rules as at booking."""
+
+    ssh_keys = BoundedCharField(
+        label=_("Add SSH public keys"),
+        max_length=20000,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "autocomplete": "off"}),
+        help_text=_("One key per line, as in ~/.ssh/id_ed25519.pub."),
+    )
+
+    def clean_ssh_keys(self) -> list[SshPublicKey]:
+        try:
+            return parse_authorized_keys(self.cleaned_data["ssh_keys"])
+        except InvalidSshKey as exc:
+            raise ValidationError(str(exc), code="ssh_key") from exc
+
+
 class ResendLinkForm(forms.Form):
     email = BoundedEmailField(label=_("E-mail used for the booking"), max_length=254)
 

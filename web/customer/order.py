@@ -21,7 +21,9 @@ from payments import checkout, invoices
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
 from portal.numbers import whole_number
+from provisioning import services as provisioning_services
 from web import status_cache
+from web.customer.forms import KeysAddForm
 
 
 def _order_or_404(public_id: str, token: str) -> Order:
@@ -282,3 +284,36 @@ def order_end_early(request: HttpRequest, public_id: str, token: str) -> HttpRes
     else:
         messages.success(request, _("Your window is ended: access is being revoked and the cards are free again."))
     return redirect("booking:order", public_id=public_id, token=token)
+
+
+@require_POST
+@never_cache
+def order_keys(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Add keys (the textarea) or remove one (its button): applied on the machines at once during the window, and
+    e-mailed to the contact."""
+    order = _order_or_404(public_id, token)
+    back = reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#keys"
+    if is_ratelimited(request, group="keys", key=lambda _g, _r: public_id, rate="20/h", method="POST", increment=True):
+        messages.error(request, _("Too many key changes for this order: try again in an hour."))
+        return redirect(back)
+    add, remove_ids = [], []
+    if "remove" in request.POST:
+        key_id = whole_number(request.POST.get("remove"))
+        remove_ids = [key_id] if key_id is not None else []
+    else:
+        form = KeysAddForm(request.POST)
+        if not form.is_valid():
+            for error in form.errors.get("ssh_keys", []):
+                messages.error(request, error)
+            return redirect(back)
+        add = form.cleaned_data["ssh_keys"]
+    try:
+        run = provisioning_services.access_keys_change(order=order, add=add, remove_ids=remove_ids)
+    except BookingError as exc:
+        messages.error(request, exc.message)
+    else:
+        if run is not None:
+            messages.success(request, _("Keys changed: your machines get them within a minute."))
+        else:
+            messages.success(request, _("Keys saved."))
+    return redirect(back)
