@@ -19,6 +19,7 @@ from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from tests.booking.test_split_trial_report import VALID as SPLIT_TRIAL_REPORT
 from tests.browser.steps import ORDER_URL, fill_booking, place_order
+from tests.factories import make_ssh_key
 
 pytestmark = pytest.mark.integration
 
@@ -300,3 +301,23 @@ def test_a_researcher_extends_the_window_then_ends_it_early(researcher, live_ser
     order.refresh_from_db()
     assert order.status == OrderStatus.ENDED
     assert not order.allocations.filter(released_at__isnull=True).exists()
+
+
+def test_a_researcher_adds_a_collaborator_s_key_then_removes_their_own(
+    researcher, live_server, live_chain, catalog, admin_user
+):
+    page = researcher
+    order = place_order(page, live_server.url, email="keys@example.org")
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    page.reload()
+    own = order.ssh_keys.get()
+
+    page.fill("textarea#add-keys", make_ssh_key())
+    submitted(page, page.get_by_role("button", name="Add keys"))
+    assert "Keys saved." in page.inner_text("ul.messages")
+    collaborator = order.ssh_keys.exclude(pk=own.pk).get()
+    assert collaborator.fingerprint in page.inner_text("ul.keys")
+
+    submitted(page, page.locator(f"button[name=remove][value='{own.pk}']"))
+    assert list(order.ssh_keys.values_list("pk", flat=True)) == [collaborator.pk]
+    assert own.fingerprint not in page.inner_text("ul.keys")
