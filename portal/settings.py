@@ -322,6 +322,16 @@ CELERY_BEAT_SCHEDULE["provisioning.check_hosts"] = {
     "task": "provisioning.check_hosts",
     "schedule": env.float("HOST_CHECK_EVERY_SECONDS", default=600.0),
 }
+# The GPU readings of running windows (utilisation, memory, power per GPU, provisioning/readings.py): the hosts'
+# own tools, asked once a minute. Only the tests name stand-ins that print the tools' formats.
+PROVISIONING_GPU_TOOLS = {
+    "nvidia": env.str("PROVISIONING_NVIDIA_SMI", default="nvidia-smi"),
+    "amd": env.str("PROVISIONING_ROCM_SMI", default="rocm-smi"),
+}
+CELERY_BEAT_SCHEDULE["provisioning.sample_readings"] = {
+    "task": "provisioning.sample_readings",
+    "schedule": env.float("READINGS_EVERY_SECONDS", default=60.0),
+}
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 # --- Security -------------------------------------------------------------------------------------------------

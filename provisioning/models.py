@@ -167,6 +167,11 @@ class Access(models.Model):
         return f"{self.username}@{self.host}"
 
     @property
+    def gpu_index_list(self) -> list[int]:
+        """The host's indices of the access's GPUs ("0,1" → [0, 1])."""
+        return [int(part) for part in self.gpu_indices.split(",") if part.strip().isdigit()]
+
+    @property
     def ssh_command(self) -> str:
         """How the customer logs in: to the SSH server of their container, on its published port."""
         port = f" -p {self.ssh_port}" if self.ssh_port and self.ssh_port != 22 else ""
@@ -197,3 +202,20 @@ class LifecycleNotice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.order_id} {self.kind}"
+
+
+class GpuReading(models.Model):
+    """One minute of an access's GPUs, as the host's own tool (nvidia-smi, rocm-smi) reported them: per GPU,
+    [host index, utilisation %, memory used MiB, memory total MiB, power W] (None where the tool had no figure).
+    Only the access's own GPUs are kept: a customer never sees another's cards."""
+
+    access = models.ForeignKey(Access, on_delete=models.CASCADE, related_name="readings")
+    taken_at = models.DateTimeField()
+    gpus = models.JSONField()
+
+    class Meta:
+        ordering = ["taken_at"]
+        constraints = [models.UniqueConstraint(fields=["access", "taken_at"], name="one_reading_per_access_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.access} at {self.taken_at:%Y-%m-%d %H:%M}"

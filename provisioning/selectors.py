@@ -4,7 +4,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from booking.models import Allocation, Order, OrderStatus
 from inventory.models import Host
-from provisioning.models import RETRIED_RUN_KINDS, ProvisioningRun, ProvisioningStep
+from provisioning.models import RETRIED_RUN_KINDS, GpuReading, ProvisioningRun, ProvisioningStep
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
 BOOKED_STATUSES = [
@@ -71,3 +71,43 @@ def failing_release_runs(*, limit: int = 100) -> QuerySet[ProvisioningRun]:
         .annotate(host_name=Subquery(step_not_done.order_by("position").values("host__name")[:1]))
         .order_by("created_at", "pk")[:limit]
     )
+
+
+READINGS_SHOWN = 240  # points per GPU drawn on the order page (the CSV has every minute)
+
+
+def order_readings(order) -> list[tuple[str, object, list]]:
+    """Every minute of the order's GPUs, oldest first: (host name, taken_at, [[index, util, mem, total, W], …])."""
+    rows = GpuReading.objects.filter(access__order=order).select_related("access__host").order_by("taken_at", "pk")
+    return [(reading.access.host.name, reading.taken_at, reading.gpus) for reading in rows.iterator()]
+
+
+def readings_chart(order, *, width: int = 600, height: int = 160) -> dict | None:
+    """Memory used per GPU over the window, as SVG polylines (one per host GPU), thinned to READINGS_SHOWN points:
+    "one card nearly empty, the other saturated" is seen at a glance."""
+    rows = list(
+        GpuReading.objects.filter(access__order=order)
+        .select_related("access__host")
+        .order_by("-taken_at")[: READINGS_SHOWN * 8]
+    )[::-1]
+    if not rows:
+        return None
+    series: dict[tuple[str, int], list[tuple[float, float, float | None]]] = {}
+    first, last = rows[0].taken_at, rows[-1].taken_at
+    span = max((last - first).total_seconds(), 60.0)
+    for reading in rows:
+        x = (reading.taken_at - first).total_seconds() / span * width
+        for gpu in reading.gpus if isinstance(reading.gpus, list) else []:
+            if not (isinstance(gpu, list) and len(gpu) == 5):
+                continue
+            index, util, used, total, _power = gpu
+            if isinstance(used, int | float) and isinstance(total, int | float) and total > 0:
+                series.setdefault((reading.access.host.name, index), []).append((x, used / total, util))
+    lines = []
+    for (host, index), points in sorted(series.items()):
+        step = max(len(points) // READINGS_SHOWN, 1)
+        shown = points[::step]
+        polyline = " ".join(f"{x:.1f},{height - share * height:.1f}" for x, share, _util in shown)
+        peak = max(share for _x, share, _util in points)
+        lines.append({"host": host, "gpu": index, "points": polyline, "peak_percent": round(peak * 100)})
+    return {"width": width, "height": height, "lines": lines, "first": first, "last": last}

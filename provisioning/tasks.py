@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import execution, hosts, lifecycle, services
+from provisioning import execution, hosts, lifecycle, readings, services
 from provisioning.models import ProvisioningRun
 
 
@@ -56,6 +56,11 @@ def send_keys_changed(order_id: int, added: list, removed: list, applied: bool) 
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None and isinstance(added, list) and isinstance(removed, list):
         services.keys_changed_email_send(order=order, added=added, removed=removed, applied=applied)
+
+
+@shared_task(name="provisioning.sample_readings", expires=55)
+def sample_readings() -> int:
+    return readings.readings_sample()
 
 
 @shared_task(name="provisioning.check_hosts")

@@ -4,7 +4,7 @@ add a split-trial report, say "I've paid", change the asset. Parse, call one ser
 from datetime import timedelta
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -21,6 +21,7 @@ from payments import checkout, invoices
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
 from portal.numbers import whole_number
+from provisioning import selectors as provisioning_selectors
 from provisioning import services as provisioning_services
 from web import status_cache
 from web.customer.forms import KeysAddForm
@@ -152,6 +153,8 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
             response = HttpResponseStopPolling(response.content)
         return mark_private(response)
     context["extension_offers"] = _extension_offers(order)  # the window's forms sit outside the polled block
+    if order.status in ACCESS_SHOWN:
+        context["readings"] = provisioning_selectors.readings_chart(order)
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -317,3 +320,22 @@ def order_keys(request: HttpRequest, public_id: str, token: str) -> HttpResponse
         else:
             messages.success(request, _("Keys saved."))
     return redirect(back)
+
+
+@require_http_methods(["GET", "HEAD"])
+@never_cache
+def order_readings_csv(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Every minute of the order's GPU readings, as CSV (UTC times; empty fields where the tool had no figure)."""
+    order = _order_or_404(public_id, token)
+
+    def rows():
+        yield "taken_at_utc,host,gpu,utilization_pct,memory_used_mib,memory_total_mib,power_w\r\n"
+        for host, taken_at, gpus in provisioning_selectors.order_readings(order):
+            for gpu in gpus if isinstance(gpus, list) else []:
+                if isinstance(gpu, list) and len(gpu) == 5:
+                    figures = ",".join("" if not isinstance(value, int | float) else f"{value:g}" for value in gpu)
+                    yield f"{taken_at:%Y-%m-%dT%H:%M:%SZ},{host},{figures}\r\n"
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="binome-{order.public_id}-gpu-readings.csv"'
+    return mark_private(response)

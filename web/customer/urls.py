@@ -16,6 +16,7 @@ urlpatterns = [
     path("orders/<str:public_id>/<str:token>/extend/", order.order_extend, name="order-extend"),
     path("orders/<str:public_id>/<str:token>/end/", order.order_end_early, name="order-end"),
     path("orders/<str:public_id>/<str:token>/keys/", order.order_keys, name="order-keys"),
+    path("orders/<str:public_id>/<str:token>/readings.csv", order.order_readings_csv, name="order-readings"),
     path("orders/<str:public_id>/<str:token>/revoke-links/", order.order_links_revoke, name="order-revoke-links"),
     path("orders/<str:public_id>/<str:token>/split-trial/", order.split_trial_upload, name="order-split-trial"),
     path("orders/<str:public_id>/<str:token>/paid/", order.invoice_paid, name="order-paid"),
