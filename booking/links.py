@@ -14,10 +14,16 @@ from booking.notices import Notice
 from booking.services import order_note
 from booking.tokens import new_access_token, token_hash
 
+# The links of an order that work at once: each new one retires the oldest beyond this, so resends and end-of-window
+# e-mails never pile up live secrets.
+MAX_LIVE_LINKS = 5
+
 
 def issue_token(*, order: Order) -> str:
     token = new_access_token()
     OrderAccessToken.objects.create(order=order, token_hash=token_hash(token))
+    keep = order.access_tokens.order_by("-created_at", "-pk").values_list("pk", flat=True)[:MAX_LIVE_LINKS]
+    order.access_tokens.exclude(pk__in=list(keep)).delete()
     return token
 
 

@@ -9,6 +9,7 @@ import pytest
 from django.core import mail
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from booking.models import Allocation, Order, OrderAccessToken, OrderEvent, OrderStatus
 
@@ -143,6 +144,33 @@ def test_order_page_is_404_without_its_token_and_the_same_for_a_missing_order(cl
     assert wrong_token.status_code == missing_order.status_code == no_token.status_code == 404
     assert comparable(wrong_token.content) == comparable(missing_order.content)
     assert order.public_id not in comparable(wrong_token.content)  # only the requested path is echoed
+
+
+def test_an_order_s_links_stop_once_its_files_are_gone(client, catalog, booking_data):
+    from booking.services import order_cancel_by_customer
+    from provisioning.models import OperatorSettings
+
+    order, token = place(client, booking_data())
+    order_cancel_by_customer(order=order)
+    grace = timedelta(days=OperatorSettings.current().wipe_after_days)
+    now = timezone.now()
+
+    Order.objects.filter(pk=order.pk).update(
+        starts_at=now - timedelta(days=30), ends_at=now - grace + timedelta(hours=1)
+    )
+    assert client.get(order_url(order, token)).status_code == 200  # still within the grace period
+    Order.objects.filter(pk=order.pk).update(ends_at=now - grace - timedelta(hours=1))
+    assert client.get(order_url(order, token)).status_code == 404
+
+
+def test_new_links_retire_the_oldest_beyond_five(client, catalog, booking_data):
+    from booking.links import issue_token
+
+    order, first = place(client, booking_data())
+    tokens = [issue_token(order=order) for _ in range(5)]
+    assert OrderAccessToken.objects.filter(order=order).count() == 5
+    assert client.get(order_url(order, first)).status_code == 404  # the sixth link retired the first
+    assert all(client.get(order_url(order, token)).status_code == 200 for token in tokens)
 
 
 def test_status_poll_returns_the_partial_and_stops_once_the_order_is_settled(

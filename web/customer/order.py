@@ -23,15 +23,25 @@ from payments.errors import PaymentError
 from portal.numbers import whole_number
 from provisioning import selectors as provisioning_selectors
 from provisioning import services as provisioning_services
+from provisioning.models import OperatorSettings
 from web import status_cache
 from web.customer.forms import KeysAddForm
 
 
 def _order_or_404(public_id: str, token: str) -> Order:
     order = selectors.order_for_link(public_id=public_id, token=token)
-    if order is None:
+    if order is None or _link_expired(order):
         raise Http404("No such order.")
     return order
+
+
+def _link_expired(order: Order) -> bool:
+    """An order's links live as long as the order and its data: they stop once it is settled and the files kept
+    after its window are gone (the operators' grace period)."""
+    now = timezone.now()
+    if not order.is_settled or now <= order.ends_at:
+        return False
+    return now > order.ends_at + timedelta(days=OperatorSettings.current().wipe_after_days)
 
 
 def mark_private(response: HttpResponse) -> HttpResponse:
