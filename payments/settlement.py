@@ -38,14 +38,25 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
         due = int(invoice.amount_due_units)
         evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
         if invoice.status == Invoice.Status.SETTLED:
-            # Paid again after settlement (beyond what was due, or at all when an admin marked it paid): recorded,
-            # the difference is owed back. It never moves the order.
-            over = confirmed > due or (invoice.marked and confirmed > 0)
-            if confirmed > confirmed_before and over:
+            # Paid again after settlement: recorded; only what exceeds the amount due is owed back. An invoice an
+            # admin marked paid (the transfer was late to confirm, or not found yet) counts its own transfer when it
+            # confirms: flagging the whole amount would refund a payment that was owed. It never moves the order.
+            if confirmed > confirmed_before and confirmed > due:
                 invoice.paid_over = True
                 booking.order_note(
                     order=order,
                     reason="payment after settlement: refund owed",
+                    actor_kind=OrderEvent.Actor.SYSTEM,
+                    evidence={
+                        **evidence,
+                        "received_after_settlement_units": str(confirmed - confirmed_before),
+                        "refund_owed_units": str(confirmed - max(due, confirmed_before)),
+                    },
+                )
+            elif confirmed > confirmed_before and invoice.marked:
+                booking.order_note(
+                    order=order,
+                    reason="transfer confirmed for an invoice marked paid: counted toward it",
                     actor_kind=OrderEvent.Actor.SYSTEM,
                     evidence={**evidence, "received_after_settlement_units": str(confirmed - confirmed_before)},
                 )
