@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -177,6 +178,15 @@ def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime 
     invoice_request_check(invoice_id=invoice.pk, now=now)
 
 
+# While a check of an invoice is queued or retrying, its key is held (renewed by each attempt, which waits at most
+# a minute before the next): a worker lost mid-chain frees it within this time.
+CHECK_PENDING_SECONDS = 180
+
+
+def check_pending_key(invoice_id: int) -> str:
+    return f"invoice-check-pending:{invoice_id}"
+
+
 def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bool:
     """Ask a worker to check this invoice now. False (and the invoice says "check delayed") if the broker is
     unreachable; beat's scan will find the payment anyway once it is back."""
@@ -186,9 +196,15 @@ def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bo
     invoice = Invoice.objects.filter(pk=invoice_id).first()
     if invoice is None:
         return False
+    if not cache.add(check_pending_key(invoice_id), True, timeout=CHECK_PENDING_SECONDS):
+        # A check of this invoice is already queued or retrying: another press starts no second chain of retries.
+        invoice.check_requested_at = now
+        invoice.save(update_fields=["check_requested_at"])
+        return True
     try:
         check_invoice.apply_async(args=[invoice_id], retry=False)
     except Exception as exc:  # kombu/redis raise many types; any of them means "not queued"
+        cache.delete(check_pending_key(invoice_id))
         logger.warning("could not queue the check of invoice %s: %s", invoice_id, exc)
         if invoice.check_delayed_since is None:
             invoice.check_delayed_since = now

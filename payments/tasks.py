@@ -1,11 +1,12 @@
 """Thin Celery wrappers for the chain queue."""
 
 from celery import shared_task
+from django.core.cache import cache
 from django.utils import timezone
 
 from booking import notices
 from booking.notices import Notice
-from payments import config, scanner
+from payments import config, invoices, scanner
 from payments.chain import ChainUnavailable
 from payments.models import Invoice
 
@@ -37,19 +38,26 @@ CHECK_DELAYS = [1, 2, 3, 5, 8, 13, 20, 30, 45, 60]
 
 @shared_task(name="payments.check_invoice", bind=True, acks_late=True, max_retries=200)
 def check_invoice(self, invoice_id: int) -> str:
+    """One chain of checks per invoice at a time: "I've paid" queues it only while its pending key is free
+    (invoices.invoice_request_check); each attempt renews the key, and the last one frees it."""
     invoice = Invoice.objects.filter(pk=invoice_id).first() if isinstance(invoice_id, int) else None
     if invoice is None:
         return "unknown"
+    pending_key = invoices.check_pending_key(invoice_id)
+    cache.set(pending_key, True, timeout=invoices.CHECK_PENDING_SECONDS)
     delay = CHECK_DELAYS[min(self.request.retries, len(CHECK_DELAYS) - 1)]
+    retry_possible = self.request.retries < self.max_retries and not self.request.is_eager
     try:
         result = scanner.chain_scan(chain_id=invoice.chain_id)
     except ChainUnavailable as exc:
+        if not retry_possible:
+            cache.delete(pending_key)
         raise self.retry(exc=exc, countdown=delay) from exc
     invoice.refresh_from_db()
-    if invoice.status == Invoice.Status.SETTLED or timezone.now() >= invoice.monitor_until or self.request.is_eager:
-        return invoice.status
-    if result.skipped or invoice.customer_paid_at:
+    done = invoice.status == Invoice.Status.SETTLED or timezone.now() >= invoice.monitor_until
+    if not done and retry_possible and (result.skipped or invoice.customer_paid_at):
         raise self.retry(countdown=delay)
+    cache.delete(pending_key)
     return invoice.status
 
 

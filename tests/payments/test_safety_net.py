@@ -4,12 +4,13 @@ paid, and "I've paid" pressed again and again."""
 
 import html
 
+import pytest
 from django.urls import reverse
 
-from booking.models import Order, OrderStatus
+from booking.models import Order
 from payments import scanner, settlement
 from payments.demo import pay_invoice
-from payments.models import Invoice, Transfer
+from payments.models import Invoice
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
 
@@ -61,3 +62,72 @@ def test_a_marked_invoice_paid_beyond_its_due_flags_only_the_excess(client, chai
     assert invoice.paid_over
     event = order.events.get(reason="payment after settlement: refund owed")
     assert event.evidence["refund_owed_units"] == "7000000"
+
+
+# --- "I've paid" pressed again and again --------------------------------------------------------------------------
+
+
+def test_pressing_ive_paid_again_starts_no_second_chain_of_checks(client, chain, booking_data, monkeypatch):
+    from payments import tasks
+
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    queued = []
+    # The broker's side only: what would be queued is counted (the lock it passes through is the real cache).
+    monkeypatch.setattr(tasks.check_invoice, "apply_async", lambda args, **kwargs: queued.append(args))
+    paid_url = reverse("booking:order-paid", kwargs={"public_id": order.public_id, "token": token})
+
+    for _press in range(5):
+        assert client.post(paid_url, {"tx_hint": ""}).status_code == 302
+
+    assert queued == [[invoice.pk]]
+    invoice.refresh_from_db()
+    assert invoice.customer_paid_at is not None and invoice.check_requested_at is not None
+
+    # The check runs (eagerly here: its last attempt) and frees the invoice for a later press.
+    monkeypatch.undo()
+    tasks.check_invoice.apply(args=[invoice.pk])
+    monkeypatch.setattr(tasks.check_invoice, "apply_async", lambda args, **kwargs: queued.append(args))
+    client.post(paid_url, {"tx_hint": ""})
+    assert queued == [[invoice.pk], [invoice.pk]]
+
+
+def test_a_check_that_keeps_retrying_holds_the_invoice_until_its_last_attempt(chain, client, booking_data, monkeypatch):
+    from celery.exceptions import Retry
+    from django.core.cache import cache
+
+    from payments import invoices, tasks
+
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    invoices.invoice_customer_paid(invoice=invoice)  # its eager check ran to the end: the key is free
+    key = invoices.check_pending_key(invoice.pk)
+    assert cache.get(key) is None
+    task = tasks.check_invoice
+    retries = []
+
+    def retry(**kwargs):  # what the worker would schedule; its queueing is not what this test is about
+        retries.append(kwargs.get("countdown"))
+        return Retry()
+
+    monkeypatch.setattr(task, "retry", retry)
+
+    # An attempt with retries left and nothing paid yet: it retries, and holds the invoice meanwhile.
+    task.push_request(retries=3, is_eager=False)
+    try:
+        with pytest.raises(Retry):
+            task.run(invoice.pk)
+    finally:
+        task.pop_request()
+    assert retries == [tasks.CHECK_DELAYS[3]] and cache.get(key) is True
+    queued = []
+    monkeypatch.setattr(task, "apply_async", lambda args, **kwargs: queued.append(args))
+    assert invoices.invoice_request_check(invoice_id=invoice.pk) and queued == []  # a press meanwhile queues none
+
+    # Its last attempt frees it.
+    task.push_request(retries=task.max_retries, is_eager=False)
+    try:
+        assert task.run(invoice.pk) == Invoice.Status.NEW
+    finally:
+        task.pop_request()
+    assert cache.get(key) is None and len(retries) == 1
