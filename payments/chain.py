@@ -398,6 +398,15 @@ class ChainClient:
         code, decimals, latest_round, description = self.batch(calls)
         return parse_feed_round(code=code, decimals=decimals, latest_round=latest_round, description=description)
 
+    def transaction_and_receipt(self, tx_hash: str) -> tuple[object, object]:
+        """A transaction and its receipt as the node answers them (None for what it does not know: unknown, or not
+        mined yet), in one batched round trip. What they claim is for the caller to judge
+        (payments/tx_hints.py)."""
+        transaction, receipt = self.batch(
+            [("eth_getTransactionByHash", [tx_hash]), ("eth_getTransactionReceipt", [tx_hash])]
+        )
+        return transaction, receipt
+
 
 def checksum(address: str) -> str:
     return Web3.to_checksum_address(address)

@@ -155,27 +155,47 @@ def invoice_change_asset(*, order: Order, asset_key: str, now: datetime | None =
 
 
 def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime | None = None) -> None:
-    """Record the click first (kept even when the broker is down), then ask for a check of the chain."""
+    """Record the click first (kept even when the broker is down), then ask for a check of the chain. A pasted
+    transaction hash is also read on chain by itself (payments/tx_hints.py), while the invoice is open or within
+    its monitoring window; the same hash already credited is not read again."""
     now = now or timezone.now()
-    tx_hint = tx_hint.strip()
+    tx_hint = tx_hint.strip().lower()
     if tx_hint and not _TX_HASH.fullmatch(tx_hint):
         raise PaymentError(
             _("A transaction hash is 0x followed by 64 hexadecimal characters. Leave it empty if unsure."),
             field="tx_hint",
         )
+    check_hint = False
     with transaction.atomic():
         order, invoice = lock_invoice(invoice)
+        if tx_hint and not (invoice.is_open or now < invoice.monitor_until):
+            raise PaymentError(_("This invoice is no longer watched: contact us with your transaction hash."))
+        if tx_hint and (
+            tx_hint != invoice.customer_tx_hint or invoice.customer_tx_outcome != Invoice.TxHintOutcome.CREDITED
+        ):
+            invoice.customer_tx_hint, invoice.customer_tx_outcome = tx_hint, Invoice.TxHintOutcome.CHECKING
+            check_hint = True
         invoice.customer_paid_at = now
-        invoice.customer_tx_hint = tx_hint.lower() or invoice.customer_tx_hint
         invoice.native_checked_at = None  # a native balance no transaction explains is read first
-        invoice.save(update_fields=["customer_paid_at", "customer_tx_hint", "native_checked_at"])
+        invoice.save(update_fields=["customer_paid_at", "customer_tx_hint", "customer_tx_outcome", "native_checked_at"])
         booking.order_note(
             order=order,
             reason="customer says they paid",
             actor_kind=OrderEvent.Actor.CUSTOMER,
-            evidence={"tx_hint": tx_hint.lower()} if tx_hint else {},
+            evidence={"tx_hint": tx_hint} if tx_hint else {},
         )
+    if check_hint:
+        _request_tx_hint_check(invoice_id=invoice.pk)
     invoice_request_check(invoice_id=invoice.pk, now=now)
+
+
+def _request_tx_hint_check(*, invoice_id: int) -> None:
+    from payments.tasks import check_tx_hint
+
+    try:
+        check_tx_hint.apply_async(args=[invoice_id], retry=False)
+    except Exception as exc:  # not queued: the scan still finds the payment; the next paste asks again
+        logger.warning("could not queue the check of the transaction hash of invoice %s: %s", invoice_id, exc)
 
 
 # While a check of an invoice is queued or retrying, its key is held (renewed by each attempt, which waits at most

@@ -35,6 +35,19 @@ class Invoice(models.Model):
         EXPIRED = "expired", _("Expired")
         INVALID = "invalid", _("Invalid")
 
+    class TxHintOutcome(models.TextChoices):
+        """What the portal read on chain for the transaction hash the customer pasted (payments/tx_hints.py)."""
+
+        CHECKING = "checking", _("We are reading your transaction on chain.")
+        NOT_FOUND = (
+            "not_found",
+            _("Your transaction is not on this network (yet). Check the hash and the network; we look again shortly."),
+        )
+        FAILED = "failed", _("Your transaction failed on chain: it paid nothing. Send the payment again.")
+        ELSEWHERE = "elsewhere", _("Your transaction pays nothing to this invoice's address on this network.")
+        CONFIRMING = "confirming", _("Your transaction was found: it counts once its block is confirmed.")
+        CREDITED = "credited", _("Your transaction was found and counted toward this invoice.")
+
     class Purpose(models.TextChoices):
         ORDER = "order", _("Order")
         EXTENSION = "extension", _("Extension")
@@ -83,6 +96,7 @@ class Invoice(models.Model):
     # "I've paid": recorded first, then a check is asked for.
     customer_paid_at = models.DateTimeField(null=True, blank=True)
     customer_tx_hint = models.CharField(max_length=66, blank=True)
+    customer_tx_outcome = models.CharField(max_length=16, choices=TxHintOutcome.choices, blank=True)
     check_requested_at = models.DateTimeField(null=True, blank=True)
     check_delayed_since = models.DateTimeField(null=True, blank=True)
     last_checked_at = models.DateTimeField(null=True, blank=True)

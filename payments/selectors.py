@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import segno
 from django.core.cache import cache
+from django.utils import timezone
 
 from booking.models import Order
 from payments import config
@@ -55,6 +56,8 @@ class PaymentView:
     check_delayed: bool
     transfers: list[Transfer]
     choices: list[config.Asset]
+    # An expired quote still watched: the customer may still paste the hash of a payment sent in time.
+    takes_tx_hint: bool = False
 
 
 def qr_svg(uri: str) -> str:
@@ -115,4 +118,5 @@ def payment_view(order: Order, *, invoice: Invoice | None = None) -> PaymentView
         check_delayed=bool(invoice.check_delayed_since or (cursor and cursor.unavailable_since)),
         transfers=transfers,
         choices=config.assets(),
+        takes_tx_hint=invoice.status == Invoice.Status.EXPIRED and timezone.now() < invoice.monitor_until,
     )

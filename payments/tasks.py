@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from booking import notices
 from booking.notices import Notice
-from payments import config, invoices, scanner
+from payments import config, invoices, scanner, tx_hints
 from payments.chain import ChainUnavailable
 from payments.models import Invoice
 
@@ -59,6 +59,27 @@ def check_invoice(self, invoice_id: int) -> str:
         raise self.retry(countdown=delay)
     cache.delete(pending_key)
     return invoice.status
+
+
+# A pasted hash not mined yet, or mined and not yet confirmed, is read again this many times (CHECK_DELAYS apart).
+TX_HINT_RETRIES = 30
+
+
+@shared_task(name="payments.check_tx_hint", bind=True, acks_late=True, max_retries=TX_HINT_RETRIES)
+def check_tx_hint(self, invoice_id: int) -> str:
+    """Read the transaction hash the customer pasted, and credit what it paid (payments/tx_hints.py)."""
+    invoice = Invoice.objects.filter(pk=invoice_id).first() if isinstance(invoice_id, int) else None
+    if invoice is None or not invoice.customer_tx_hint:
+        return "unknown"
+    delay = CHECK_DELAYS[min(self.request.retries, len(CHECK_DELAYS) - 1)]
+    try:
+        outcome = tx_hints.invoice_check_tx_hint(invoice=invoice)
+    except ChainUnavailable as exc:
+        raise self.retry(exc=exc, countdown=delay) from exc
+    waiting = outcome in (Invoice.TxHintOutcome.NOT_FOUND, Invoice.TxHintOutcome.CONFIRMING)
+    if waiting and not self.request.is_eager and timezone.now() < invoice.monitor_until:
+        raise self.retry(countdown=delay)
+    return outcome
 
 
 @shared_task(name="payments.send_payment_received", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)

@@ -3,14 +3,17 @@ customer pastes (read on chain by the portal itself), a transfer confirming afte
 paid, and "I've paid" pressed again and again."""
 
 import html
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from booking.models import Order
+from booking.models import Order, OrderStatus
 from payments import scanner, settlement
+from payments.chain import checksum
 from payments.demo import pay_invoice
-from payments.models import Invoice
+from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
 
@@ -131,3 +134,146 @@ def test_a_check_that_keeps_retrying_holds_the_invoice_until_its_last_attempt(ch
     finally:
         task.pop_request()
     assert cache.get(key) is None and len(retries) == 1
+
+
+# --- a transaction hash the customer pastes ---------------------------------------------------------------------
+
+
+def paid_url(order, token) -> str:
+    return reverse("booking:order-paid", kwargs={"public_id": order.public_id, "token": token})
+
+
+def cursor_past_the_head(chain) -> int:
+    """The scan's cursor moved past the blocks mined so far without reading them: what a lagging provider's
+    answer, taken as complete, leaves behind."""
+    head = int(chain.request("eth_blockNumber", []), 16)
+    ChainCursor.objects.update_or_create(chain_id=CHAIN_ID, defaults={"confirmed_block": head})
+    return head
+
+
+def test_a_pasted_hash_credits_a_payment_the_cursor_missed_and_only_once(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    tx_hash = pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    scan()
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW  # the scan never reads that block again
+
+    response = client.post(paid_url(order, token), {"tx_hint": tx_hash.upper().replace("0X", "0x")})
+
+    assert response.status_code == 302
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.CREDITED
+    assert invoice.amount_confirmed_units == invoice.amount_due_units and not invoice.paid_over
+    assert Transfer.objects.get(invoice=invoice).tx_hash == tx_hash.lower()
+
+    # The same hash again, and a scan that reads the block after all (the cursor put back): still one credit.
+    client.post(paid_url(order, token), {"tx_hint": tx_hash})
+    ChainCursor.objects.filter(chain_id=CHAIN_ID).update(confirmed_block=0)
+    scan()
+    invoice.refresh_from_db()
+    assert Transfer.objects.filter(invoice=invoice).count() == 1
+    assert invoice.amount_confirmed_units == invoice.amount_due_units and not invoice.paid_over
+
+
+def test_a_pasted_hash_is_not_credited_before_its_block_is_confirmed(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    tx_hash = pay_invoice(chain, invoice)  # mined, not yet 3 confirmations deep
+
+    client.post(paid_url(order, token), {"tx_hint": tx_hash})
+
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.PROCESSING
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.CONFIRMING
+    assert Transfer.objects.get(invoice=invoice).status == Transfer.Status.SEEN
+    assert "it counts once its block is confirmed" in order_page(client, order, token)
+
+    chain.mine(3)
+    scan()  # the scanner finishes what the hint recorded
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and Transfer.objects.filter(invoice=invoice).count() == 1
+
+
+def test_a_pasted_hash_of_a_transfer_to_another_address_credits_nothing_and_says_so(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    other_order, _other_token = place(client, booking_data(lots="1"))
+    tx_hash = pay_invoice(chain, current_invoice(other_order))  # paid to another invoice's address
+    chain.mine(3)
+    cursor_past_the_head(chain)
+
+    client.post(paid_url(order, token), {"tx_hint": tx_hash})
+
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and invoice.amount_confirmed_units == 0
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.ELSEWHERE
+    assert not Transfer.objects.filter(invoice=invoice).exists()
+    assert "Your transaction pays nothing to this invoice's address on this network." in order_page(
+        client, order, token
+    )
+
+
+def test_a_pasted_hash_of_a_failed_transaction_credits_nothing(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    payer = chain.accounts()[1]
+    # A transfer of more than the payer holds: mined, and failed (its receipt's status is 0).
+    data = chain._call_data("DemoStablecoin", "transfer", checksum(invoice.deposit_address), 10**30)
+    tx_hash = chain.request(
+        "eth_sendTransaction", [{"from": payer, "to": invoice.asset_contract, "data": data, "gas": hex(200_000)}]
+    )
+    chain.mine(3)
+    assert chain.request("eth_getTransactionReceipt", [tx_hash])["status"] == "0x0"
+
+    client.post(paid_url(order, token), {"tx_hint": tx_hash})
+
+    invoice.refresh_from_db()
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.FAILED and invoice.amount_confirmed_units == 0
+    assert not Transfer.objects.filter(invoice=invoice).exists()
+
+
+def test_a_malformed_hash_gets_the_error_in_the_customers_language(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+
+    response = client.post(paid_url(order, token), {"tx_hint": "0x1234"}, follow=True, HTTP_ACCEPT_LANGUAGE="fr")
+
+    page = html.unescape(response.content.decode())
+    assert "Un hash de transaction s’écrit 0x suivi de 64 caractères hexadécimaux." in page
+    assert current_invoice(order).customer_tx_outcome == ""
+
+
+def test_hashes_pasted_on_one_order_are_rate_limited(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+
+    for attempt in range(10):
+        client.post(paid_url(order, token), {"tx_hint": "0x" + f"{attempt:064x}"})
+    response = client.post(paid_url(order, token), {"tx_hint": "0x" + "ee" * 32}, follow=True)
+
+    page = html.unescape(response.content.decode())
+    assert "You sent many transaction hashes for this order: try again in an hour." in page
+    assert current_invoice(order).customer_tx_hint == "0x" + f"{9:064x}"  # the eleventh was not read
+
+
+def test_a_recently_expired_invoice_takes_a_hash_for_a_payment_sent_in_time(client, chain, booking_data):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    tx_hash = pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    Invoice.objects.filter(pk=invoice.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+    scan()  # expires it: nothing was seen
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.EXPIRED
+    assert "Paste the transaction hash" in order_page(client, order, token)
+
+    client.post(paid_url(order, token), {"tx_hint": tx_hash})
+
+    invoice.refresh_from_db()
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.CREDITED
+    assert invoice.amount_confirmed_units == invoice.amount_due_units
+    assert Transfer.objects.filter(invoice=invoice).count() == 1

@@ -227,6 +227,15 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     if is_ratelimited(request, group="i-paid", key="ip", rate="30/h", method="POST", increment=True):
         messages.error(request, _("You pressed “I've paid” many times: we keep checking the chain on our own."))
         return redirect("booking:order", public_id=public_id, token=token)
+    tx_hint = request.POST.get("tx_hint", "")[:200]
+    if tx_hint.strip() and is_ratelimited(
+        request, group="tx-hint", key=lambda _g, _r: public_id, rate="10/h", method="POST", increment=True
+    ):
+        # Each hash is read on chain: a page (or a script) cannot make the portal read hashes without end.
+        messages.error(
+            request, _("You sent many transaction hashes for this order: try again in an hour. We keep checking.")
+        )
+        return redirect("booking:order", public_id=public_id, token=token)
     invoice_id = whole_number(request.POST.get("invoice"))
     invoice = (
         order.invoices.filter(pk=invoice_id).first()
@@ -237,7 +246,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
         messages.error(request, _("This order has no invoice to pay."))
     else:
         try:
-            invoices.invoice_customer_paid(invoice=invoice, tx_hint=request.POST.get("tx_hint", "")[:200])
+            invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx_hint)
         except PaymentError as exc:
             messages.error(request, exc.message)
         else:
