@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from booking.models import Order, OrderStatus
-from payments import scanner, settlement
+from payments import invoices, scanner, settlement
 from payments.chain import checksum
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
@@ -277,3 +277,44 @@ def test_a_recently_expired_invoice_takes_a_hash_for_a_payment_sent_in_time(clie
     assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.CREDITED
     assert invoice.amount_confirmed_units == invoice.amount_due_units
     assert Transfer.objects.filter(invoice=invoice).count() == 1
+
+
+def test_a_pasted_hash_of_a_native_payment_credits_it_once_beside_the_balance_reading(client, chain, booking_data):
+    from tests.payments.test_native import pay_in_eth
+
+    _order, invoice = pay_in_eth(client, booking_data)
+    tx_hash = pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx_hash)  # its checks run here (eager Celery)
+    scan()
+
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.CREDITED
+    # The balance reading found the coin explained by the credit: no "balance:" credit beside it.
+    assert list(Transfer.objects.filter(invoice=invoice).values_list("tx_hash", "log_index")) == [(tx_hash, -1)]
+
+
+def test_a_pasted_hash_of_a_reverted_native_transfer_credits_nothing(client, chain, booking_data):
+    from tests.payments.test_native import pay_in_eth
+
+    _order, invoice = pay_in_eth(client, booking_data)
+    chain.request("anvil_setCode", [invoice.deposit_address, "0x60006000fd"])  # any call to it reverts
+    payer = chain.accounts()[1]
+    tx_hash = chain.request(
+        "eth_sendTransaction",
+        [{"from": payer, "to": invoice.deposit_address, "value": hex(int(invoice.amount_due_units)), "gas": "0x30d40"}],
+    )
+    chain.mine(3)
+    assert chain.request("eth_getTransactionReceipt", [tx_hash])["status"] == "0x0"
+    # Past the cursor: what is judged here is the hash's check alone (the scan's reading of native coin from
+    # blocks is another matter, issue 23's receipts work).
+    cursor_past_the_head(chain)
+
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx_hash)
+
+    invoice.refresh_from_db()
+    assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.FAILED
+    assert not Transfer.objects.filter(invoice=invoice, tx_hash=tx_hash).exists()
