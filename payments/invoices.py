@@ -199,8 +199,9 @@ def _request_tx_hint_check(*, invoice_id: int) -> None:
 
 
 # While a check of an invoice is queued or retrying, its key is held (renewed by each attempt, which waits at most
-# a minute before the next): a worker lost mid-chain frees it within this time.
-CHECK_PENDING_SECONDS = 180
+# a minute before the next, and whose scan may hold the chain's two-minute lease more than once): a worker lost
+# mid-chain frees it within this time.
+CHECK_PENDING_SECONDS = 600
 
 
 def check_pending_key(invoice_id: int) -> str:
