@@ -31,7 +31,9 @@ from payments.chain_answers import (
     BlockRange,
     FeedRound,
     LogRange,
+    TransferLog,
     classify_error,
+    is_unknown_method,
     parse_block,
     parse_block_ref,
     parse_feed_round,
@@ -39,6 +41,7 @@ from payments.chain_answers import (
     parse_quantity,
     parse_transfer_log,
     parse_uint256,
+    successful_transactions,
 )
 from payments.config import Chain
 
@@ -109,6 +112,8 @@ class ChainClient:
         # lagging node would return fewer logs and no blocks beyond its own head.
         self._required_head: int | None = None
         self._verified: set[int] = set()
+        # URLs that do not know eth_getBlockReceipts: receipts are read per transaction there.
+        self._without_block_receipts: set[str] = set()
         # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
         self.unread: list[tuple[int, str, str]] = []
 
@@ -324,13 +329,62 @@ class ChainClient:
         size = max(1, min(FULL_BLOCKS_PER_BATCH, self.chain.max_batch))
         for offset in range(0, len(numbers), size):
             part = numbers[offset : offset + size]
+            claimed = []
             for read in self.batch(
                 [("eth_getBlockByNumber", [hex(number), True]) for number in part], parsers[offset : offset + size]
             ):
                 blocks.update(read.blocks)
-                transfers += read.transfers
+                claimed += read.transfers
                 skipped += read.skipped
+            succeeded = self.successful(claimed)
+            transfers += [transfer for transfer in claimed if transfer.tx_hash in succeeded]
         return BlockRange(blocks=blocks, transfers=transfers, skipped=skipped)
+
+    def successful(self, transfers: list[TransferLog]) -> frozenset[str]:
+        """The hashes of `transfers` whose receipt says success: a transaction to a deposit address can revert
+        (code at the address), and an OP-stack deposit transaction is included even when it fails. Read in one
+        round trip: `eth_getBlockReceipts` for the blocks that hold them where the node has it, otherwise
+        `eth_getTransactionReceipt` for these transactions only (a URL without the former is remembered)."""
+        if not transfers:
+            return frozenset()
+        wanted = frozenset(transfer.tx_hash for transfer in transfers)
+        numbers = sorted({transfer.block_number for transfer in transfers})
+        size = max(1, min(MAX_BATCH, self.chain.max_batch))
+
+        def answers(provider, calls: list) -> list | None:
+            """The results of `calls`, batched; None when the node does not know the method."""
+            results = []
+            for offset in range(0, len(calls), size):
+                if offset:
+                    self.calls += 1
+                responses = provider.make_batch_request(calls[offset : offset + size])
+                if not isinstance(responses, list) or len(responses) != len(calls[offset : offset + size]):
+                    raise RpcError(responses.get("error") if isinstance(responses, dict) else responses)
+                for response in responses:
+                    if not isinstance(response, dict):
+                        raise RpcError(response)
+                    if response.get("error"):
+                        if is_unknown_method(response["error"]):
+                            return None
+                        raise RpcError(response["error"])
+                    results.append(response.get("result"))
+            return results
+
+        def send(provider):
+            if provider.endpoint_uri not in self._without_block_receipts:
+                lists = answers(provider, [("eth_getBlockReceipts", [hex(number)]) for number in numbers])
+                if lists is not None:
+                    if not all(isinstance(receipts, list) for receipts in lists):
+                        raise ValueError("eth_getBlockReceipts: a block without its receipts")
+                    return successful_transactions([r for receipts in lists for r in receipts], wanted=wanted)
+                self._without_block_receipts.add(provider.endpoint_uri)
+                self.calls += 1
+            receipts = answers(provider, [("eth_getTransactionReceipt", [tx_hash]) for tx_hash in sorted(wanted)])
+            if receipts is None:
+                raise RpcError({"message": "no receipts at all"})
+            return successful_transactions(receipts, wanted=wanted)
+
+        return self._send(send, "eth_getBlockReceipts")
 
     def native_balances(self, addresses: list[str], *, block: int) -> tuple[tuple[str, int], list[tuple[int, int]]]:
         """The (hash, timestamp) of `block`, and each address's (balance, nonce) there, in one batched round trip

@@ -59,6 +59,16 @@ def classify_error(error: dict, method: str) -> str:
     return "error"
 
 
+def is_unknown_method(error: object) -> bool:
+    """Whether a JSON-RPC error says the node does not offer the method (-32601, or providers' wordings)."""
+    if not isinstance(error, dict):
+        return False
+    message = str(error.get("message", "")).lower()
+    return error.get("code") == -32601 or any(
+        words in message for words in ("method not found", "not supported", "unsupported method", "does not exist")
+    )
+
+
 @dataclass(frozen=True)
 class TransferLog:
     """A credit read on chain: an ERC-20 Transfer log, or the native coin carried by a transaction (`token` "" and
@@ -167,8 +177,11 @@ def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> Bl
     the URL that answered it failed, the next is asked. A transaction to a recipient that is malformed (a value out
     of range, a bad hash) is skipped and counted; transactions to anyone else are not looked at.
 
-    A value sent to a deposit address cannot have failed: the address holds no code, so nothing runs that could
-    revert, and a transaction without the gas a plain transfer needs is never included in a block."""
+    A transaction in a block may have failed: the recipient may hold code that reverts (an address is only empty
+    until someone deploys to it or, on a test node, sets its code), and on OP-stack chains a deposit transaction
+    (type 0x7e) whose value exceeds what its sender holds is included all the same and fails. What is returned here
+    is only what the transactions claim: the adapter reads their receipts and keeps those whose status is success
+    (`successful_transactions`) before anything is credited."""
     if not isinstance(block, dict):
         raise ValueError(f"block {number} missing")
     block_hash, timestamp = parse_block_ref(block)
@@ -212,6 +225,36 @@ def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> Bl
             )
         )
     return BlockRange(blocks={number: (block_hash, timestamp)}, transfers=transfers, skipped=skipped)
+
+
+# The EIP-2718 type of an OP-stack deposit transaction: included by the rollup whatever it carries. Its `mint` is
+# credited to the sender whatever happens; its `value` moves to `to` only when its receipt says success.
+OP_DEPOSIT_TX_TYPE = 0x7E
+
+
+def successful_transactions(receipts: object, *, wanted: frozenset[str]) -> frozenset[str]:
+    """The hashes among `wanted` whose receipt says success (status 0x1), from a list of receipts (a block's, or
+    one per transaction). A receipt without a status (pre-Byzantium), with another value, or malformed does not
+    count as success: nothing is credited from a transaction whose success is not shown. OP-stack deposits
+    (type 0x7e) follow the same rule, their value being minted to the recipient only on success. A missing
+    receipt for a wanted transaction is the node's failure (ValueError), so that the next URL is asked."""
+    if not isinstance(receipts, list):
+        raise ValueError("receipts: not a list")
+    found, succeeded = set(), set()
+    for receipt in receipts:
+        if not isinstance(receipt, dict):
+            continue
+        tx_hash = receipt.get("transactionHash")
+        if not isinstance(tx_hash, str) or tx_hash.lower() not in wanted:
+            continue
+        found.add(tx_hash.lower())
+        if receipt.get("status") in ("0x1", "0x01"):
+            succeeded.add(tx_hash.lower())
+    return frozenset(succeeded) if found >= wanted else _missing_receipts(wanted - found)
+
+
+def _missing_receipts(missing: frozenset[str]):
+    raise ValueError(f"no receipt for {len(missing)} transaction(s), e.g. {sorted(missing)[0]}")
 
 
 def parse_abi_string(raw: object) -> str:

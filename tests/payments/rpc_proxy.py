@@ -32,7 +32,9 @@ class LimitingProxy:
         garbage: bool = False,  # answer HTTP 200 with a body that is not JSON-RPC
         lag: int = 0,  # serve a head this many blocks behind the real one
         stale_log_hashes: int = 0,  # this many eth_getLogs answers carry a block hash that is not canonical
+        unknown_methods: frozenset[str] = frozenset(),  # answered -32601 "method not found", like an older node
     ) -> None:
+        self.unknown_methods = unknown_methods
         self.stale_log_hashes = stale_log_hashes
         self.upstream = upstream
         self.max_range, self.max_logs, self.max_batch, self.max_topics = max_range, max_logs, max_batch, max_topics
@@ -112,6 +114,7 @@ class LimitingProxy:
         return (
             not self.lag
             and self.rate_limit is None
+            and not self.unknown_methods
             and all(isinstance(call, dict) and call.get("method") != "eth_getLogs" for call in calls)
         )
 
@@ -130,6 +133,9 @@ class LimitingProxy:
         method, params, request_id = call.get("method"), call.get("params", []), call.get("id")
         if method == "eth_getLogs":
             self.log_queries.append(params[0])
+        if method in self.unknown_methods:
+            self.refused["unknown method"] += 1
+            return _error(request_id, -32601, f"the method {method} does not exist/is not available")
         if self.rate_limit == "rpc" and self._limited([call]):
             self.refused["rpc -32005"] += 1
             return {"jsonrpc": "2.0", "id": request_id, "error": RATE_LIMIT_RPC}
