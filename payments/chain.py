@@ -20,8 +20,10 @@ import json
 import logging
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
+from django.conf import settings
 from django.core.cache import cache
 from web3 import Web3
 from web3.providers.rpc import HTTPProvider
@@ -89,6 +91,18 @@ class Lagging(Exception):
     """The node's head is behind a block this scan already relies on: it is late, not reorganised."""
 
 
+class WrongChain(Exception):
+    """A URL serves another chain than the one it is configured for: it is not asked again by this client."""
+
+
+def url_host(url: str) -> str:
+    """The host (and port) of an RPC URL, for logs and alerts: never its path, query or credentials, where
+    providers put their keys."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{host}:{parts.port}" if parts.port else host
+
+
 def _address_topic(address: str) -> str:
     return "0x" + "0" * 24 + address.lower().removeprefix("0x")
 
@@ -108,10 +122,15 @@ class ChainClient:
         self._preferred = next(
             (index for index, url in enumerate(chain.rpc_urls) if _cooldown_key(url) not in cooling), 0
         )
+        self._cooling = {index for index, url in enumerate(chain.rpc_urls) if _cooldown_key(url) in cooling}
         # Once the head is read, every other URL must show at least that head before it answers for this cycle: a
         # lagging node would return fewer logs and no blocks beyond its own head.
         self._required_head: int | None = None
         self._verified: set[int] = set()
+        # URLs whose eth_chainId answered this chain (checked at first use, and again after any failure), and URLs
+        # set aside for the life of this client: another chain, or a head no other URL comes near.
+        self._chain_checked: set[int] = set()
+        self._dropped: set[int] = set()
         # URLs that do not know eth_getBlockReceipts: receipts are read per transaction there.
         self._without_block_receipts: set[str] = set()
         # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
@@ -128,12 +147,21 @@ class ChainClient:
         for attempt in range(count):
             index = (self._preferred + attempt) % count
             provider = self._providers[index]
+            if index in self._dropped:
+                errors.append(f"{url_host(provider.endpoint_uri)}: set aside for this scan")
+                continue
             try:
+                if index not in self._chain_checked:
+                    self._check_chain_id(index)
+                    self._chain_checked.add(index)
                 if self._required_head is not None and index not in self._verified:
                     self._check_not_lagging(provider)
                     self._verified.add(index)
                 self.calls += 1
                 result = send(provider)
+            except WrongChain as exc:
+                errors.append(f"{url_host(provider.endpoint_uri)}: {exc}")
+                continue
             except requests.HTTPError as exc:
                 status = exc.response.status_code if exc.response is not None else None
                 if status == 429:
@@ -155,6 +183,9 @@ class ChainClient:
                 continue
             except Exception as exc:  # an unknown answer is this URL's failure, never the scan's
                 errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}: {str(exc)[:200]}")
+                # A URL that fails may have been moved to another chain behind its load balancer: its chain id
+                # is asked again before its next answer is used.
+                self._chain_checked.discard(index)
                 continue
             self._preferred = index
             self.errors.extend(errors)
@@ -165,6 +196,25 @@ class ChainClient:
     def _cool_down(self, provider, attempt: int) -> None:
         cache.set(_cooldown_key(provider.endpoint_uri), True, timeout=RATE_LIMIT_COOLDOWN_SECONDS)
         time.sleep(self.backoff * (attempt + 1))
+
+    def _check_chain_id(self, index: int) -> None:
+        """Ask the URL which chain it serves; another chain's URL is dropped for the life of this client, with an
+        error naming the chain and the URL's host (never its key)."""
+        provider = self._providers[index]
+        self.calls += 1
+        response = provider.make_request("eth_chainId", [])
+        if not isinstance(response, dict) or response.get("error") or "result" not in response:
+            raise RpcError(response.get("error") if isinstance(response, dict) else response)
+        served = parse_quantity(response["result"])
+        if served != self.chain.chain_id:
+            self._dropped.add(index)
+            logger.error(
+                "chain %s: the RPC URL at %s serves chain %s: not used by this scan; fix the chains file",
+                self.chain.chain_id,
+                url_host(provider.endpoint_uri),
+                served,
+            )
+            raise WrongChain(f"serves chain {served}, not {self.chain.chain_id}")
 
     def _check_not_lagging(self, provider) -> None:
         self.calls += 1
@@ -234,10 +284,50 @@ class ChainClient:
                 raise Lagging(f"head {head} behind the cursor at {not_below}")
             return head
 
+        if len(self._providers) > 1:
+            self._set_aside_far_heads()
         head = self.request("eth_blockNumber", [], parse)
         self._required_head = head
         self._verified = {self._preferred}
         return head
+
+    def _set_aside_far_heads(self) -> None:
+        """Every usable URL's head, once (those cooling down after a rate limit are left alone): a head more than PAYMENTS_MAX_HEAD_LEAD_BLOCKS ahead of every other
+        answering URL is not believed (that URL is set aside for this client), so that one URL on a far-future
+        fork, or answering nonsense, cannot move the cursor past the real chain. URLs that fail here are left to
+        the usual failover."""
+        heads: dict[int, int] = {}
+        for index, provider in enumerate(self._providers):
+            if index in self._dropped or index in self._cooling:
+                continue
+            try:
+                if index not in self._chain_checked:
+                    self._check_chain_id(index)
+                    self._chain_checked.add(index)
+                self.calls += 1
+                response = provider.make_request("eth_blockNumber", [])
+                heads[index] = parse_quantity(response["result"])
+            except Exception as exc:  # that URL's failure is recorded by the failover when it is next asked
+                logger.info(
+                    "chain %s: no head from %s (%s)",
+                    self.chain.chain_id,
+                    url_host(provider.endpoint_uri),
+                    type(exc).__name__,
+                )
+        lead = settings.PAYMENTS_MAX_HEAD_LEAD_BLOCKS
+        for index, head in heads.items():
+            others = [other for position, other in heads.items() if position != index]
+            if others and head > max(others) + lead:
+                self._dropped.add(index)
+                logger.error(
+                    "chain %s: the RPC URL at %s claims head %s, more than %s blocks ahead of the others (%s): "
+                    "not believed by this scan",
+                    self.chain.chain_id,
+                    url_host(self._providers[index].endpoint_uri),
+                    head,
+                    lead,
+                    max(others),
+                )
 
     def confirmed_block(self, head: int) -> int:
         """The newest block considered final: the node's `finalized` tag, or head − confirmations + 1."""

@@ -2,13 +2,17 @@
 heads (a real anvil behind tests/payments/rpc_proxy.py, a JSON-RPC proxy that enforces common providers' limits
 and misbehaves on purpose)."""
 
+import pytest
+
 from booking.models import OrderStatus
 from payments import config, invoices, scanner
 from payments.chain import ChainClient
 from payments.demo import pay_invoice
+from payments.models import ChainCursor
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
-from tests.payments.conftest import chains_toml
+from tests.payments.conftest import Anvil, chains_toml
+from tests.payments.rpc_proxy import LimitingProxy
 
 
 def test_a_rate_limited_provider_is_backed_off_and_the_next_url_answers(
@@ -195,3 +199,60 @@ def test_batches_are_split_at_the_chains_cap(client, chain, booking_data, proxie
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID and not strict.refused
+
+
+def _rpc(url: str, method: str, params: list) -> object:
+    import json
+    import urllib.request
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["result"]
+
+
+@pytest.fixture
+def stray_node():
+    """Another anvil, ahead of the session's by a thousand blocks, on the chain id asked for."""
+    made = []
+
+    def make(chain_id: int) -> tuple[Anvil, LimitingProxy]:
+        node = Anvil(chain_id=chain_id)
+        node.start()
+        proxy = LimitingProxy(node.url)
+        made.append((node, proxy))
+        return node, proxy
+
+    yield make
+    for node, proxy in made:
+        proxy.close()
+        node.stop()
+
+
+@pytest.mark.parametrize(
+    ("stray_chain_id", "logged"), [(999, "serves chain 999"), (31337, "more than 64 blocks ahead of the others")]
+)
+def test_a_url_on_another_chain_or_far_ahead_is_set_aside_and_the_cursor_stays_on_the_real_chain(
+    client, chain, booking_data, proxies, use_chains_file, stray_node, caplog, stray_chain_id, logged
+):
+    # given: the first URL serves another chain (or a chain whose head is far ahead), behind a key in its path
+    stray, counted = stray_node(stray_chain_id)
+    real_head = int(chain.request("eth_blockNumber", []), 16)
+    _rpc(stray.url, "anvil_mine", [hex(real_head + 1000)])
+    use_chains_file(f"{counted.url}/v3/secret-key-123", proxies().url)
+    order, _ = place(client, booking_data(lots="1"))
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+    real_head = int(chain.request("eth_blockNumber", []), 16)
+
+    # when
+    scanner.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+
+    # then: the payment is found through the good URL, and nothing of the stray one was believed
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    cursor = ChainCursor.objects.get(chain_id=31337)
+    assert cursor.confirmed_block <= real_head and cursor.head_block <= real_head
+    assert logged in caplog.text and f"127.0.0.1:{counted.url.rsplit(':', 1)[1]}" in caplog.text
+    assert "secret-key" not in caplog.text
+    assert set(counted.calls) <= {"eth_chainId", "eth_blockNumber"}  # asked who it is, never used after
