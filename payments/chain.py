@@ -81,6 +81,11 @@ class RangeRefused(Exception):
     """A provider refused an eth_getLogs range as too wide (or its answer as too big): ask for a narrower one."""
 
 
+class RangeNotReady(Exception):
+    """Every URL answering for an eth_getLogs range is behind its end (it said so, or could not show the range's last
+    block): the range is read again by a later scan, never passed as read."""
+
+
 class RpcError(Exception):
     def __init__(self, error: object) -> None:
         self.error = error if isinstance(error, dict) else {"message": repr(error)[:200]}
@@ -133,6 +138,8 @@ class ChainClient:
         self._dropped: set[int] = set()
         # URLs that do not know eth_getBlockReceipts: receipts are read per transaction there.
         self._without_block_receipts: set[str] = set()
+        # The first block of the log range that no URL could serve yet (None: every range asked was read).
+        self.not_ready_from: int | None = None
         # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
         self.unread: list[tuple[int, str, str]] = []
 
@@ -143,6 +150,7 @@ class ChainClient:
         caller narrows it); anything else, known or not, moves on to the next URL. None answering is
         ChainUnavailable, with what each said."""
         errors = []
+        behind = False  # a URL answered that the range is beyond its head
         count = len(self._providers)
         for attempt in range(count):
             index = (self._preferred + attempt) % count
@@ -174,12 +182,14 @@ class ChainClient:
                 kind = classify_error(exc.error, method)
                 if kind == "range_refused":
                     raise RangeRefused(str(exc)) from exc
+                behind = behind or kind == "behind_head"
                 errors.append(f"{provider.endpoint_uri}: {kind.replace('_', ' ')} ({exc})")
                 if kind == "rate_limited":
                     self._cool_down(provider, attempt)
                 continue
             except Lagging as exc:
                 errors.append(f"{provider.endpoint_uri}: lagging ({exc})")
+                behind = True
                 continue
             except Exception as exc:  # an unknown answer is this URL's failure, never the scan's
                 errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -191,6 +201,8 @@ class ChainClient:
             self.errors.extend(errors)
             return result
         self.errors.extend(errors)
+        if behind and method == "eth_getLogs":
+            raise RangeNotReady(f"chain {self.chain.chain_id}: " + "; ".join(errors))
         raise ChainUnavailable(f"chain {self.chain.chain_id}: " + "; ".join(errors))
 
     def _cool_down(self, provider, attempt: int) -> None:
@@ -292,10 +304,10 @@ class ChainClient:
         return head
 
     def _set_aside_far_heads(self) -> None:
-        """Every usable URL's head, once (those cooling down after a rate limit are left alone): a head more than PAYMENTS_MAX_HEAD_LEAD_BLOCKS ahead of every other
-        answering URL is not believed (that URL is set aside for this client), so that one URL on a far-future
-        fork, or answering nonsense, cannot move the cursor past the real chain. URLs that fail here are left to
-        the usual failover."""
+        """Every usable URL's head, once (those cooling down after a rate limit are left alone): a head more than
+        PAYMENTS_MAX_HEAD_LEAD_BLOCKS ahead of every other answering URL is not believed (that URL is set aside
+        for this client), so that one URL on a far-future fork, or answering nonsense, cannot move the cursor past
+        the real chain. URLs that fail here are left to the usual failover."""
         heads: dict[int, int] = {}
         for index, provider in enumerate(self._providers):
             if index in self._dropped or index in self._cooling:
@@ -352,24 +364,45 @@ class ChainClient:
         while start <= to_block:
             end = min(to_block, start + span - 1)
             try:
-                raw = self._logs(start, end, sorted(tokens)) if tokens else []
-            except RangeRefused:
-                if span > 1:
-                    span = max(1, span // 2)
-                    continue
-                raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
+                try:
+                    raw = self._logs(start, end, sorted(tokens)) if tokens else []
+                except RangeRefused:
+                    if span > 1:
+                        span = max(1, span // 2)
+                        continue
+                    raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
+            except RangeNotReady:
+                # The node answering is behind this range: what was read so far stands, the rest waits for the
+                # next scan (narrowing the range would pass its blocks as read).
+                self.not_ready_from = start
+                logger.info("chain %s: blocks %s-%s not served yet, read later", self.chain.chain_id, start, end)
+                return
             logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
             yield LogRange(start=start, end=end, logs=logs, skipped=len(raw) - len(logs))
             start, span = end + 1, min(widest, span * 2)
 
     def _logs(self, start: int, end: int, addresses: list[str], topics: list | None = None) -> list:
+        """The logs of [start, end], trusted only with proof that the backend that answered holds the range: the
+        range's last block header is asked in the same batch (a backend whose head is below `end` answers null for
+        it, or an error, whether it clamped its log answer silently or not). Without that proof the URL is
+        behind: `RangeNotReady` once no URL can show it."""
         query = {
             "fromBlock": hex(start),
             "toBlock": hex(end),
             "address": addresses,
             "topics": topics or [TRANSFER_TOPIC],
         }
-        return self.request("eth_getLogs", [query], parse_log_list)
+
+        def covered(header) -> None:
+            if header is None:
+                raise Lagging(f"block {end}, the end of the range, not served with its logs")
+            if parse_quantity(header.get("number") if isinstance(header, dict) else None) != end:
+                raise ValueError(f"asked for block {end}, answered another")
+
+        logs, _header = self._batch(
+            [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])], [parse_log_list, covered]
+        )
+        return logs
 
     def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
         """The logs of one block that holds more than a provider returns at once (anyone can fill a block with

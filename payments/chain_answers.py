@@ -44,14 +44,40 @@ _RANGE_REFUSAL_WORDS = (
     "query timeout",
 )
 RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
+# Range-cap wordings of hosted providers: QuickNode ("eth_getLogs and eth_newFilter are limited to a 10,000 blocks
+# range"), Ankr ("maximum [from, to] blocks distance: 10000"), Infura ("range 1000000 exceeds limit of 10000"),
+# Tenderly ("range 9009594 is bigger than range limit 2000").
+_RANGE_REFUSAL_WORDS += ("limited to a", "blocks range", "blocks distance", "exceeds limit", "range limit")
+# A backend whose head is below the range's end (load-balanced URLs mix backends of different heads): geth and reth
+# ("block range extends beyond current head block"), Avalanche ("requested to block … after last accepted block
+# …"), others ("block … is beyond the latest block … of this node, retry later", "header not found"). The range is
+# not too wide, it is not there yet: wait, never narrow it (narrowing would pass its blocks as read).
+_BEHIND_HEAD_WORDS = (
+    "beyond current head",
+    "beyond the current head",
+    "after last accepted block",
+    "beyond the latest block",
+    "is beyond the latest",
+    "retry later",
+    "greater than the current head",
+    "greater than latest",
+    "invalid block range params",
+    "header not found",
+    "block not found",
+    "unknown block",
+    "cannot be found",
+)
 
 
 def classify_error(error: dict, method: str) -> str:
-    """`rate_limited`, `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error object."""
+    """`rate_limited`, `behind_head` or `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error
+    object."""
     message = str(error.get("message", "")).lower()
     code = error.get("code")
     if any(word in message for word in _RATE_LIMIT_WORDS):
         return "rate_limited"
+    if method == "eth_getLogs" and any(word in message for word in _BEHIND_HEAD_WORDS):
+        return "behind_head"
     if method == "eth_getLogs" and any(word in message for word in _RANGE_REFUSAL_WORDS):
         return "range_refused"
     if code in RATE_LIMIT_CODES:

@@ -256,3 +256,46 @@ def test_a_url_on_another_chain_or_far_ahead_is_set_aside_and_the_cursor_stays_o
     assert logged in caplog.text and f"127.0.0.1:{counted.url.rsplit(':', 1)[1]}" in caplog.text
     assert "secret-key" not in caplog.text
     assert set(counted.calls) <= {"eth_chainId", "eth_blockNumber"}  # asked who it is, never used after
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "block range extends beyond current head block: requested 0xffffffff, head {head}",  # geth, reth
+        "requested to block 0xffffffff after last accepted block {head}",  # Avalanche
+        None,  # a backend that silently clamps the range to its own head
+    ],
+)
+def test_a_token_payment_in_blocks_a_lagging_logs_backend_lacks_is_credited_once_it_catches_up(
+    client, chain, booking_data, proxies, use_chains_file, refusal
+):
+    # given: behind one URL, eth_getLogs reaches a backend 6 blocks behind the one that answers eth_blockNumber
+    balanced = proxies(logs_lag=6, logs_lag_error=refusal)
+    use_chains_file(balanced.url)
+    order, _ = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    assert invoice.asset_contract  # a token: found by its Transfer log only
+    receipt_hash = pay_invoice(chain, invoice)
+    paid_at = int(chain.request("eth_getTransactionReceipt", [receipt_hash])["blockNumber"], 16)
+    chain.mine(3)
+
+    # when: the lagging backend answers the scan
+    lagging = scanner.chain_scan(chain_id=31337)
+
+    # then: nothing is passed as read, and the range is not narrowed block by block
+    order.refresh_from_db()
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert ChainCursor.objects.get(chain_id=31337).confirmed_block < paid_at
+    assert lagging.not_ready_from is not None and lagging.not_ready_from <= paid_at
+    assert balanced.refused["beyond head" if refusal else "clamped"] >= 1 and len(balanced.log_queries) <= 2
+
+    # when: the backend catches up, the payment is credited within two cycles, in few calls
+    balanced.logs_lag = 0
+    calls = lagging.rpc_calls
+    for _ in range(2):
+        calls += scanner.chain_scan(chain_id=31337).rpc_calls
+        order.refresh_from_db()
+        if order.status == OrderStatus.PAID:
+            break
+    assert order.status == OrderStatus.PAID
+    assert calls < 50
