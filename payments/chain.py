@@ -148,7 +148,10 @@ class ChainClient:
         """Ask each URL in turn, starting with the one that answered last. Each failure is classified for its
         URL: a rate limit backs off before the next URL; a refused eth_getLogs range raises RangeRefused (the
         caller narrows it); anything else, known or not, moves on to the next URL. None answering is
-        ChainUnavailable, with what each said."""
+        ChainUnavailable, with what each said (RangeNotReady when a log range was beyond a URL's head).
+
+        Each URL shows its chain id before its first answer is used, and again after an error other than a rate
+        limit or a range answer: behind a load balancer, a failing URL may have been moved to another chain."""
         errors = []
         behind = False  # a URL answered that the range is beyond its head
         count = len(self._providers)
@@ -177,6 +180,7 @@ class ChainClient:
                     self._cool_down(provider, attempt)
                 else:
                     errors.append(f"{provider.endpoint_uri}: HTTP {status}")
+                    self._chain_checked.discard(index)
                 continue
             except RpcError as exc:
                 kind = classify_error(exc.error, method)
@@ -186,6 +190,8 @@ class ChainClient:
                 errors.append(f"{provider.endpoint_uri}: {kind.replace('_', ' ')} ({exc})")
                 if kind == "rate_limited":
                     self._cool_down(provider, attempt)
+                elif kind == "error":
+                    self._chain_checked.discard(index)
                 continue
             except Lagging as exc:
                 errors.append(f"{provider.endpoint_uri}: lagging ({exc})")
@@ -193,8 +199,6 @@ class ChainClient:
                 continue
             except Exception as exc:  # an unknown answer is this URL's failure, never the scan's
                 errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}: {str(exc)[:200]}")
-                # A URL that fails may have been moved to another chain behind its load balancer: its chain id
-                # is asked again before its next answer is used.
                 self._chain_checked.discard(index)
                 continue
             self._preferred = index

@@ -2,11 +2,13 @@
 heads (a real anvil behind tests/payments/rpc_proxy.py, a JSON-RPC proxy that enforces common providers' limits
 and misbehaves on purpose)."""
 
+import dataclasses
+
 import pytest
 
 from booking.models import OrderStatus
 from payments import config, invoices, scanner
-from payments.chain import ChainClient
+from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
 from payments.models import ChainCursor
 from payments.selectors import current_invoice
@@ -299,3 +301,22 @@ def test_a_token_payment_in_blocks_a_lagging_logs_backend_lacks_is_credited_once
             break
     assert order.status == OrderStatus.PAID
     assert calls < 50
+
+
+def test_a_url_that_failed_shows_its_chain_id_again_before_it_is_believed(chain, proxies, stray_node, caplog):
+    # given: a URL checked and answering for the chain
+    switching = proxies()
+    client_ = ChainClient(dataclasses.replace(config.chain(31337), rpc_urls=(switching.url,)), backoff=0.01)
+    client_.head()
+
+    # when: it fails once, then its load balancer sends it to a node of another chain
+    switching.garbage = True
+    with pytest.raises(ChainUnavailable):
+        client_.request("eth_blockNumber", [])
+    stray, _counted = stray_node(999)
+    switching.garbage, switching.upstream = False, stray.url
+
+    # then: it is asked its chain id again, and nothing it says is used
+    with pytest.raises(ChainUnavailable):
+        client_.request("eth_blockNumber", [])
+    assert switching.calls["eth_chainId"] == 2 and "serves chain 999" in caplog.text
