@@ -301,17 +301,19 @@ class ChainClient:
             return head
 
         if len(self._providers) > 1:
-            self._set_aside_far_heads()
+            self._set_aside_far_heads(not_below=not_below)
         head = self.request("eth_blockNumber", [], parse)
         self._required_head = head
         self._verified = {self._preferred}
         return head
 
-    def _set_aside_far_heads(self) -> None:
+    def _set_aside_far_heads(self, *, not_below: int) -> None:
         """Every usable URL's head, once (those cooling down after a rate limit are left alone): a head more than
         PAYMENTS_MAX_HEAD_LEAD_BLOCKS ahead of every other answering URL is not believed (that URL is set aside
         for this client), so that one URL on a far-future fork, or answering nonsense, cannot move the cursor past
-        the real chain. URLs that fail here are left to the usual failover."""
+        the real chain. A head behind `not_below` (the cursor) is stale already and is no measure of the others:
+        a URL stuck for hours does not make the honest ones look too far ahead. URLs that fail here are left to
+        the usual failover."""
         heads: dict[int, int] = {}
         for index, provider in enumerate(self._providers):
             if index in self._dropped or index in self._cooling:
@@ -332,7 +334,7 @@ class ChainClient:
                 )
         lead = settings.PAYMENTS_MAX_HEAD_LEAD_BLOCKS
         for index, head in heads.items():
-            others = [other for position, other in heads.items() if position != index]
+            others = [other for position, other in heads.items() if position != index and other >= not_below]
             if others and head > max(others) + lead:
                 self._dropped.add(index)
                 logger.error(

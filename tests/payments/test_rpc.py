@@ -320,3 +320,22 @@ def test_a_url_that_failed_shows_its_chain_id_again_before_it_is_believed(chain,
     with pytest.raises(ChainUnavailable):
         client_.request("eth_blockNumber", [])
     assert switching.calls["eth_chainId"] == 2 and "serves chain 999" in caplog.text
+
+
+def test_a_url_stuck_far_behind_the_cursor_does_not_make_the_healthy_one_look_too_far_ahead(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    # given: a scanned chain, and a first URL stuck 100 blocks behind (more than the 64 a head may lead by)
+    order, _ = place(client, booking_data(lots="1"))
+    chain.mine(120)
+    scanner.chain_scan(chain_id=31337)
+    use_chains_file(proxies(lag=100).url, chain.chain.rpc_urls[0], name="stuck-first")
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+
+    # when
+    scanner.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+
+    # then: the healthy URL's head is believed and the payment found
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
