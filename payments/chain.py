@@ -20,8 +20,10 @@ import json
 import logging
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
+from django.conf import settings
 from django.core.cache import cache
 from web3 import Web3
 from web3.providers.rpc import HTTPProvider
@@ -31,7 +33,9 @@ from payments.chain_answers import (
     BlockRange,
     FeedRound,
     LogRange,
+    TransferLog,
     classify_error,
+    is_unknown_method,
     parse_block,
     parse_block_ref,
     parse_feed_round,
@@ -39,6 +43,7 @@ from payments.chain_answers import (
     parse_quantity,
     parse_transfer_log,
     parse_uint256,
+    successful_transactions,
 )
 from payments.config import Chain
 
@@ -76,6 +81,11 @@ class RangeRefused(Exception):
     """A provider refused an eth_getLogs range as too wide (or its answer as too big): ask for a narrower one."""
 
 
+class RangeNotReady(Exception):
+    """Every URL answering for an eth_getLogs range is behind its end (it said so, or could not show the range's last
+    block): the range is read again by a later scan, never passed as read."""
+
+
 class RpcError(Exception):
     def __init__(self, error: object) -> None:
         self.error = error if isinstance(error, dict) else {"message": repr(error)[:200]}
@@ -84,6 +94,18 @@ class RpcError(Exception):
 
 class Lagging(Exception):
     """The node's head is behind a block this scan already relies on: it is late, not reorganised."""
+
+
+class WrongChain(Exception):
+    """A URL serves another chain than the one it is configured for: it is not asked again by this client."""
+
+
+def url_host(url: str) -> str:
+    """The host (and port) of an RPC URL, for logs and alerts: never its path, query or credentials, where
+    providers put their keys."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{host}:{parts.port}" if parts.port else host
 
 
 def _address_topic(address: str) -> str:
@@ -105,10 +127,19 @@ class ChainClient:
         self._preferred = next(
             (index for index, url in enumerate(chain.rpc_urls) if _cooldown_key(url) not in cooling), 0
         )
+        self._cooling = {index for index, url in enumerate(chain.rpc_urls) if _cooldown_key(url) in cooling}
         # Once the head is read, every other URL must show at least that head before it answers for this cycle: a
         # lagging node would return fewer logs and no blocks beyond its own head.
         self._required_head: int | None = None
         self._verified: set[int] = set()
+        # URLs whose eth_chainId answered this chain (checked at first use, and again after any failure), and URLs
+        # set aside for the life of this client: another chain, or a head no other URL comes near.
+        self._chain_checked: set[int] = set()
+        self._dropped: set[int] = set()
+        # URLs that do not know eth_getBlockReceipts: receipts are read per transaction there.
+        self._without_block_receipts: set[str] = set()
+        # The first block of the log range that no URL could serve yet (None: every range asked was read).
+        self.not_ready_from: int | None = None
         # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
         self.unread: list[tuple[int, str, str]] = []
 
@@ -117,18 +148,31 @@ class ChainClient:
         """Ask each URL in turn, starting with the one that answered last. Each failure is classified for its
         URL: a rate limit backs off before the next URL; a refused eth_getLogs range raises RangeRefused (the
         caller narrows it); anything else, known or not, moves on to the next URL. None answering is
-        ChainUnavailable, with what each said."""
+        ChainUnavailable, with what each said (RangeNotReady when a log range was beyond a URL's head).
+
+        Each URL shows its chain id before its first answer is used, and again after an error other than a rate
+        limit or a range answer: behind a load balancer, a failing URL may have been moved to another chain."""
         errors = []
+        behind = False  # a URL answered that the range is beyond its head
         count = len(self._providers)
         for attempt in range(count):
             index = (self._preferred + attempt) % count
             provider = self._providers[index]
+            if index in self._dropped:
+                errors.append(f"{url_host(provider.endpoint_uri)}: set aside for this scan")
+                continue
             try:
+                if index not in self._chain_checked:
+                    self._check_chain_id(index)
+                    self._chain_checked.add(index)
                 if self._required_head is not None and index not in self._verified:
                     self._check_not_lagging(provider)
                     self._verified.add(index)
                 self.calls += 1
                 result = send(provider)
+            except WrongChain as exc:
+                errors.append(f"{url_host(provider.endpoint_uri)}: {exc}")
+                continue
             except requests.HTTPError as exc:
                 status = exc.response.status_code if exc.response is not None else None
                 if status == 429:
@@ -136,30 +180,57 @@ class ChainClient:
                     self._cool_down(provider, attempt)
                 else:
                     errors.append(f"{provider.endpoint_uri}: HTTP {status}")
+                    self._chain_checked.discard(index)
                 continue
             except RpcError as exc:
                 kind = classify_error(exc.error, method)
                 if kind == "range_refused":
                     raise RangeRefused(str(exc)) from exc
+                behind = behind or kind == "behind_head"
                 errors.append(f"{provider.endpoint_uri}: {kind.replace('_', ' ')} ({exc})")
                 if kind == "rate_limited":
                     self._cool_down(provider, attempt)
+                elif kind == "error":
+                    self._chain_checked.discard(index)
                 continue
             except Lagging as exc:
                 errors.append(f"{provider.endpoint_uri}: lagging ({exc})")
+                behind = True
                 continue
             except Exception as exc:  # an unknown answer is this URL's failure, never the scan's
                 errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}: {str(exc)[:200]}")
+                self._chain_checked.discard(index)
                 continue
             self._preferred = index
             self.errors.extend(errors)
             return result
         self.errors.extend(errors)
+        if behind and method == "eth_getLogs":
+            raise RangeNotReady(f"chain {self.chain.chain_id}: " + "; ".join(errors))
         raise ChainUnavailable(f"chain {self.chain.chain_id}: " + "; ".join(errors))
 
     def _cool_down(self, provider, attempt: int) -> None:
         cache.set(_cooldown_key(provider.endpoint_uri), True, timeout=RATE_LIMIT_COOLDOWN_SECONDS)
         time.sleep(self.backoff * (attempt + 1))
+
+    def _check_chain_id(self, index: int) -> None:
+        """Ask the URL which chain it serves; another chain's URL is dropped for the life of this client, with an
+        error naming the chain and the URL's host (never its key)."""
+        provider = self._providers[index]
+        self.calls += 1
+        response = provider.make_request("eth_chainId", [])
+        if not isinstance(response, dict) or response.get("error") or "result" not in response:
+            raise RpcError(response.get("error") if isinstance(response, dict) else response)
+        served = parse_quantity(response["result"])
+        if served != self.chain.chain_id:
+            self._dropped.add(index)
+            logger.error(
+                "chain %s: the RPC URL at %s serves chain %s: not used by this scan; fix the chains file",
+                self.chain.chain_id,
+                url_host(provider.endpoint_uri),
+                served,
+            )
+            raise WrongChain(f"serves chain {served}, not {self.chain.chain_id}")
 
     def _check_not_lagging(self, provider) -> None:
         self.calls += 1
@@ -229,10 +300,52 @@ class ChainClient:
                 raise Lagging(f"head {head} behind the cursor at {not_below}")
             return head
 
+        if len(self._providers) > 1:
+            self._set_aside_far_heads(not_below=not_below)
         head = self.request("eth_blockNumber", [], parse)
         self._required_head = head
         self._verified = {self._preferred}
         return head
+
+    def _set_aside_far_heads(self, *, not_below: int) -> None:
+        """Every usable URL's head, once (those cooling down after a rate limit are left alone): a head more than
+        PAYMENTS_MAX_HEAD_LEAD_BLOCKS ahead of every other answering URL is not believed (that URL is set aside
+        for this client), so that one URL on a far-future fork, or answering nonsense, cannot move the cursor past
+        the real chain. A head behind `not_below` (the cursor) is stale already and is no measure of the others:
+        a URL stuck for hours does not make the honest ones look too far ahead. URLs that fail here are left to
+        the usual failover."""
+        heads: dict[int, int] = {}
+        for index, provider in enumerate(self._providers):
+            if index in self._dropped or index in self._cooling:
+                continue
+            try:
+                if index not in self._chain_checked:
+                    self._check_chain_id(index)
+                    self._chain_checked.add(index)
+                self.calls += 1
+                response = provider.make_request("eth_blockNumber", [])
+                heads[index] = parse_quantity(response["result"])
+            except Exception as exc:  # that URL's failure is recorded by the failover when it is next asked
+                logger.info(
+                    "chain %s: no head from %s (%s)",
+                    self.chain.chain_id,
+                    url_host(provider.endpoint_uri),
+                    type(exc).__name__,
+                )
+        lead = settings.PAYMENTS_MAX_HEAD_LEAD_BLOCKS
+        for index, head in heads.items():
+            others = [other for position, other in heads.items() if position != index and other >= not_below]
+            if others and head > max(others) + lead:
+                self._dropped.add(index)
+                logger.error(
+                    "chain %s: the RPC URL at %s claims head %s, more than %s blocks ahead of the others (%s): "
+                    "not believed by this scan",
+                    self.chain.chain_id,
+                    url_host(self._providers[index].endpoint_uri),
+                    head,
+                    lead,
+                    max(others),
+                )
 
     def confirmed_block(self, head: int) -> int:
         """The newest block considered final: the node's `finalized` tag, or head − confirmations + 1."""
@@ -257,24 +370,45 @@ class ChainClient:
         while start <= to_block:
             end = min(to_block, start + span - 1)
             try:
-                raw = self._logs(start, end, sorted(tokens)) if tokens else []
-            except RangeRefused:
-                if span > 1:
-                    span = max(1, span // 2)
-                    continue
-                raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
+                try:
+                    raw = self._logs(start, end, sorted(tokens)) if tokens else []
+                except RangeRefused:
+                    if span > 1:
+                        span = max(1, span // 2)
+                        continue
+                    raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
+            except RangeNotReady:
+                # The node answering is behind this range: what was read so far stands, the rest waits for the
+                # next scan (narrowing the range would pass its blocks as read).
+                self.not_ready_from = start
+                logger.info("chain %s: blocks %s-%s not served yet, read later", self.chain.chain_id, start, end)
+                return
             logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
             yield LogRange(start=start, end=end, logs=logs, skipped=len(raw) - len(logs))
             start, span = end + 1, min(widest, span * 2)
 
     def _logs(self, start: int, end: int, addresses: list[str], topics: list | None = None) -> list:
+        """The logs of [start, end], trusted only with proof that the backend that answered holds the range: the
+        range's last block header is asked in the same batch (a backend whose head is below `end` answers null for
+        it, or an error, whether it clamped its log answer silently or not). Without that proof the URL is
+        behind: `RangeNotReady` once no URL can show it."""
         query = {
             "fromBlock": hex(start),
             "toBlock": hex(end),
             "address": addresses,
             "topics": topics or [TRANSFER_TOPIC],
         }
-        return self.request("eth_getLogs", [query], parse_log_list)
+
+        def covered(header) -> None:
+            if header is None:
+                raise Lagging(f"block {end}, the end of the range, not served with its logs")
+            if parse_quantity(header.get("number") if isinstance(header, dict) else None) != end:
+                raise ValueError(f"asked for block {end}, answered another")
+
+        logs, _header = self._batch(
+            [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])], [parse_log_list, covered]
+        )
+        return logs
 
     def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
         """The logs of one block that holds more than a provider returns at once (anyone can fill a block with
@@ -324,13 +458,62 @@ class ChainClient:
         size = max(1, min(FULL_BLOCKS_PER_BATCH, self.chain.max_batch))
         for offset in range(0, len(numbers), size):
             part = numbers[offset : offset + size]
+            claimed = []
             for read in self.batch(
                 [("eth_getBlockByNumber", [hex(number), True]) for number in part], parsers[offset : offset + size]
             ):
                 blocks.update(read.blocks)
-                transfers += read.transfers
+                claimed += read.transfers
                 skipped += read.skipped
+            succeeded = self.successful(claimed)
+            transfers += [transfer for transfer in claimed if transfer.tx_hash in succeeded]
         return BlockRange(blocks=blocks, transfers=transfers, skipped=skipped)
+
+    def successful(self, transfers: list[TransferLog]) -> frozenset[str]:
+        """The hashes of `transfers` whose receipt says success: a transaction to a deposit address can revert
+        (code at the address), and an OP-stack deposit transaction is included even when it fails. Read in one
+        round trip: `eth_getBlockReceipts` for the blocks that hold them where the node has it, otherwise
+        `eth_getTransactionReceipt` for these transactions only (a URL without the former is remembered)."""
+        if not transfers:
+            return frozenset()
+        wanted = frozenset(transfer.tx_hash for transfer in transfers)
+        numbers = sorted({transfer.block_number for transfer in transfers})
+        size = max(1, min(MAX_BATCH, self.chain.max_batch))
+
+        def answers(provider, calls: list) -> list | None:
+            """The results of `calls`, batched; None when the node does not know the method."""
+            results = []
+            for offset in range(0, len(calls), size):
+                if offset:
+                    self.calls += 1
+                responses = provider.make_batch_request(calls[offset : offset + size])
+                if not isinstance(responses, list) or len(responses) != len(calls[offset : offset + size]):
+                    raise RpcError(responses.get("error") if isinstance(responses, dict) else responses)
+                for response in responses:
+                    if not isinstance(response, dict):
+                        raise RpcError(response)
+                    if response.get("error"):
+                        if is_unknown_method(response["error"]):
+                            return None
+                        raise RpcError(response["error"])
+                    results.append(response.get("result"))
+            return results
+
+        def send(provider):
+            if provider.endpoint_uri not in self._without_block_receipts:
+                lists = answers(provider, [("eth_getBlockReceipts", [hex(number)]) for number in numbers])
+                if lists is not None:
+                    if not all(isinstance(receipts, list) for receipts in lists):
+                        raise ValueError("eth_getBlockReceipts: a block without its receipts")
+                    return successful_transactions([r for receipts in lists for r in receipts], wanted=wanted)
+                self._without_block_receipts.add(provider.endpoint_uri)
+                self.calls += 1
+            receipts = answers(provider, [("eth_getTransactionReceipt", [tx_hash]) for tx_hash in sorted(wanted)])
+            if receipts is None:
+                raise RpcError({"message": "no receipts at all"})
+            return successful_transactions(receipts, wanted=wanted)
+
+        return self._send(send, "eth_getBlockReceipts")
 
     def native_balances(self, addresses: list[str], *, block: int) -> tuple[tuple[str, int], list[tuple[int, int]]]:
         """The (hash, timestamp) of `block`, and each address's (balance, nonce) there, in one batched round trip

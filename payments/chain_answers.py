@@ -44,19 +44,55 @@ _RANGE_REFUSAL_WORDS = (
     "query timeout",
 )
 RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
+# Range-cap wordings of hosted providers: QuickNode ("eth_getLogs and eth_newFilter are limited to a 10,000 blocks
+# range"), Ankr ("maximum [from, to] blocks distance: 10000"), Infura ("range 1000000 exceeds limit of 10000"),
+# Tenderly ("range 9009594 is bigger than range limit 2000").
+_RANGE_REFUSAL_WORDS += ("limited to a", "blocks range", "blocks distance", "exceeds limit", "range limit")
+# A backend whose head is below the range's end (load-balanced URLs mix backends of different heads): geth and reth
+# ("block range extends beyond current head block"), Avalanche ("requested to block … after last accepted block
+# …"), others ("block … is beyond the latest block … of this node, retry later", "header not found"). The range is
+# not too wide, it is not there yet: wait, never narrow it (narrowing would pass its blocks as read).
+_BEHIND_HEAD_WORDS = (
+    "beyond current head",
+    "beyond the current head",
+    "after last accepted block",
+    "beyond the latest block",
+    "is beyond the latest",
+    "retry later",
+    "greater than the current head",
+    "greater than latest",
+    "invalid block range params",
+    "header not found",
+    "block not found",
+    "unknown block",
+    "cannot be found",
+)
 
 
 def classify_error(error: dict, method: str) -> str:
-    """`rate_limited`, `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error object."""
+    """`rate_limited`, `behind_head` or `range_refused` (only for eth_getLogs) or `error`, from a JSON-RPC error
+    object."""
     message = str(error.get("message", "")).lower()
     code = error.get("code")
     if any(word in message for word in _RATE_LIMIT_WORDS):
         return "rate_limited"
+    if method == "eth_getLogs" and any(word in message for word in _BEHIND_HEAD_WORDS):
+        return "behind_head"
     if method == "eth_getLogs" and any(word in message for word in _RANGE_REFUSAL_WORDS):
         return "range_refused"
     if code in RATE_LIMIT_CODES:
         return "rate_limited"
     return "error"
+
+
+def is_unknown_method(error: object) -> bool:
+    """Whether a JSON-RPC error says the node does not offer the method (-32601, or providers' wordings)."""
+    if not isinstance(error, dict):
+        return False
+    message = str(error.get("message", "")).lower()
+    return error.get("code") == -32601 or any(
+        words in message for words in ("method not found", "not supported", "unsupported method", "does not exist")
+    )
 
 
 @dataclass(frozen=True)
@@ -167,8 +203,11 @@ def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> Bl
     the URL that answered it failed, the next is asked. A transaction to a recipient that is malformed (a value out
     of range, a bad hash) is skipped and counted; transactions to anyone else are not looked at.
 
-    A value sent to a deposit address cannot have failed: the address holds no code, so nothing runs that could
-    revert, and a transaction without the gas a plain transfer needs is never included in a block."""
+    A transaction in a block may have failed: the recipient may hold code that reverts (an address is only empty
+    until someone deploys to it or, on a test node, sets its code), and on OP-stack chains a deposit transaction
+    (type 0x7e) whose value exceeds what its sender holds is included all the same and fails. What is returned here
+    is only what the transactions claim: the adapter reads their receipts and keeps those whose status is success
+    (`successful_transactions`) before anything is credited."""
     if not isinstance(block, dict):
         raise ValueError(f"block {number} missing")
     block_hash, timestamp = parse_block_ref(block)
@@ -212,6 +251,36 @@ def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> Bl
             )
         )
     return BlockRange(blocks={number: (block_hash, timestamp)}, transfers=transfers, skipped=skipped)
+
+
+# The EIP-2718 type of an OP-stack deposit transaction: included by the rollup whatever it carries. Its `mint` is
+# credited to the sender whatever happens; its `value` moves to `to` only when its receipt says success.
+OP_DEPOSIT_TX_TYPE = 0x7E
+
+
+def successful_transactions(receipts: object, *, wanted: frozenset[str]) -> frozenset[str]:
+    """The hashes among `wanted` whose receipt says success (status 0x1), from a list of receipts (a block's, or
+    one per transaction). A receipt without a status (pre-Byzantium), with another value, or malformed does not
+    count as success: nothing is credited from a transaction whose success is not shown. OP-stack deposits
+    (type 0x7e) follow the same rule, their value being minted to the recipient only on success. A missing
+    receipt for a wanted transaction is the node's failure (ValueError), so that the next URL is asked."""
+    if not isinstance(receipts, list):
+        raise ValueError("receipts: not a list")
+    found, succeeded = set(), set()
+    for receipt in receipts:
+        if not isinstance(receipt, dict):
+            continue
+        tx_hash = receipt.get("transactionHash")
+        if not isinstance(tx_hash, str) or tx_hash.lower() not in wanted:
+            continue
+        found.add(tx_hash.lower())
+        if receipt.get("status") in ("0x1", "0x01"):
+            succeeded.add(tx_hash.lower())
+    return frozenset(succeeded) if found >= wanted else _missing_receipts(wanted - found)
+
+
+def _missing_receipts(missing: frozenset[str]):
+    raise ValueError(f"no receipt for {len(missing)} transaction(s), e.g. {sorted(missing)[0]}")
 
 
 def parse_abi_string(raw: object) -> str:

@@ -52,6 +52,7 @@ class ScanResult:
     rpc_calls: int = 0
     unread: int = 0  # (block, contract, address) left unread in blocks crowded beyond the provider's cap
     balance_checks: int = 0  # native balances read for payments no transaction explains
+    not_ready_from: int | None = None  # the first block no URL could serve logs for yet: read again next cycle
     settled: list[int] = field(default_factory=list)
 
 
@@ -219,6 +220,7 @@ def _scan(
         result.logs += len(matched)
         result.skipped_logs += skipped
     result.unread = len(client.unread)
+    result.not_ready_from = client.not_ready_from
     result.balance_checks = native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now)
     invoices = _invoices_to_review(chain.chain_id, now)
     result.settled = _move_invoices(invoices=invoices, head=head, result=result, now=now)

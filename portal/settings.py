@@ -297,6 +297,9 @@ if REFUSE_DEMO_PIECES:
 PAYMENTS_DEFAULT_ASSET = env.str("PAYMENTS_DEFAULT_ASSET", default="")
 # Late payments are still watched, recorded and flagged this long after the quote expired.
 PAYMENTS_MONITOR_DAYS = env.int("PAYMENTS_MONITOR_DAYS", default=7)
+# A node's head more than this many blocks ahead of every other answering RPC URL of its chain is not believed
+# (that URL is set aside for the scan): a far-future head would move the cursor past the real chain.
+PAYMENTS_MAX_HEAD_LEAD_BLOCKS = env.int("PAYMENTS_MAX_HEAD_LEAD_BLOCKS", default=64)
 # Who hears about paid orders awaiting approval (empty: nobody by e-mail; the console shows them).
 PAYMENTS_NOTIFY_EMAIL = env.str("PAYMENTS_NOTIFY_EMAIL", default="")
 CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {

@@ -1,6 +1,7 @@
 """A real EVM node for the payment tests: anvil (npm @foundry-rs/anvil) with the project's contracts compiled
 from source by solc-js, deployed once per session; each test runs on a snapshot that is reverted after it."""
 
+import dataclasses
 import os
 import signal
 import socket
@@ -37,7 +38,8 @@ class Anvil:
     """An anvil node on a free port. With `state`, the chain (blocks, logs, balances it touched) is written there
     when the node stops and read back when it starts again: a node that goes down and comes back."""
 
-    def __init__(self, state: Path | None = None) -> None:
+    def __init__(self, state: Path | None = None, *, chain_id: int = 31337) -> None:
+        self.chain_id = chain_id
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = state
@@ -46,10 +48,15 @@ class Anvil:
     def start(self) -> None:
         state = ["--state", str(self.state)] if self.state else []
         self.process = subprocess.Popen(
-            [str(ROOT / "node_modules" / ".bin" / "anvil"), "--port", str(self.port), "--silent", *state],
+            [
+                str(ROOT / "node_modules" / ".bin" / "anvil"),
+                *("--port", str(self.port), "--chain-id", str(self.chain_id), "--silent", *state),
+            ],
             start_new_session=True,
         )
+        # Asked as the chain it serves (the client checks each URL's chain id).
         client = DevChain(config.parse_chains(chains_toml(self.url))[31337])
+        client.chain = dataclasses.replace(client.chain, chain_id=self.chain_id)
         for _ in range(100):
             try:
                 client.head()

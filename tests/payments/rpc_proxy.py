@@ -32,7 +32,12 @@ class LimitingProxy:
         garbage: bool = False,  # answer HTTP 200 with a body that is not JSON-RPC
         lag: int = 0,  # serve a head this many blocks behind the real one
         stale_log_hashes: int = 0,  # this many eth_getLogs answers carry a block hash that is not canonical
+        unknown_methods: frozenset[str] = frozenset(),  # answered -32601 "method not found", like an older node
+        logs_lag: int = 0,  # requests with eth_getLogs reach a backend this many blocks behind (load balancing)
+        logs_lag_error: str | None = None,  # how that backend refuses a range beyond its head (None: clamps it)
     ) -> None:
+        self.logs_lag, self.logs_lag_error = logs_lag, logs_lag_error
+        self.unknown_methods = unknown_methods
         self.stale_log_hashes = stale_log_hashes
         self.upstream = upstream
         self.max_range, self.max_logs, self.max_batch, self.max_topics = max_range, max_logs, max_batch, max_topics
@@ -105,13 +110,23 @@ class LimitingProxy:
                 return 200, json.dumps(_error(None, -32600, f"batch too large (max {self.max_batch})")).encode()
             if self._plain(payload):  # nothing to check or change call by call: one round trip upstream
                 return 200, json.dumps(self._upstream_batch(payload)).encode()
-            return 200, json.dumps([self._one(call) for call in payload]).encode()
-        return 200, json.dumps(self._one(payload)).encode()
+            lag = self._lag_for(payload)
+            return 200, json.dumps([self._one(call, lag) for call in payload]).encode()
+        return 200, json.dumps(self._one(payload, self._lag_for([payload]))).encode()
+
+    def _lag_for(self, calls: list) -> int:
+        """How far behind the backend that serves these calls is: a request asking for logs may reach a lagging
+        backend of the load balancer, while the others reach an up-to-date one."""
+        if self.logs_lag and any(isinstance(call, dict) and call.get("method") == "eth_getLogs" for call in calls):
+            return self.logs_lag
+        return self.lag
 
     def _plain(self, calls: list) -> bool:
         return (
             not self.lag
+            and not self.logs_lag
             and self.rate_limit is None
+            and not self.unknown_methods
             and all(isinstance(call, dict) and call.get("method") != "eth_getLogs" for call in calls)
         )
 
@@ -126,10 +141,13 @@ class LimitingProxy:
     def _head(self) -> int:
         return int(self._upstream({"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []})["result"], 16)
 
-    def _one(self, call: dict) -> dict:
+    def _one(self, call: dict, lag: int = 0) -> dict:
         method, params, request_id = call.get("method"), call.get("params", []), call.get("id")
         if method == "eth_getLogs":
             self.log_queries.append(params[0])
+        if method in self.unknown_methods:
+            self.refused["unknown method"] += 1
+            return _error(request_id, -32601, f"the method {method} does not exist/is not available")
         if self.rate_limit == "rpc" and self._limited([call]):
             self.refused["rpc -32005"] += 1
             return {"jsonrpc": "2.0", "id": request_id, "error": RATE_LIMIT_RPC}
@@ -147,8 +165,8 @@ class LimitingProxy:
             if self.max_range and span > self.max_range:
                 self.refused["range"] += 1
                 return _error(request_id, -32602, f"block range is too wide (max {self.max_range} blocks)")
-        if self.lag:
-            head = max(0, self._head() - self.lag)
+        if lag:
+            head = max(0, self._head() - lag)
             if method == "eth_blockNumber":
                 return {"jsonrpc": "2.0", "id": request_id, "result": hex(head)}
             if method in ("eth_getBlockByNumber", "eth_getBalance", "eth_getTransactionCount"):
@@ -157,7 +175,11 @@ class LimitingProxy:
                     if method != "eth_getBlockByNumber":
                         return _error(request_id, -32000, "header not found")
                     return {"jsonrpc": "2.0", "id": request_id, "result": None}  # a block it does not have
+            if method == "eth_getLogs" and int(params[0]["toBlock"], 16) > head and self.logs_lag_error:
+                self.refused["beyond head"] += 1
+                return _error(request_id, -32602, self.logs_lag_error.format(head=head))
             if method == "eth_getLogs" and int(params[0]["toBlock"], 16) > head:
+                self.refused["clamped"] += 1
                 params = [{**params[0], "toBlock": hex(head)}]  # like geth: silently up to its own head
         answer = self._upstream({**call, "params": params})
         if method == "eth_getLogs" and self.stale_log_hashes and answer.get("result"):

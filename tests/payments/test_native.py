@@ -2,6 +2,8 @@
 the same interval as one, a reorganisation under a native payment, a payment by an internal transaction from a
 contract, a derived address that already holds coin (anvil)."""
 
+import time
+
 from django.conf import settings
 from django.urls import reverse
 
@@ -166,3 +168,63 @@ def test_a_derived_address_that_already_holds_coin_is_never_issued(client, chain
     assert invoice.deposit_address != prefunded and invoice.derivation_index > next_index
     assert f"derivation index {next_index} ({deposit_address(settings.PAYMENTS_XPUB, next_index)})" in caplog.text
     assert not Invoice.objects.filter(deposit_address=prefunded).exists()
+
+
+def send_reverting_payment(chain, to: str, value: int) -> dict:
+    """Send `value` to `to` and wait for the receipt, whatever its status (DevChain refuses reverted ones)."""
+    tx_hash = chain.request(
+        "eth_sendTransaction", [{"from": chain.accounts()[1], "to": to, "value": hex(value), "gas": hex(100_000)}]
+    )
+    for _ in range(200):
+        if receipt := chain.request("eth_getTransactionReceipt", [tx_hash]):
+            return receipt
+        time.sleep(0.05)
+    raise RuntimeError(f"transaction {tx_hash} not mined")
+
+
+def test_a_reverted_transfer_to_a_deposit_address_is_never_credited(client, chain, booking_data):
+    # given: code at the deposit address that reverts whatever it is sent (PUSH1 0 PUSH1 0 REVERT)
+    order, invoice = pay_in_eth(client, booking_data)
+    chain.request("anvil_setCode", [invoice.deposit_address, "0x60006000fd"])
+
+    # when: the whole amount due is sent there, and the transaction is included but fails
+    receipt = send_reverting_payment(chain, invoice.deposit_address, int(invoice.amount_due_units))
+    assert receipt["status"] == "0x0"
+    chain.mine(3)
+    scan()
+    chain.mine(3)
+    scan()
+
+    # then: nothing is credited, the order still waits for its payment
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert invoice.amount_confirmed_units == 0 and invoice.amount_pending_units == 0
+    assert not Transfer.objects.filter(invoice=invoice).exists()
+
+    # and a transfer that succeeds (the code gone) is credited as before
+    chain.request("anvil_setCode", [invoice.deposit_address, "0x"])
+    pay_invoice(chain, invoice)
+    chain.mine(3)
+    scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+def test_receipts_are_read_per_transaction_where_the_node_lacks_block_receipts(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    old_node = proxies(unknown_methods=frozenset({"eth_getBlockReceipts"}))
+    use_chains_file(old_node.url)
+    _order, invoice = pay_in_eth(client, booking_data)
+    chain.request("anvil_setCode", [invoice.deposit_address, "0x60006000fd"])
+    assert send_reverting_payment(chain, invoice.deposit_address, int(invoice.amount_due_units))["status"] == "0x0"
+    chain.request("anvil_setCode", [invoice.deposit_address, "0x"])
+    paid = pay_invoice(chain, invoice, units=int(invoice.amount_due_units) // 2)
+    chain.mine(3)
+
+    scan()
+
+    credits = Transfer.objects.filter(invoice=invoice)
+    assert [credit.tx_hash for credit in credits] == [paid.lower()]
+    assert old_node.calls["eth_getTransactionReceipt"] >= 2 and old_node.refused["unknown method"] >= 1

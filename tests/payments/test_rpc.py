@@ -2,13 +2,19 @@
 heads (a real anvil behind tests/payments/rpc_proxy.py, a JSON-RPC proxy that enforces common providers' limits
 and misbehaves on purpose)."""
 
+import dataclasses
+
+import pytest
+
 from booking.models import OrderStatus
 from payments import config, invoices, scanner
-from payments.chain import ChainClient
+from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
+from payments.models import ChainCursor
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
-from tests.payments.conftest import chains_toml
+from tests.payments.conftest import Anvil, chains_toml
+from tests.payments.rpc_proxy import LimitingProxy
 
 
 def test_a_rate_limited_provider_is_backed_off_and_the_next_url_answers(
@@ -195,3 +201,141 @@ def test_batches_are_split_at_the_chains_cap(client, chain, booking_data, proxie
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID and not strict.refused
+
+
+def _rpc(url: str, method: str, params: list) -> object:
+    import json
+    import urllib.request
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["result"]
+
+
+@pytest.fixture
+def stray_node():
+    """Another anvil, ahead of the session's by a thousand blocks, on the chain id asked for."""
+    made = []
+
+    def make(chain_id: int) -> tuple[Anvil, LimitingProxy]:
+        node = Anvil(chain_id=chain_id)
+        node.start()
+        proxy = LimitingProxy(node.url)
+        made.append((node, proxy))
+        return node, proxy
+
+    yield make
+    for node, proxy in made:
+        proxy.close()
+        node.stop()
+
+
+@pytest.mark.parametrize(
+    ("stray_chain_id", "logged"), [(999, "serves chain 999"), (31337, "more than 64 blocks ahead of the others")]
+)
+def test_a_url_on_another_chain_or_far_ahead_is_set_aside_and_the_cursor_stays_on_the_real_chain(
+    client, chain, booking_data, proxies, use_chains_file, stray_node, caplog, stray_chain_id, logged
+):
+    # given: the first URL serves another chain (or a chain whose head is far ahead), behind a key in its path
+    stray, counted = stray_node(stray_chain_id)
+    real_head = int(chain.request("eth_blockNumber", []), 16)
+    _rpc(stray.url, "anvil_mine", [hex(real_head + 1000)])
+    use_chains_file(f"{counted.url}/v3/secret-key-123", proxies().url)
+    order, _ = place(client, booking_data(lots="1"))
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+    real_head = int(chain.request("eth_blockNumber", []), 16)
+
+    # when
+    scanner.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+
+    # then: the payment is found through the good URL, and nothing of the stray one was believed
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    cursor = ChainCursor.objects.get(chain_id=31337)
+    assert cursor.confirmed_block <= real_head and cursor.head_block <= real_head
+    assert logged in caplog.text and f"127.0.0.1:{counted.url.rsplit(':', 1)[1]}" in caplog.text
+    assert "secret-key" not in caplog.text
+    assert set(counted.calls) <= {"eth_chainId", "eth_blockNumber"}  # asked who it is, never used after
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "block range extends beyond current head block: requested 0xffffffff, head {head}",  # geth, reth
+        "requested to block 0xffffffff after last accepted block {head}",  # Avalanche
+        None,  # a backend that silently clamps the range to its own head
+    ],
+)
+def test_a_token_payment_in_blocks_a_lagging_logs_backend_lacks_is_credited_once_it_catches_up(
+    client, chain, booking_data, proxies, use_chains_file, refusal
+):
+    # given: behind one URL, eth_getLogs reaches a backend 6 blocks behind the one that answers eth_blockNumber
+    balanced = proxies(logs_lag=6, logs_lag_error=refusal)
+    use_chains_file(balanced.url)
+    order, _ = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    assert invoice.asset_contract  # a token: found by its Transfer log only
+    receipt_hash = pay_invoice(chain, invoice)
+    paid_at = int(chain.request("eth_getTransactionReceipt", [receipt_hash])["blockNumber"], 16)
+    chain.mine(3)
+
+    # when: the lagging backend answers the scan
+    lagging = scanner.chain_scan(chain_id=31337)
+
+    # then: nothing is passed as read, and the range is not narrowed block by block
+    order.refresh_from_db()
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert ChainCursor.objects.get(chain_id=31337).confirmed_block < paid_at
+    assert lagging.not_ready_from is not None and lagging.not_ready_from <= paid_at
+    assert balanced.refused["beyond head" if refusal else "clamped"] >= 1 and len(balanced.log_queries) <= 2
+
+    # when: the backend catches up, the payment is credited within two cycles, in few calls
+    balanced.logs_lag = 0
+    calls = lagging.rpc_calls
+    for _ in range(2):
+        calls += scanner.chain_scan(chain_id=31337).rpc_calls
+        order.refresh_from_db()
+        if order.status == OrderStatus.PAID:
+            break
+    assert order.status == OrderStatus.PAID
+    assert calls < 50
+
+
+def test_a_url_that_failed_shows_its_chain_id_again_before_it_is_believed(chain, proxies, stray_node, caplog):
+    # given: a URL checked and answering for the chain
+    switching = proxies()
+    client_ = ChainClient(dataclasses.replace(config.chain(31337), rpc_urls=(switching.url,)), backoff=0.01)
+    client_.head()
+
+    # when: it fails once, then its load balancer sends it to a node of another chain
+    switching.garbage = True
+    with pytest.raises(ChainUnavailable):
+        client_.request("eth_blockNumber", [])
+    stray, _counted = stray_node(999)
+    switching.garbage, switching.upstream = False, stray.url
+
+    # then: it is asked its chain id again, and nothing it says is used
+    with pytest.raises(ChainUnavailable):
+        client_.request("eth_blockNumber", [])
+    assert switching.calls["eth_chainId"] == 2 and "serves chain 999" in caplog.text
+
+
+def test_a_url_stuck_far_behind_the_cursor_does_not_make_the_healthy_one_look_too_far_ahead(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    # given: a scanned chain, and a first URL stuck 100 blocks behind (more than the 64 a head may lead by)
+    order, _ = place(client, booking_data(lots="1"))
+    chain.mine(120)
+    scanner.chain_scan(chain_id=31337)
+    use_chains_file(proxies(lag=100).url, chain.chain.rpc_urls[0], name="stuck-first")
+    pay_invoice(chain, current_invoice(order))
+    chain.mine(2)
+
+    # when
+    scanner.chain_scan(chain_id=31337, client=ChainClient(config.chain(31337), backoff=0.01))
+
+    # then: the healthy URL's head is believed and the payment found
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
