@@ -108,6 +108,17 @@ def url_host(url: str) -> str:
     return f"{host}:{parts.port}" if parts.port else host
 
 
+def redact_url(text: str, url: str) -> str:
+    """`text` (an exception's message, which HTTP libraries write with the URL's path in it) without the URL's
+    path, query or credentials: what is left names the host only."""
+    parts = urlsplit(url)
+    secrets_ = [url, url.rstrip("/"), parts.path + (f"?{parts.query}" if parts.query else ""), parts.query]
+    secrets_ += [parts.password or "", parts.username or ""]
+    for secret in sorted({secret for secret in secrets_ if len(secret) > 1}, key=len, reverse=True):
+        text = text.replace(secret, "…")
+    return text
+
+
 def _address_topic(address: str) -> str:
     return "0x" + "0" * 24 + address.lower().removeprefix("0x")
 
@@ -176,10 +187,10 @@ class ChainClient:
             except requests.HTTPError as exc:
                 status = exc.response.status_code if exc.response is not None else None
                 if status == 429:
-                    errors.append(f"{provider.endpoint_uri}: rate limited (HTTP 429)")
+                    errors.append(f"{url_host(provider.endpoint_uri)}: rate limited (HTTP 429)")
                     self._cool_down(provider, attempt)
                 else:
-                    errors.append(f"{provider.endpoint_uri}: HTTP {status}")
+                    errors.append(f"{url_host(provider.endpoint_uri)}: HTTP {status}")
                     self._chain_checked.discard(index)
                 continue
             except RpcError as exc:
@@ -187,18 +198,26 @@ class ChainClient:
                 if kind == "range_refused":
                     raise RangeRefused(str(exc)) from exc
                 behind = behind or kind == "behind_head"
-                errors.append(f"{provider.endpoint_uri}: {kind.replace('_', ' ')} ({exc})")
+                errors.append(
+                    f"{url_host(provider.endpoint_uri)}: {kind.replace('_', ' ')} "
+                    f"({redact_url(str(exc), provider.endpoint_uri)})"
+                )
                 if kind == "rate_limited":
                     self._cool_down(provider, attempt)
                 elif kind == "error":
                     self._chain_checked.discard(index)
                 continue
             except Lagging as exc:
-                errors.append(f"{provider.endpoint_uri}: lagging ({exc})")
+                errors.append(
+                    f"{url_host(provider.endpoint_uri)}: lagging ({redact_url(str(exc), provider.endpoint_uri)})"
+                )
                 behind = True
                 continue
             except Exception as exc:  # an unknown answer is this URL's failure, never the scan's
-                errors.append(f"{provider.endpoint_uri}: {type(exc).__name__}: {str(exc)[:200]}")
+                errors.append(
+                    f"{url_host(provider.endpoint_uri)}: {type(exc).__name__}: "
+                    f"{redact_url(str(exc), provider.endpoint_uri)[:200]}"
+                )
                 self._chain_checked.discard(index)
                 continue
             self._preferred = index

@@ -143,6 +143,24 @@ def test_garbage_from_every_url_is_recorded_as_unavailable_never_raised_from_the
     assert page.status_code == 200 and "Check delayed" in order_page(client, order, token)
 
 
+def test_a_provider_key_in_a_url_never_reaches_the_cursor_or_the_logs(
+    client, chain, booking_data, proxies, use_chains_file, caplog
+):
+    """Providers put their API key in the URL's path or query: failures name the host only."""
+    from payments.tasks import scan_chain
+
+    place(client, booking_data(lots="1"))
+    garbage = proxies(garbage=True).url.rstrip("/")
+    use_chains_file(f"{garbage}/v3/SECRET-PATH-KEY?apikey=SECRET-QUERY-KEY", "http://127.0.0.1:9/SECRET-DEAD-KEY")
+
+    assert scan_chain.delay(31337).get() == 0
+    cursor = ChainCursor.objects.get(chain_id=31337)
+    assert "127.0.0.1" in cursor.last_error and "JSONDecodeError" in cursor.last_error
+    for secret in ("SECRET-PATH-KEY", "SECRET-QUERY-KEY", "SECRET-DEAD-KEY"):
+        assert secret not in cursor.last_error
+        assert secret not in caplog.text
+
+
 def test_a_lagging_node_is_passed_over_and_the_cursor_never_goes_back(
     client, chain, booking_data, proxies, use_chains_file
 ):
