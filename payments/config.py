@@ -17,6 +17,8 @@
       pegged_to = "EUR"                # a stablecoin in the price currency, at par; or:
       rate_feed = "0x…"                # a Chainlink-style aggregator (fiat per coin); or neither: operator-set rate
       rate_feed_heartbeat = 3600       # seconds: an answer older than this is refused (the feed's heartbeat)
+      rate_feed_base = "ETH"           # the coin the feed prices, when its description names it otherwise than
+                                       # the symbol (e.g. "MATIC" for POL); default: the symbol
 
 RPC URLs may name environment variables, `${NAME}` or `${NAME:-default}`, so that provider keys stay out of the
 file. Loaded once per process (again when the file changes), validated on load: a mistake stops the process with a
@@ -58,6 +60,7 @@ class Asset:
     pegged_to: str = ""
     rate_feed: str = ""
     rate_feed_heartbeat: int = 3600
+    rate_feed_base: str = ""  # the base the feed's description must name; empty: the symbol
 
     @property
     def is_native(self) -> bool:
@@ -171,6 +174,9 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             heartbeat = raw_asset.get("rate_feed_heartbeat", 3600)
             if not isinstance(heartbeat, int) or isinstance(heartbeat, bool) or not 60 <= heartbeat <= 7 * 86400:
                 raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed_heartbeat must be 60 to 604800 seconds")
+            feed_base = raw_asset.get("rate_feed_base", "")
+            if feed_base and not re.fullmatch(r"[A-Za-z0-9.]{1,12}", str(feed_base)):
+                raise _fail(path, f"chain {chain_id}, {symbol}: rate_feed_base {feed_base!r} is not a symbol")
             assets.append(
                 Asset(
                     chain_id=chain_id,
@@ -180,6 +186,7 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
                     pegged_to=raw_asset.get("pegged_to", ""),
                     rate_feed=rate_feed.lower(),
                     rate_feed_heartbeat=heartbeat,
+                    rate_feed_base=str(feed_base),
                 )
             )
         if len({asset.symbol for asset in assets}) != len(assets):

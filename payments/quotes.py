@@ -69,6 +69,9 @@ def feed_problem(feed: FeedRound, *, asset: config.Asset, fiat_currency: str, no
     pair = [part.strip().upper() for part in feed.description.split("/")]
     if len(pair) != 2 or pair[1] != fiat_currency.upper():
         return f"the feed quotes {feed.description!r}, not a price in {fiat_currency}"
+    base = (asset.rate_feed_base or asset.symbol).upper()
+    if pair[0] != base:
+        return f"the feed quotes {feed.description!r}, not the price of {base}"
     return ""
 
 

@@ -68,7 +68,11 @@ def test_an_answer_carried_over_from_an_earlier_round_is_refused_on_the_page(cli
 
 @pytest.mark.parametrize(
     ("feed", "reason"),
-    [("usd", "quotes 'ETH / USD', not a price in EUR"), ("no-code", "no contract at 0x1212")],
+    [
+        ("usd", "quotes 'ETH / USD', not a price in EUR"),
+        ("btc", "quotes 'BTC / EUR', not the price of ETH"),  # a BTC feed set for ETH would price it 20 times low
+        ("no-code", "no contract at 0x1212"),
+    ],
 )
 def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
     client, chain, booking_data, settings, tmp_path, feed, reason
@@ -77,6 +81,8 @@ def test_a_feed_for_another_currency_or_without_a_contract_is_refused(
 
     if feed == "usd":
         address = chain.deploy("MockAggregator", 8, 2700 * 10**8, "ETH / USD", sender=chain.accounts()[0])
+    elif feed == "btc":
+        address = chain.deploy("MockAggregator", 8, 60000 * 10**8, "BTC / EUR", sender=chain.accounts()[0])
     else:
         address = "0x" + "12" * 20
     path = tmp_path / "feed.toml"
