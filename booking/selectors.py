@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, OrderAccessToken, OrderStatus, Price
 from booking.tokens import token_hash
-from inventory.models import HardwareClass, Lot
+from inventory.models import HardwareClass, Lot, MaintenanceWindow
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,11 @@ def price_for(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
     return None
 
 
-# A lot is offered when it is active and its host's isolation holds (provisioning records it on the host, as
-# `offers_lots`; in the exclusive mode only the host's `exclusive_lot` is offered). Booking reads the two fields
-# through the relation and knows nothing of how they are found.
-OFFERED_LOT = Q(status=Lot.Status.ACTIVE, host__offers_lots=True) & (
+# A lot is offered when it is active, its host is active (the operator's switch) and its host's isolation holds
+# (provisioning records it on the host, as `offers_lots`; in the exclusive mode only the host's `exclusive_lot` is
+# offered). Booking reads the fields through the relation and knows nothing of how they are found. Dated maintenance
+# windows take a host's lots off sale for their dates only: they count as busy, like allocations (_unavailable).
+OFFERED_LOT = Q(status=Lot.Status.ACTIVE, host__is_active=True, host__offers_lots=True) & (
     Q(host__exclusive_lot__isnull=True) | Q(host__exclusive_lot=F("pk"))
 )
 
@@ -81,6 +82,16 @@ def _overlapping_live_allocations(*, held_from: datetime, held_until: datetime) 
     )
 
 
+def _overlapping_maintenance(*, held_from: datetime, held_until: datetime) -> QuerySet[MaintenanceWindow]:
+    return MaintenanceWindow.objects.filter(host=OuterRef("host_id"), starts_at__lt=held_until, ends_at__gt=held_from)
+
+
+def _unavailable(*, window: Window) -> Q:
+    """A lot held by a live allocation, or on a host in maintenance, over any part of the window's held period."""
+    period = {"held_from": window.held_from, "held_until": window.held_until}
+    return Q(Exists(_overlapping_live_allocations(**period))) | Q(Exists(_overlapping_maintenance(**period)))
+
+
 @dataclass(frozen=True)
 class Availability:
     free: int
@@ -89,7 +100,7 @@ class Availability:
 
 def availability_for_window(*, window: Window) -> dict[int, Availability]:
     """Free and total active lots per hardware class id for the window, in one aggregated query."""
-    busy = Exists(_overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until))
+    busy = _unavailable(window=window)
     rows = (
         offered_lots()
         .filter(hardware_class__is_active=True)
@@ -102,11 +113,10 @@ def availability_for_window(*, window: Window) -> dict[int, Availability]:
 
 def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -> list[int]:
     """Up to `limit` free lots of the class for the window, spread across hosts in a stable order."""
-    busy = _overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until)
     return list(
         offered_lots()
         .filter(hardware_class=hardware_class)
-        .filter(~Exists(busy))
+        .filter(~_unavailable(window=window))
         .order_by("host__name", "name")
         .values_list("pk", flat=True)[:limit]
     )
@@ -128,10 +138,12 @@ def next_start_dates(
 ) -> list[date]:
     """The next start dates (from `after`, within the horizon) where `lot_count` lots of the class are free.
 
-    Two queries: the active lots, and their live allocations in the horizon; the sweep over days is in memory.
+    Three queries: the active lots, their live allocations and their hosts' maintenance windows in the horizon; the
+    sweep over days is in memory.
     """
     offered = offered_lots().filter(hardware_class=hardware_class)
-    lot_ids = set(offered.values_list("pk", flat=True))
+    host_of_lot = dict(offered.values_list("pk", "host_id"))
+    lot_ids = set(host_of_lot)
     if len(lot_ids) < lot_count:
         return []
     first = max(after, earliest_start_date(policy=policy, now=now))
@@ -148,6 +160,16 @@ def next_start_dates(
             ends_at__gt=horizon_from,
         ).values_list("lot_id", "starts_at", "ends_at")
     )
+    lots_of_host: dict[int, list[int]] = {}
+    for lot_id, host_id in host_of_lot.items():
+        lots_of_host.setdefault(host_id, []).append(lot_id)
+    periods += [
+        (lot_id, start, end)
+        for host_id, start, end in MaintenanceWindow.objects.filter(
+            host_id__in=set(lots_of_host), starts_at__lt=horizon_until, ends_at__gt=horizon_from
+        ).values_list("host_id", "starts_at", "ends_at")
+        for lot_id in lots_of_host[host_id]
+    ]
     found: list[date] = []
     day = first
     while day <= last and len(found) < limit:

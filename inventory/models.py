@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 from inventory.rules import RUNTIME_PATTERN
@@ -314,3 +314,30 @@ class Lot(models.Model):
             }
             if taken & set(indices):
                 raise ValidationError({"gpu_indices": _("These GPUs already belong to another lot of this host.")})
+
+
+class MaintenanceWindow(models.Model):
+    """Dates when a host's lots are not sold: a booking whose held period overlaps one is not offered them. Orders
+    already placed on them are listed on the console for an operator to move (provisioning.selectors)."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="maintenance_windows", verbose_name=_("host"))
+    starts_at = models.DateTimeField(_("starts at (UTC)"))
+    ends_at = models.DateTimeField(_("ends at (UTC)"))
+    reason = models.CharField(_("reason"), max_length=200)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        ordering = ["starts_at", "pk"]
+        verbose_name = _("maintenance window")
+        verbose_name_plural = _("maintenance windows")
+        constraints = [
+            models.CheckConstraint(condition=Q(starts_at__lt=F("ends_at")), name="maintenance_starts_before_end")
+        ]
+        indexes = [models.Index(fields=["host", "ends_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.host} · {self.starts_at:%Y-%m-%d %H:%M} → {self.ends_at:%Y-%m-%d %H:%M}"
+
+    def clean(self) -> None:
+        if self.starts_at and self.ends_at and self.starts_at >= self.ends_at:
+            raise ValidationError({"ends_at": _("A maintenance window ends after it starts.")})

@@ -4,7 +4,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from booking.rules import BookingError
-from inventory.models import Host
+from inventory.models import Host, MaintenanceWindow
 from portal.singleton import SingletonAdmin
 from provisioning import hosts
 from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep
@@ -38,8 +38,15 @@ def report_host_check(request: HttpRequest, host: Host) -> None:
         messages.warning(request, message % {"host": host.name, "orders": orders})
 
 
+class MaintenanceWindowInline(admin.TabularInline):
+    model = MaintenanceWindow
+    extra = 1
+    fields = ["starts_at", "ends_at", "reason"]
+
+
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
+    inlines = [MaintenanceWindowInline]
     list_display = ["name", "address", "ssh_port", "driver", "isolation_mode", "isolation_checked_at", "is_active"]
     list_filter = ["driver", "isolation_mode", "is_active"]
     search_fields = ["name", "address"]

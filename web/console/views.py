@@ -70,7 +70,14 @@ def queue(request: HttpRequest) -> HttpResponse:
     ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
     unisolated = list(selectors.orders_on_unisolated_hosts())
     failing = list(selectors.failing_release_runs())
-    context = {"sections": sections, "flagged": flagged, "unisolated": unisolated, "failing": failing, "now": now}
+    context = {
+        "sections": sections,
+        "flagged": flagged,
+        "unisolated": unisolated,
+        "failing": failing,
+        "to_move": selectors.orders_to_move(now=now),
+        "now": now,
+    }
     template = "console/queue.html#queue" if request.htmx else "console/queue.html"
     return render(request, template, context)
 
@@ -233,6 +240,8 @@ def host_detail(request: HttpRequest, name: str) -> HttpResponse:
         "limits": selectors.container_limits(host),
         "lots": list(host.lots.select_related("hardware_class").order_by("name")),
         "booked_orders": list(selectors.orders_booked_on(host=host)[:100]),
+        "maintenance_windows": list(host.maintenance_windows.filter(ends_at__gt=timezone.now())[:50]),
+        "to_move": selectors.orders_to_move(host=host),
     }
     return render(request, "console/host.html", context)
 
