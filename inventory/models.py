@@ -113,10 +113,17 @@ class Isolation(models.TextChoices):
 OFFERING_MODES = [Isolation.CONTAINER, Isolation.DRY_RUN]
 
 
+class HealthStatus(models.TextChoices):
+    UNKNOWN = "unknown", _("Not checked yet")
+    OK = "ok", _("Healthy")
+    FAILING = "failing", _("Failing")
+
+
 class Host(models.Model):
     """A GPU node of the fleet, reached by a provisioning driver. Its lots are slices of it."""
 
     Isolation = Isolation
+    HealthStatus = HealthStatus
 
     class Driver(models.TextChoices):
         DRY_RUN = "dry_run", _("Dry run (demo: records what it would do)")
@@ -213,6 +220,13 @@ class Host(models.Model):
         verbose_name=_("exclusive lot"),
         help_text=_("In the exclusive mode, the host's one lot: no other lot of the host is offered."),
     )
+    # What the last health check found while the host had running windows (provisioning/health.py): SSH reachable,
+    # the lots' GPUs present, disk space. Operators are alerted when it turns to failing, once per failure.
+    health_status = models.CharField(
+        _("health"), max_length=16, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN
+    )
+    health_checked_at = models.DateTimeField(_("health checked at"), null=True, blank=True)
+    health_report = models.TextField(_("health check report"), blank=True)
     offers_lots = models.GeneratedField(
         expression=models.Case(
             models.When(isolation_mode__in=OFFERING_MODES, then=models.Value(True)),

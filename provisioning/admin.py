@@ -47,7 +47,16 @@ class MaintenanceWindowInline(admin.TabularInline):
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
     inlines = [MaintenanceWindowInline]
-    list_display = ["name", "address", "ssh_port", "driver", "isolation_mode", "isolation_checked_at", "is_active"]
+    list_display = [
+        "name",
+        "address",
+        "ssh_port",
+        "driver",
+        "isolation_mode",
+        "isolation_checked_at",
+        "health_status",
+        "is_active",
+    ]
     list_filter = ["driver", "isolation_mode", "is_active"]
     search_fields = ["name", "address"]
     actions = ["check_hosts"]
@@ -73,9 +82,21 @@ class HostAdmin(admin.ModelAdmin):
             gettext_lazy("Isolation (found by checking the host)"),
             {"fields": ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]},
         ),
+        (
+            gettext_lazy("Health (checked while windows run)"),
+            {"fields": ["health_status", "health_checked_at", "health_report"]},
+        ),
         (None, {"fields": ["notes"]}),
     ]
-    readonly_fields = ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]
+    readonly_fields = [
+        "isolation_mode",
+        "isolation_checked_at",
+        "isolation_report",
+        "exclusive_lot",
+        "health_status",
+        "health_checked_at",
+        "health_report",
+    ]
 
     @admin.action(description=gettext_lazy("Check the selected hosts' isolation"), permissions=["change"])
     def check_hosts(self, request: HttpRequest, queryset) -> None:
