@@ -261,3 +261,79 @@ def lots_free_again(*, order: Order, now: datetime | None = None) -> bool:
         >= (order.lot_count)
         and order.starts_at > now
     )
+
+
+# Orders whose lots count as sold in the utilisation report: paid for and not refused.
+SOLD_STATUSES = [
+    OrderStatus.PAID,
+    OrderStatus.APPROVED,
+    OrderStatus.PROVISIONING,
+    OrderStatus.PROVISIONING_FAILED,
+    OrderStatus.READY,
+    OrderStatus.ACTIVE,
+    OrderStatus.ENDED,
+]
+
+
+@dataclass(frozen=True)
+class WeekUse:
+    sold: Decimal  # lot-days sold in the week
+    available: int  # lot-days the lots could have been sold
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.sold / self.available) if self.available else 0
+
+
+@dataclass(frozen=True)
+class UtilisationRow:
+    hardware_class: str
+    host: str  # "" for the class's total
+    weeks: list[WeekUse]
+
+
+def utilisation_by_week(*, first_week: date, weeks: int) -> tuple[list[date], list[UtilisationRow]]:
+    """Lot-days sold and available per hardware class and host, week by week (Monday to Sunday, UTC) from the week
+    of `first_week`; each class's rows are followed by its total. Sold: each lot of a paid order, from the window's
+    start until the window's end or the lot's release (an early end or a reassignment), whichever comes first.
+    Available: the host's active lots on an active host, seven days a week. Two queries."""
+    monday = first_week - timedelta(days=first_week.weekday())
+    starts = [datetime.combine(monday + timedelta(weeks=index), time.min, tzinfo=UTC) for index in range(weeks)]
+    period_end = starts[-1] + timedelta(weeks=1)
+    lots: dict[tuple[str, str], int] = {}
+    for class_name, host_name in (
+        Lot.objects.filter(status=Lot.Status.ACTIVE, host__is_active=True)
+        .order_by()
+        .values_list("hardware_class__name", "host__name")
+    ):
+        lots[(class_name, host_name)] = lots.get((class_name, host_name), 0) + 1
+    sold: dict[tuple[str, str], list[Decimal]] = {}
+    held = Allocation.objects.filter(
+        order__status__in=SOLD_STATUSES, order__starts_at__lt=period_end, order__ends_at__gt=starts[0]
+    ).values_list("lot__hardware_class__name", "lot__host__name", "order__starts_at", "order__ends_at", "released_at")
+    day = Decimal(86400)
+    for class_name, host_name, begins, ends, released_at in held:
+        if released_at is not None:
+            ends = min(ends, released_at)
+        per_week = sold.setdefault((class_name, host_name), [Decimal(0)] * weeks)
+        for index, week_start in enumerate(starts):
+            overlap = (min(ends, week_start + timedelta(weeks=1)) - max(begins, week_start)).total_seconds()
+            if overlap > 0:
+                per_week[index] += Decimal(int(overlap)) / day
+    rows: list[UtilisationRow] = []
+    for class_name in sorted({key[0] for key in lots} | {key[0] for key in sold}):
+        hosts = sorted({host for name, host in {*lots, *sold} if name == class_name})
+        totals = [WeekUse(sold=Decimal(0), available=0) for _ in starts]
+        for host_name in hosts:
+            key = (class_name, host_name)
+            uses = [
+                WeekUse(sold=round(days, 2), available=lots.get(key, 0) * 7)
+                for days in sold.get(key, [Decimal(0)] * weeks)
+            ]
+            rows.append(UtilisationRow(hardware_class=class_name, host=host_name, weeks=uses))
+            totals = [
+                WeekUse(sold=t.sold + u.sold, available=t.available + u.available)
+                for t, u in zip(totals, uses, strict=True)
+            ]
+        rows.append(UtilisationRow(hardware_class=class_name, host="", weeks=totals))
+    return [start.date() for start in starts], rows
