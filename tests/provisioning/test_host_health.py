@@ -54,6 +54,8 @@ def test_a_failing_host_alerts_the_operators_once_per_failure_and_its_page_shows
     client.force_login(operator)
     page = client.get(reverse("console:host", kwargs={"name": host.name})).content.decode()
     assert "Failing" in page and "FAIL GPUs missing from" in page
+    hosts_page = client.get(reverse("console:hosts")).content.decode()
+    assert "status-health-failing" in hosts_page.split(f'id="host-{host.name}"')[1].split("</tr>")[0]
 
     # repaired, then the disks fill: a new failure, a new alert
     stand_in_nvidia_smi.write_text(f"#!/bin/sh\ncat <<'END'\n{NVIDIA_SMI}END\n")
