@@ -102,3 +102,26 @@ def test_the_database_refuses_a_maintenance_window_that_ends_before_it_starts(ca
     now = datetime.now(UTC)
     with pytest.raises(IntegrityError):
         MaintenanceWindow.objects.create(host=host, starts_at=now, ends_at=now - timedelta(hours=1), reason="x")
+
+
+def test_the_lot_admin_says_a_lot_is_not_offered_because_its_host_is_inactive(admin_client, catalog):
+    lot = Lot.objects.filter(hardware_class=catalog["b200-pair"]).select_related("host").first()
+    Host.objects.filter(pk=lot.host_id).update(is_active=False)
+
+    changelist = admin_client.get(reverse("admin:inventory_lot_changelist"), {"host__id__exact": lot.host_id})
+    response = admin_client.post(
+        reverse("admin:inventory_lot_change", args=[lot.pk]),
+        {
+            "name": lot.name,
+            "hardware_class": lot.hardware_class_id,
+            "host": lot.host_id,
+            "gpu_indices": lot.gpu_indices,
+            "status": Lot.Status.ACTIVE,
+        },
+        follow=True,
+    )
+
+    assert 'alt="True"' not in changelist.content.decode()
+    assert f"Lot {lot.name} is active but not offered to customers: its host {lot.host.name} is inactive." in (
+        response.content.decode()
+    )
