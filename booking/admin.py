@@ -80,7 +80,10 @@ class LotAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Lot, form, change: bool) -> None:
         super().save_model(request, obj, form, change)
-        if obj.status == Lot.Status.ACTIVE and not offered_lots().filter(pk=obj.pk).exists():
+        if obj.status == Lot.Status.ACTIVE and not obj.host.is_active:
+            message = _("Lot %(lot)s is active but not offered to customers: its host %(host)s is inactive.")
+            messages.warning(request, message % {"lot": obj.name, "host": obj.host.name})
+        elif obj.status == Lot.Status.ACTIVE and not offered_lots().filter(pk=obj.pk).exists():
             # The host's isolation (provisioning's "check host") decides; say why and what to do.
             message = _(
                 "%(lot)s is active but not offered to customers: its host %(host)s is in the isolation mode "

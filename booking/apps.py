@@ -21,9 +21,19 @@ class BookingConfig(AppConfig):
         # (allocations' bulk writes say so themselves: AllocationQuerySet).
         from booking import availability
         from booking.models import Allocation, BookingPolicy, EnvironmentImage, Price
-        from inventory.models import HardwareClass, Lot
+        from inventory.models import HardwareClass, Host, Lot, MaintenanceWindow
 
-        connect_availability(HardwareClass, EnvironmentImage, Price, Lot, BookingPolicy, Allocation, app="booking")
+        connect_availability(
+            HardwareClass,
+            EnvironmentImage,
+            Price,
+            Lot,
+            Host,
+            MaintenanceWindow,
+            BookingPolicy,
+            Allocation,
+            app="booking",
+        )
         m2m_changed.connect(
             availability.changed, sender=EnvironmentImage.hardware_classes.through, dispatch_uid="availability-m2m"
         )

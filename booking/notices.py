@@ -23,6 +23,7 @@ class Notice(StrEnum):
     PREFLIGHT_HELD = "preflight_held"  # order=, failed={host name: [check names]}: the hand-over waits
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
+    HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
 
 
 notice = Signal()

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, OrderAccessToken, OrderStatus, Price
 from booking.tokens import token_hash
-from inventory.models import HardwareClass, Lot
+from inventory.models import HardwareClass, Lot, MaintenanceWindow
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,11 @@ def price_for(*, hardware_class: HardwareClass, days: int) -> Decimal | None:
     return None
 
 
-# A lot is offered when it is active and its host's isolation holds (provisioning records it on the host, as
-# `offers_lots`; in the exclusive mode only the host's `exclusive_lot` is offered). Booking reads the two fields
-# through the relation and knows nothing of how they are found.
-OFFERED_LOT = Q(status=Lot.Status.ACTIVE, host__offers_lots=True) & (
+# A lot is offered when it is active, its host is active (the operator's switch) and its host's isolation holds
+# (provisioning records it on the host, as `offers_lots`; in the exclusive mode only the host's `exclusive_lot` is
+# offered). Booking reads the fields through the relation and knows nothing of how they are found. Dated maintenance
+# windows take a host's lots off sale for their dates only: they count as busy, like allocations (_unavailable).
+OFFERED_LOT = Q(status=Lot.Status.ACTIVE, host__is_active=True, host__offers_lots=True) & (
     Q(host__exclusive_lot__isnull=True) | Q(host__exclusive_lot=F("pk"))
 )
 
@@ -81,6 +82,16 @@ def _overlapping_live_allocations(*, held_from: datetime, held_until: datetime) 
     )
 
 
+def _overlapping_maintenance(*, held_from: datetime, held_until: datetime) -> QuerySet[MaintenanceWindow]:
+    return MaintenanceWindow.objects.filter(host=OuterRef("host_id"), starts_at__lt=held_until, ends_at__gt=held_from)
+
+
+def _unavailable(*, window: Window) -> Q:
+    """A lot held by a live allocation, or on a host in maintenance, over any part of the window's held period."""
+    period = {"held_from": window.held_from, "held_until": window.held_until}
+    return Q(Exists(_overlapping_live_allocations(**period))) | Q(Exists(_overlapping_maintenance(**period)))
+
+
 @dataclass(frozen=True)
 class Availability:
     free: int
@@ -89,7 +100,7 @@ class Availability:
 
 def availability_for_window(*, window: Window) -> dict[int, Availability]:
     """Free and total active lots per hardware class id for the window, in one aggregated query."""
-    busy = Exists(_overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until))
+    busy = _unavailable(window=window)
     rows = (
         offered_lots()
         .filter(hardware_class__is_active=True)
@@ -102,11 +113,10 @@ def availability_for_window(*, window: Window) -> dict[int, Availability]:
 
 def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -> list[int]:
     """Up to `limit` free lots of the class for the window, spread across hosts in a stable order."""
-    busy = _overlapping_live_allocations(held_from=window.held_from, held_until=window.held_until)
     return list(
         offered_lots()
         .filter(hardware_class=hardware_class)
-        .filter(~Exists(busy))
+        .filter(~_unavailable(window=window))
         .order_by("host__name", "name")
         .values_list("pk", flat=True)[:limit]
     )
@@ -128,10 +138,12 @@ def next_start_dates(
 ) -> list[date]:
     """The next start dates (from `after`, within the horizon) where `lot_count` lots of the class are free.
 
-    Two queries: the active lots, and their live allocations in the horizon; the sweep over days is in memory.
+    Three queries: the active lots, their live allocations and their hosts' maintenance windows in the horizon; the
+    sweep over days is in memory.
     """
     offered = offered_lots().filter(hardware_class=hardware_class)
-    lot_ids = set(offered.values_list("pk", flat=True))
+    host_of_lot = dict(offered.values_list("pk", "host_id"))
+    lot_ids = set(host_of_lot)
     if len(lot_ids) < lot_count:
         return []
     first = max(after, earliest_start_date(policy=policy, now=now))
@@ -148,6 +160,16 @@ def next_start_dates(
             ends_at__gt=horizon_from,
         ).values_list("lot_id", "starts_at", "ends_at")
     )
+    lots_of_host: dict[int, list[int]] = {}
+    for lot_id, host_id in host_of_lot.items():
+        lots_of_host.setdefault(host_id, []).append(lot_id)
+    periods += [
+        (lot_id, start, end)
+        for host_id, start, end in MaintenanceWindow.objects.filter(
+            host_id__in=set(lots_of_host), starts_at__lt=horizon_until, ends_at__gt=horizon_from
+        ).values_list("host_id", "starts_at", "ends_at")
+        for lot_id in lots_of_host[host_id]
+    ]
     found: list[date] = []
     day = first
     while day <= last and len(found) < limit:
@@ -239,3 +261,79 @@ def lots_free_again(*, order: Order, now: datetime | None = None) -> bool:
         >= (order.lot_count)
         and order.starts_at > now
     )
+
+
+# Orders whose lots count as sold in the utilisation report: paid for and not refused.
+SOLD_STATUSES = [
+    OrderStatus.PAID,
+    OrderStatus.APPROVED,
+    OrderStatus.PROVISIONING,
+    OrderStatus.PROVISIONING_FAILED,
+    OrderStatus.READY,
+    OrderStatus.ACTIVE,
+    OrderStatus.ENDED,
+]
+
+
+@dataclass(frozen=True)
+class WeekUse:
+    sold: Decimal  # lot-days sold in the week
+    available: int  # lot-days the lots could have been sold
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.sold / self.available) if self.available else 0
+
+
+@dataclass(frozen=True)
+class UtilisationRow:
+    hardware_class: str
+    host: str  # "" for the class's total
+    weeks: list[WeekUse]
+
+
+def utilisation_by_week(*, first_week: date, weeks: int) -> tuple[list[date], list[UtilisationRow]]:
+    """Lot-days sold and available per hardware class and host, week by week (Monday to Sunday, UTC) from the week
+    of `first_week`; each class's rows are followed by its total. Sold: each lot of a paid order, from the window's
+    start until the window's end or the lot's release (an early end or a reassignment), whichever comes first.
+    Available: the host's active lots on an active host, seven days a week. Two queries."""
+    monday = first_week - timedelta(days=first_week.weekday())
+    starts = [datetime.combine(monday + timedelta(weeks=index), time.min, tzinfo=UTC) for index in range(weeks)]
+    period_end = starts[-1] + timedelta(weeks=1)
+    lots: dict[tuple[str, str], int] = {}
+    for class_name, host_name in (
+        Lot.objects.filter(status=Lot.Status.ACTIVE, host__is_active=True)
+        .order_by()
+        .values_list("hardware_class__name", "host__name")
+    ):
+        lots[(class_name, host_name)] = lots.get((class_name, host_name), 0) + 1
+    sold: dict[tuple[str, str], list[Decimal]] = {}
+    held = Allocation.objects.filter(
+        order__status__in=SOLD_STATUSES, order__starts_at__lt=period_end, order__ends_at__gt=starts[0]
+    ).values_list("lot__hardware_class__name", "lot__host__name", "order__starts_at", "order__ends_at", "released_at")
+    day = Decimal(86400)
+    for class_name, host_name, begins, ends, released_at in held:
+        if released_at is not None:
+            ends = min(ends, released_at)
+        per_week = sold.setdefault((class_name, host_name), [Decimal(0)] * weeks)
+        for index, week_start in enumerate(starts):
+            overlap = (min(ends, week_start + timedelta(weeks=1)) - max(begins, week_start)).total_seconds()
+            if overlap > 0:
+                per_week[index] += Decimal(int(overlap)) / day
+    rows: list[UtilisationRow] = []
+    for class_name in sorted({key[0] for key in lots} | {key[0] for key in sold}):
+        hosts = sorted({host for name, host in {*lots, *sold} if name == class_name})
+        totals = [WeekUse(sold=Decimal(0), available=0) for _ in starts]
+        for host_name in hosts:
+            key = (class_name, host_name)
+            uses = [
+                WeekUse(sold=round(days, 2), available=lots.get(key, 0) * 7)
+                for days in sold.get(key, [Decimal(0)] * weeks)
+            ]
+            rows.append(UtilisationRow(hardware_class=class_name, host=host_name, weeks=uses))
+            totals = [
+                WeekUse(sold=t.sold + u.sold, available=t.available + u.available)
+                for t, u in zip(totals, uses, strict=True)
+            ]
+        rows.append(UtilisationRow(hardware_class=class_name, host="", weeks=totals))
+    return [start.date() for start in starts], rows

@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 from inventory.rules import RUNTIME_PATTERN
@@ -113,10 +113,17 @@ class Isolation(models.TextChoices):
 OFFERING_MODES = [Isolation.CONTAINER, Isolation.DRY_RUN]
 
 
+class HealthStatus(models.TextChoices):
+    UNKNOWN = "unknown", _("Not checked yet")
+    OK = "ok", _("Healthy")
+    FAILING = "failing", _("Failing")
+
+
 class Host(models.Model):
     """A GPU node of the fleet, reached by a provisioning driver. Its lots are slices of it."""
 
     Isolation = Isolation
+    HealthStatus = HealthStatus
 
     class Driver(models.TextChoices):
         DRY_RUN = "dry_run", _("Dry run (demo: records what it would do)")
@@ -213,6 +220,13 @@ class Host(models.Model):
         verbose_name=_("exclusive lot"),
         help_text=_("In the exclusive mode, the host's one lot: no other lot of the host is offered."),
     )
+    # What the last health check found while the host had running windows (provisioning/health.py): SSH reachable,
+    # the lots' GPUs present, disk space. Operators are alerted when it turns to failing, once per failure.
+    health_status = models.CharField(
+        _("health"), max_length=16, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN
+    )
+    health_checked_at = models.DateTimeField(_("health checked at"), null=True, blank=True)
+    health_report = models.TextField(_("health check report"), blank=True)
     offers_lots = models.GeneratedField(
         expression=models.Case(
             models.When(isolation_mode__in=OFFERING_MODES, then=models.Value(True)),
@@ -314,3 +328,30 @@ class Lot(models.Model):
             }
             if taken & set(indices):
                 raise ValidationError({"gpu_indices": _("These GPUs already belong to another lot of this host.")})
+
+
+class MaintenanceWindow(models.Model):
+    """Dates when a host's lots are not sold: a booking whose held period overlaps one is not offered them. Orders
+    already placed on them are listed on the console for an operator to move (provisioning.selectors)."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="maintenance_windows", verbose_name=_("host"))
+    starts_at = models.DateTimeField(_("starts at (UTC)"))
+    ends_at = models.DateTimeField(_("ends at (UTC)"))
+    reason = models.CharField(_("reason"), max_length=200)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        ordering = ["starts_at", "pk"]
+        verbose_name = _("maintenance window")
+        verbose_name_plural = _("maintenance windows")
+        constraints = [
+            models.CheckConstraint(condition=Q(starts_at__lt=F("ends_at")), name="maintenance_starts_before_end")
+        ]
+        indexes = [models.Index(fields=["host", "ends_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.host} · {self.starts_at:%Y-%m-%d %H:%M} → {self.ends_at:%Y-%m-%d %H:%M}"
+
+    def clean(self) -> None:
+        if self.starts_at and self.ends_at and self.starts_at >= self.ends_at:
+            raise ValidationError({"ends_at": _("A maintenance window ends after it starts.")})

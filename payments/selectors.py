@@ -2,10 +2,13 @@
 
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 
 import segno
 from django.core.cache import cache
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
 from booking.models import Order
@@ -120,3 +123,34 @@ def payment_view(order: Order, *, invoice: Invoice | None = None) -> PaymentView
         choices=config.assets(),
         takes_tx_hint=invoice.status == Invoice.Status.EXPIRED and timezone.now() < invoice.monitor_until,
     )
+
+
+@dataclass(frozen=True)
+class MonthRevenue:
+    month: date
+    currency: str
+    settled: Decimal  # the invoices paid that month, at their price
+    invoices: int
+
+
+def revenue_by_month(*, since: date) -> list[MonthRevenue]:
+    """What was paid per calendar month (UTC) from `since`'s month, in each invoice's price currency (the catalog's
+    currency; an earlier one, if the operator changed it, keeps its own rows). Newest first. One query."""
+    first = datetime.combine(since.replace(day=1), time.min, tzinfo=UTC)
+    rows = (
+        Invoice.objects.filter(status=Invoice.Status.SETTLED, settled_at__gte=first)
+        .annotate(month=TruncMonth("settled_at", tzinfo=UTC))
+        .order_by()
+        .values("month", "fiat_currency")
+        .annotate(settled=Sum("fiat_amount"), invoices=Count("pk"))
+        .order_by("-month", "fiat_currency")
+    )
+    return [
+        MonthRevenue(
+            month=row["month"].date(),
+            currency=row["fiat_currency"],
+            settled=row["settled"],
+            invoices=row["invoices"],
+        )
+        for row in rows
+    ]

@@ -251,6 +251,8 @@ if not DEBUG and (refusal := email_backend_refusal(_EMAIL["EMAIL_BACKEND"])):
     )
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Binôme <bookings@binome.invalid>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
+# The operators: error reports and host health alerts (comma-separated addresses).
+ADMINS = [("Binôme operators", address) for address in env.list("ADMINS", default=[])]
 
 # --- The product ----------------------------------------------------------------------------------------------
 # Fiat currency of the catalog's prices (ISO 4217).
@@ -335,6 +337,13 @@ CELERY_BEAT_SCHEDULE["provisioning.sample_readings"] = {
     "task": "provisioning.sample_readings",
     "schedule": env.float("READINGS_EVERY_SECONDS", default=60.0),
 }
+# The health of each host with running windows (SSH, the lots' GPUs, free disk space, provisioning/health.py);
+# operators are alerted (ADMINS, and PAYMENTS_NOTIFY_EMAIL when set) when a host turns to failing.
+CELERY_BEAT_SCHEDULE["provisioning.check_hosts_health"] = {
+    "task": "provisioning.check_hosts_health",
+    "schedule": env.float("HOST_HEALTH_EVERY_SECONDS", default=300.0),
+}
+HOST_HEALTH_MIN_FREE_GIB = env.int("HOST_HEALTH_MIN_FREE_GIB", default=20)
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 # --- Security -------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from booking.rules import BookingError
-from inventory.models import Host
+from inventory.models import Host, MaintenanceWindow
 from portal.singleton import SingletonAdmin
 from provisioning import hosts
 from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep
@@ -38,9 +38,25 @@ def report_host_check(request: HttpRequest, host: Host) -> None:
         messages.warning(request, message % {"host": host.name, "orders": orders})
 
 
+class MaintenanceWindowInline(admin.TabularInline):
+    model = MaintenanceWindow
+    extra = 1
+    fields = ["starts_at", "ends_at", "reason"]
+
+
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ["name", "address", "ssh_port", "driver", "isolation_mode", "isolation_checked_at", "is_active"]
+    inlines = [MaintenanceWindowInline]
+    list_display = [
+        "name",
+        "address",
+        "ssh_port",
+        "driver",
+        "isolation_mode",
+        "isolation_checked_at",
+        "health_status",
+        "is_active",
+    ]
     list_filter = ["driver", "isolation_mode", "is_active"]
     search_fields = ["name", "address"]
     actions = ["check_hosts"]
@@ -66,9 +82,21 @@ class HostAdmin(admin.ModelAdmin):
             gettext_lazy("Isolation (found by checking the host)"),
             {"fields": ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]},
         ),
+        (
+            gettext_lazy("Health (checked while windows run)"),
+            {"fields": ["health_status", "health_checked_at", "health_report"]},
+        ),
         (None, {"fields": ["notes"]}),
     ]
-    readonly_fields = ["isolation_mode", "isolation_checked_at", "isolation_report", "exclusive_lot"]
+    readonly_fields = [
+        "isolation_mode",
+        "isolation_checked_at",
+        "isolation_report",
+        "exclusive_lot",
+        "health_status",
+        "health_checked_at",
+        "health_report",
+    ]
 
     @admin.action(description=gettext_lazy("Check the selected hosts' isolation"), permissions=["change"])
     def check_hosts(self, request: HttpRequest, queryset) -> None:

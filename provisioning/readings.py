@@ -95,7 +95,8 @@ def parse_rocm(text: str) -> dict[int, Sample]:
     return samples
 
 
-def _command(vendor: str) -> tuple[list[str], callable]:
+def gpu_tool_command(vendor: str) -> tuple[list[str], callable]:
+    """The vendor's tool as the host runs it, and the parser of its answer (readings and the health check)."""
     tools = settings.PROVISIONING_GPU_TOOLS
     if vendor == "amd":
         return [tools["amd"], *ROCM_QUERY], parse_rocm
@@ -112,7 +113,7 @@ def host_sample(*, host: Host, accesses: list[Access], now: datetime) -> int:
             if connection.is_dry_run:
                 return 0
             for vendor in sorted(vendors):
-                argv, parse = _command(vendor)
+                argv, parse = gpu_tool_command(vendor)
                 result = connection.run(argv, timeout=SAMPLE_TIMEOUT_S, check=False)
                 if result.exit_status != 0:
                     logger.warning("GPU readings on %s: %s exited %s", host.name, argv[0], result.exit_status)

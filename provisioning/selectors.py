@@ -1,9 +1,13 @@
 """Reads of provisioning: what a host gives each lot's container, and the fleet as the console shows it."""
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
 
 from booking.models import Allocation, Order, OrderStatus
-from inventory.models import Host
+from inventory.models import Host, MaintenanceWindow
 from provisioning.models import RETRIED_RUN_KINDS, GpuReading, ProvisioningRun, ProvisioningStep
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
@@ -57,6 +61,48 @@ def orders_on_unisolated_hosts(*, limit: int = 100) -> QuerySet[Order]:
     (they are not cancelled)."""
     on_unisolated = Q(allocations__lot__host__offers_lots=False, allocations__released_at__isnull=True)
     return Order.objects.filter(on_unisolated, status__in=BOOKED_STATUSES).distinct().order_by("starts_at")[:limit]
+
+
+@dataclass(frozen=True)
+class OrderToMove:
+    """A placed order holding a host's lots over dates the host is off sale: the operator moves it (reassigns its
+    lots) or ends the maintenance. `maintenance` is the overlapping window, or None when the host is inactive."""
+
+    order: Order
+    host: Host
+    maintenance: MaintenanceWindow | None
+
+
+def orders_to_move(*, host: Host | None = None, now: datetime | None = None, limit: int = 100) -> list[OrderToMove]:
+    """Orders placed (paid or not) whose live allocation is on an inactive host or overlaps a maintenance window of
+    its host, and has not ended yet: one row per order and host, soonest first. Two queries."""
+    now = now or timezone.now()
+    overlapping = MaintenanceWindow.objects.filter(
+        host=OuterRef("lot__host"), starts_at__lt=OuterRef("ends_at"), ends_at__gt=OuterRef("starts_at")
+    ).order_by("starts_at", "pk")
+    allocations = (
+        Allocation.objects.filter(released_at__isnull=True, ends_at__gt=now)
+        .annotate(maintenance_id=Subquery(overlapping.values("pk")[:1]))
+        .filter(Q(lot__host__is_active=False) | Q(maintenance_id__isnull=False))
+        .select_related("order__hardware_class", "lot__host")
+        .order_by("starts_at", "order_id", "lot__host__name")
+    )
+    if host is not None:
+        allocations = allocations.filter(lot__host=host)
+    rows: dict[tuple[int, int], tuple[Allocation, int | None]] = {}
+    for allocation in allocations[: limit * 8]:
+        key = (allocation.order_id, allocation.lot.host_id)
+        if key not in rows and len(rows) < limit:
+            rows[key] = (allocation, allocation.maintenance_id)
+    windows = MaintenanceWindow.objects.in_bulk({pk for _allocation, pk in rows.values() if pk})
+    return [
+        OrderToMove(
+            order=allocation.order,
+            host=allocation.lot.host,
+            maintenance=None if not allocation.lot.host.is_active else windows.get(maintenance_id),
+        )
+        for allocation, maintenance_id in rows.values()
+    ]
 
 
 def failing_release_runs(*, limit: int = 100) -> QuerySet[ProvisioningRun]:

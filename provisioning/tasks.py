@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import execution, hosts, lifecycle, readings, services
+from provisioning import execution, health, hosts, lifecycle, readings, services
 from provisioning.models import ProvisioningRun
 
 
@@ -66,3 +66,8 @@ def sample_readings() -> int:
 @shared_task(name="provisioning.check_hosts")
 def check_hosts() -> dict:
     return hosts.hosts_check_due()
+
+
+@shared_task(name="provisioning.check_hosts_health", expires=240)
+def check_hosts_health() -> dict:
+    return health.hosts_health_check()

@@ -116,6 +116,20 @@ def _keys_changed(*, order: Order, added: list[str], removed: list[str], applied
     )
 
 
+def _host_failing(*, host_name: str, problems: list[str]) -> None:
+    """To the operators (ADMINS, and PAYMENTS_NOTIFY_EMAIL when set), in the portal's language."""
+    recipients = list(dict.fromkeys([*(address for _name, address in settings.ADMINS), settings.PAYMENTS_NOTIFY_EMAIL]))
+    for address in filter(None, recipients):
+        send_in_language(
+            language=settings.LANGUAGE_CODE,
+            to=address,
+            subject=gettext_lazy("[Binôme] Host %(host)s is failing its health check"),
+            subject_values={"host": host_name},
+            template="email/host_failing.txt",
+            context={"host_name": host_name, "problems": problems},
+        )
+
+
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
@@ -125,6 +139,7 @@ WRITERS = {
     Notice.PREFLIGHT_HELD: _preflight_held,
     Notice.ORDER_REJECTED: _order_rejected,
     Notice.KEYS_CHANGED: _keys_changed,
+    Notice.HOST_FAILING: _host_failing,
 }
 
 

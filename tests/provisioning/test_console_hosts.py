@@ -2,6 +2,8 @@
 and what an operator is told when a host's lots are refused."""
 
 # ruff: noqa: F401, F811 (the fixture `probed_host` comes from the module that defines it)
+from datetime import timedelta
+
 import pytest
 from django.urls import reverse
 
@@ -146,12 +148,24 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
         "memory_per_lot_gib": "200",
         "shm_size_gib": "32",
         "disk_per_lot_gib": "500",
+        # the host's maintenance windows, edited inline (the formset's management form, as the browser sends it)
+        "maintenance_windows-TOTAL_FORMS": "1",
+        "maintenance_windows-INITIAL_FORMS": "0",
+        "maintenance_windows-0-starts_at_0": "2031-05-04",
+        "maintenance_windows-0-starts_at_1": "08:00:00",
+        "maintenance_windows-0-ends_at_0": "2031-05-04",
+        "maintenance_windows-0-ends_at_1": "02:00:00",
+        "maintenance_windows-0-reason": "Firmware update",
     }
 
-    response = client.post(reverse("admin:inventory_host_add"), data)
+    refused = client.post(reverse("admin:inventory_host_add"), data)
+    assert refused.status_code == 200 and "A maintenance window ends after it starts." in refused.content.decode()
+    response = client.post(reverse("admin:inventory_host_add"), {**data, "maintenance_windows-0-ends_at_1": "20:00:00"})
 
     assert response.status_code == 302
     host = Host.objects.get(name="gpu-new")
+    window = host.maintenance_windows.get()
+    assert (window.reason, window.ends_at - window.starts_at) == ("Firmware update", timedelta(hours=12))
     assert (str(host.cpus_per_lot), host.memory_per_lot_gib, host.shm_size_gib) == ("12.50", 200, 32)
     assert host.isolation_mode == Host.Isolation.UNCHECKED and host.offers_lots
     # without a container runtime a host offers nothing: customers are never given an account on a host

@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.queue, name="queue"),
     path("calendar/", views.calendar, name="calendar"),
     path("hosts/", views.hosts, name="hosts"),
+    path("reports/", views.reports, name="reports"),
     path("hosts/<slug:name>/", views.host_detail, name="host"),
     path("hosts/<slug:name>/check/", views.host_check, name="host-check"),
     path("orders/<str:public_id>/", views.order_detail, name="order"),

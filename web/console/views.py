@@ -1,7 +1,7 @@
 """The operator console: a queue by state, each order's runs and actions, a calendar of lots. Staff with the
 "operate orders" permission only; every action goes through a service and leaves an OrderEvent."""
 
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from functools import wraps
 
 from django.contrib import messages
@@ -18,10 +18,11 @@ from django_htmx.http import HttpResponseClientRefresh
 from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Order, OrderStatus
 from booking.rules import BookingError
-from booking.selectors import free_lot_ids, window_for
+from booking.selectors import free_lot_ids, utilisation_by_week, window_for
 from inventory.models import Host, Lot
 from payments import checkout
 from payments.models import Invoice
+from payments.selectors import revenue_by_month
 from portal.numbers import whole_number
 from provisioning import rules, runs, selectors, services
 from provisioning.admin import report_host_check
@@ -70,7 +71,14 @@ def queue(request: HttpRequest) -> HttpResponse:
     ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
     unisolated = list(selectors.orders_on_unisolated_hosts())
     failing = list(selectors.failing_release_runs())
-    context = {"sections": sections, "flagged": flagged, "unisolated": unisolated, "failing": failing, "now": now}
+    context = {
+        "sections": sections,
+        "flagged": flagged,
+        "unisolated": unisolated,
+        "failing": failing,
+        "to_move": selectors.orders_to_move(now=now),
+        "now": now,
+    }
     template = "console/queue.html#queue" if request.htmx else "console/queue.html"
     return render(request, template, context)
 
@@ -214,6 +222,36 @@ def calendar(request: HttpRequest) -> HttpResponse:
 # --- hosts ---------------------------------------------------------------------------------------------------
 
 
+REPORT_WEEKS = 8
+REPORT_MONTHS = 12
+
+
+@require_GET
+@operator_required
+def reports(request: HttpRequest) -> HttpResponse:
+    """Utilisation (lot-days sold / available per class and host, by week) and revenue (settled, by month)."""
+    today = timezone.now().astimezone(UTC).date()
+    first_week = today - timedelta(weeks=REPORT_WEEKS // 2)
+    asked = request.GET.get("from", "").strip()[:10]
+    if asked:
+        try:
+            first_week = date.fromisoformat(asked)
+        except ValueError:
+            messages.error(request, _("Give the first week as a date, e.g. 2026-03-02."))
+    weeks, rows = utilisation_by_week(first_week=first_week, weeks=REPORT_WEEKS)
+    month = today.replace(day=1)
+    for _month in range(REPORT_MONTHS - 1):
+        month = (month - timedelta(days=1)).replace(day=1)
+    context = {
+        "weeks": weeks,
+        "rows": rows,
+        "revenue": revenue_by_month(since=month),
+        "previous": weeks[0] - timedelta(weeks=REPORT_WEEKS),
+        "next": weeks[0] + timedelta(weeks=REPORT_WEEKS),
+    }
+    return render(request, "console/reports.html", context)
+
+
 @require_GET
 @operator_required
 def hosts(request: HttpRequest) -> HttpResponse:
@@ -233,6 +271,8 @@ def host_detail(request: HttpRequest, name: str) -> HttpResponse:
         "limits": selectors.container_limits(host),
         "lots": list(host.lots.select_related("hardware_class").order_by("name")),
         "booked_orders": list(selectors.orders_booked_on(host=host)[:100]),
+        "maintenance_windows": list(host.maintenance_windows.filter(ends_at__gt=timezone.now())[:50]),
+        "to_move": selectors.orders_to_move(host=host),
     }
     return render(request, "console/host.html", context)
 
