@@ -99,6 +99,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
     from booking.placing import BookingRequest, Contact, Research
     from booking.selectors import earliest_start_date
     from booking.ssh_keys import parse_public_key
+    from booking.terms import terms_current
     from inventory.models import HardwareClass
     from payments import config, invoices
     from payments.chain import ChainClient, ChainUnavailable
@@ -142,6 +143,7 @@ def run(processes: list, env: dict, proxy, chains_file: Path) -> None:
                 days=3,
                 contact=Contact(name="Bench", email="bench@example.org", organisation="Bench"),
                 ssh_keys=[parse_public_key(make_ssh_key())],
+                terms_version_id=terms_current().pk,
                 research=Research(hypothesis="shorter_step", detail="Bench", measure="Scan cost"),
             )
         )

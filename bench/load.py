@@ -54,6 +54,8 @@ from booking.models import BookingPolicy
 from booking.selectors import earliest_start_date
 from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 
+from booking.terms import terms_current
+
 seed_demo_catalog()
 start = earliest_start_date(policy=BookingPolicy.current()).isoformat()
 client = Client(SERVER_NAME="testserver")
@@ -61,6 +63,7 @@ response = client.post("/", {
     "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8", "lots": "1", "start_date": start,
     "days": "7", "contact_name": "Load", "contact_email": "load@example.org", "organisation": "Bench",
     "ssh_keys": make_ssh_key(), **RESEARCH_ANSWERS,
+    "accept_terms": "on", "terms_version": str(terms_current().pk),
 })
 print(json.dumps({"order_url": response["Location"], "start": start, "key": make_ssh_key()}))
 """
@@ -101,6 +104,8 @@ def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
                 "hypothesis": "shorter_step",
                 "hypothesis_detail": "Two cards halve the step at the same global batch.",
                 "hypothesis_measure": "Median step time after warm-up, one card then two.",
+                "accept_terms": "on",
+                "terms_version": re.search(r'name="terms_version" value="(\d+)"', page).group(1),
             }
         )
         connection.close()

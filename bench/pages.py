@@ -157,6 +157,8 @@ from booking import selectors
 from booking.models import BookingPolicy
 from tests.factories import RESEARCH_ANSWERS, add_lots, make_ssh_key
 
+from booking.terms import terms_current
+
 seed_demo_catalog()
 add_lots(HardwareClass.objects.get(slug="h200-pair"), int(sys.argv[1]))
 start = selectors.earliest_start_date(policy=BookingPolicy.current()).isoformat()
@@ -165,6 +167,7 @@ response = client.post("/", {
     "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8", "lots": "2", "start_date": start,
     "days": "7", "contact_name": "Bench", "contact_email": "bench@example.org", "organisation": "Bench",
     "ssh_keys": make_ssh_key(), **RESEARCH_ANSWERS,
+    "accept_terms": "on", "terms_version": str(terms_current().pk),
 })
 assert response.status_code == 302, response.content[:500]
 order_url = response["Location"]

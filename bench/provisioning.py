@@ -92,6 +92,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
     from booking.placing import BookingRequest, Contact, Research
     from booking.selectors import earliest_start_date
     from booking.ssh_keys import parse_public_key
+    from booking.terms import terms_current
     from inventory.models import HardwareClass, Host, Lot
     from payments.checkout import order_place
     from payments.selectors import current_invoice
@@ -143,6 +144,7 @@ def run_trials(sshd, trials: int, runtime: str) -> None:
                 days=7,
                 contact=Contact(name="Bench", email="bench@example.org", organisation="Bench"),
                 ssh_keys=[parse_public_key(public_key)],
+                terms_version_id=terms_current().pk,
                 research=Research(hypothesis="bigger_batch", detail="Bench", measure="Provisioning time"),
             )
         )

@@ -6,7 +6,17 @@ from django.db.models import BooleanField, ExpressionWrapper
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, OrderEvent, OrderSshKey, Price
+from booking import terms
+from booking.models import (
+    Allocation,
+    BookingPolicy,
+    EnvironmentImage,
+    Order,
+    OrderEvent,
+    OrderSshKey,
+    Price,
+    TermsVersion,
+)
 from booking.selectors import OFFERED_LOT, offered_lots
 from inventory.models import HardwareClass, Lot
 from portal.singleton import SingletonAdmin
@@ -187,3 +197,59 @@ class OrderEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(TermsVersion)
+class TermsVersionAdmin(admin.ModelAdmin):
+    """Drafts are edited, then published (an action); a published version is read-only and cannot be deleted: a
+    change is a new draft made from it ("New draft from this version"), published in turn."""
+
+    list_display = ["__str__", "number", "published_at", "created_at"]
+    actions = ["publish", "new_draft"]
+    fieldsets = [
+        (_("Terms of sale"), {"fields": ["terms_en", "terms_fr"]}),
+        (_("Cancellation and refund policy"), {"fields": ["cancellation_en", "cancellation_fr"]}),
+        (_("Legal notice"), {"fields": ["legal_en", "legal_fr"]}),
+        (_("Privacy notice"), {"fields": ["privacy_en", "privacy_fr"]}),
+        (_("Publication"), {"fields": ["number", "published_at"]}),
+    ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: TermsVersion | None = None) -> list[str]:
+        if obj is not None and obj.is_published:
+            return [field.name for field in TermsVersion._meta.fields if field.name != "id"]
+        return ["number", "published_at"]
+
+    def has_change_permission(self, request: HttpRequest, obj: TermsVersion | None = None) -> bool:
+        # A published version is shown (view permission), never saved: its form has no save button.
+        if obj is not None and obj.is_published:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: TermsVersion | None = None) -> bool:
+        if obj is not None and obj.is_published:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request: HttpRequest):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # a bulk delete would bypass the per-row guard on published versions
+        return actions
+
+    @admin.action(description=_("Publish the selected draft (it becomes the current version)"))
+    def publish(self, request: HttpRequest, queryset) -> None:
+        drafts = list(queryset.filter(published_at__isnull=True).order_by("created_at"))
+        if len(drafts) != 1 or queryset.count() != 1:
+            self.message_user(request, _("Select exactly one draft to publish."), messages.ERROR)
+            return
+        version = terms.terms_publish(version=drafts[0])
+        self.message_user(
+            request, _("Version %(number)s is published and is now the current one.") % {"number": version.number}
+        )
+
+    @admin.action(description=_("New draft from this version"))
+    def new_draft(self, request: HttpRequest, queryset) -> None:
+        if queryset.count() != 1:
+            self.message_user(request, _("Select exactly one version to copy."), messages.ERROR)
+            return
+        terms.terms_draft_from(version=queryset.get())
+        self.message_user(request, _("A new draft was made: edit it, then publish it."))

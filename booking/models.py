@@ -145,6 +145,78 @@ class BookingPolicy(SingletonRow, models.Model):
         return timedelta(hours=self.turnaround_hours)
 
 
+class TermsDocument(models.TextChoices):
+    """The documents of a terms version, each written in every language of the site."""
+
+    TERMS = "terms", _("Terms of sale")
+    CANCELLATION = "cancellation", _("Cancellation and refund policy")
+    LEGAL = "legal", _("Legal notice")
+    PRIVACY = "privacy", _("Privacy notice")
+
+
+class TermsPublished(Exception):
+    """A published terms version was about to change: what an order accepted must stay as it was."""
+
+
+class TermsVersion(models.Model):
+    """The terms of sale, the cancellation and refund policy, the legal notice and the privacy notice, in French and
+    English, as one version. A draft is edited freely; publishing gives it the next number and freezes it (a change
+    is a new version): an order keeps the version it accepted (`Order.terms_version`)."""
+
+    number = models.PositiveIntegerField(_("version"), unique=True, null=True, blank=True, editable=False)
+    published_at = models.DateTimeField(_("published"), null=True, blank=True, editable=False)
+    terms_en = models.TextField(_("terms of sale (English)"))
+    terms_fr = models.TextField(_("terms of sale (French)"))
+    cancellation_en = models.TextField(_("cancellation and refund policy (English)"))
+    cancellation_fr = models.TextField(_("cancellation and refund policy (French)"))
+    legal_en = models.TextField(
+        _("legal notice (English)"),
+        help_text=_("Seller identity, registration and VAT numbers, contact address, host of the site."),
+    )
+    legal_fr = models.TextField(_("legal notice (French)"))
+    privacy_en = models.TextField(_("privacy notice (English)"))
+    privacy_fr = models.TextField(_("privacy notice (French)"))
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        ordering = [models.F("number").desc(nulls_first=True), "-created_at"]
+        verbose_name = _("terms version")
+        verbose_name_plural = _("terms versions")
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(number__isnull=True, published_at__isnull=True)
+                | Q(number__isnull=False, published_at__isnull=False),
+                name="terms_published_with_number",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.number is None:
+            return str(_("Draft of %(created)s") % {"created": self.created_at.strftime("%Y-%m-%d %H:%M")})
+        return str(_("Version %(number)s") % {"number": self.number})
+
+    def save(self, *args, **kwargs) -> None:
+        # The guard behind the admin's read-only form: a published row is never written again (publishing itself
+        # is one UPDATE in booking/terms.py, from a draft).
+        if self.pk is not None and TermsVersion.objects.filter(pk=self.pk, published_at__isnull=False).exists():
+            raise TermsPublished(f"terms version {self.number} is published and cannot change")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        if TermsVersion.objects.filter(pk=self.pk, published_at__isnull=False).exists():
+            raise TermsPublished(f"terms version {self.number} is published and cannot be deleted")
+        return super().delete(*args, **kwargs)
+
+    @property
+    def is_published(self) -> bool:
+        return self.published_at is not None
+
+    def text(self, document: str, language: str) -> str:
+        """One document in one language (English when the language is not one the version is written in)."""
+        language = language if language in ("en", "fr") else "en"
+        return getattr(self, f"{TermsDocument(document).value}_{language}")
+
+
 class OrderStatus(models.TextChoices):
     AWAITING_PAYMENT = "awaiting_payment", _("Awaiting payment")
     PAYMENT_PROCESSING = "payment_processing", _("Payment being confirmed")
@@ -266,6 +338,16 @@ class Order(models.Model):
     # A keyed digest of the client address the order was placed from (portal.client.client_key), for the limit
     # on unpaid lots; the address itself is not kept.
     client_key = models.CharField(_("client key"), max_length=64, blank=True, editable=False)
+    # The terms the customer accepted when booking; null only for orders placed before terms were versioned.
+    terms_version = models.ForeignKey(
+        TermsVersion,
+        on_delete=models.PROTECT,
+        related_name="orders",
+        null=True,
+        blank=True,
+        editable=False,
+        verbose_name=_("terms accepted"),
+    )
 
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)

@@ -27,8 +27,17 @@ from booking.models import (
     Sharing,
     WindowDays,
 )
-from booking.rules import BookingError, SoldOut, capacity_problem, check_environment, check_research, check_window
+from booking.rules import (
+    BookingError,
+    SoldOut,
+    StaleTerms,
+    capacity_problem,
+    check_environment,
+    check_research,
+    check_window,
+)
 from booking.ssh_keys import SshPublicKey
+from booking.terms import terms_current
 from booking.tokens import new_public_id
 from inventory.models import HardwareClass
 
@@ -71,6 +80,7 @@ class BookingRequest:
     fit_inputs: dict | None = None
     fit_advice: dict | None = None
     client_key: str = ""  # portal.client.client_key of the request: counts unpaid lots per client address
+    terms_version_id: int | None = None  # the terms version the customer accepted (the form's hidden field)
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -89,6 +99,24 @@ def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datet
     )
     if not request.ssh_keys:
         raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
+    _check_terms(terms_version_id=request.terms_version_id)
+
+
+def _check_terms(*, terms_version_id: int | None) -> None:
+    """The customer accepted the current terms version, not one replaced since they opened the page."""
+    current = terms_current()
+    if current is None:
+        raise BookingError(_("Booking is closed until the operator publishes the terms of sale."))
+    if terms_version_id is None:
+        raise BookingError(_("Read and accept the terms of sale to book."), field="accept_terms")
+    if terms_version_id != current.pk:
+        raise StaleTerms(
+            _(
+                "The terms of sale changed after you opened this page: version %(number)s of %(date)s is now "
+                "current. Please read it, then accept it again to book. Everything else you entered is kept."
+            )
+            % {"number": current.number, "date": current.published_at.strftime("%Y-%m-%d")}
+        )
 
 
 def _elsewhen(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> tuple[int, list[date]]:
@@ -284,4 +312,5 @@ def _order_from(plan: OrderPlan) -> Order:
         client_key=request.client_key,
         fit_inputs=request.fit_inputs,
         fit_advice=request.fit_advice,
+        terms_version_id=request.terms_version_id,
     )

@@ -27,6 +27,13 @@ class BookingError(Exception):
         self.field = field
 
 
+class StaleTerms(BookingError):
+    """The form was opened before a new terms version was published: what was accepted is not the current text."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="accept_terms")
+
+
 class SoldOut(BookingError):
     def __init__(self, message: str, *, next_dates: list[date]) -> None:
         super().__init__(message, field="start_date")

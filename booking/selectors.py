@@ -186,7 +186,7 @@ def order_for_link(*, public_id: str, token: str) -> Order | None:
     if not public_id or not token or len(public_id) > 16 or len(token) > 128:
         return None
     return (
-        Order.objects.select_related("hardware_class", "environment")
+        Order.objects.select_related("hardware_class", "environment", "terms_version")
         .filter(
             public_id=public_id,
             pk__in=OrderAccessToken.objects.filter(token_hash=token_hash(token)).values("order_id"),

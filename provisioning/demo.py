@@ -8,6 +8,7 @@ from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 
 from booking.models import BookingPolicy, EnvironmentImage, Price
+from booking.terms import terms_seed_demo
 from inventory.models import HardwareClass, Host, Lot, Runtime, Vendor
 
 DEMO_OPERATOR_USERNAME = "operator"
@@ -102,6 +103,7 @@ ENVIRONMENTS = [
 @transaction.atomic
 def seed_demo_catalog() -> dict[str, int]:
     BookingPolicy.current()
+    terms_seed_demo()  # migration 0006 seeds it; a database flushed since (tests) gets it again
     classes = {}
     for spec in CLASSES:
         spec = dict(spec)

@@ -7,6 +7,7 @@ from django.core.cache import cache
 
 from booking import selectors
 from booking.models import BookingPolicy
+from booking.terms import terms_current
 from inventory.models import HardwareClass
 from portal.celery import app as celery_app
 from provisioning.demo import seed_demo_catalog
@@ -75,6 +76,8 @@ def booking_data(catalog, ssh_key, start_date):
             "ssh_keys": ssh_key,
             **RESEARCH_ANSWERS,
             "notes": "",
+            "accept_terms": "on",
+            "terms_version": str(terms_current().pk),
         }
         data.update(overrides)
         return {key: value for key, value in data.items() if value is not None}

@@ -20,6 +20,7 @@ def fill_booking(page, *, lots: str, email: str) -> None:
     page.check("input[name=hypothesis][value='make_possible']")
     page.fill("textarea[name=hypothesis_detail]", "A 13B model trains at all once sharded over the pair.")
     page.fill("textarea[name=hypothesis_measure]", "The run completes at 1,000 tokens per second or more.")
+    page.check("input[name=accept_terms]")
 
 
 def place_order(page, base_url: str, *, lots: str = "1", email: str = "ada@example.org") -> Order:

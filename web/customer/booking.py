@@ -20,9 +20,10 @@ from django.views.decorators.http import require_http_methods
 from django_ratelimit.core import is_ratelimited
 
 from booking import advisor, availability, links, placing, selectors
-from booking.models import BookingPolicy
+from booking.models import BookingPolicy, TermsVersion
 from booking.quotes import Quote, build_quote
-from booking.rules import BookingError, SoldOut
+from booking.rules import BookingError, SoldOut, StaleTerms
+from booking.terms import terms_current
 from nodekit.bundle import script_bytes
 from payments import checkout
 from portal import client
@@ -112,16 +113,19 @@ class _Desk:
     policy: BookingPolicy
     initial: dict
     form_kwargs: dict
+    terms: TermsVersion | None
 
 
 def _desk() -> _Desk:
     catalog, policy = _catalog_and_policy()
     earliest = selectors.earliest_start_date(policy=policy)
     latest = selectors.latest_start_date(policy=policy)
+    terms = terms_current()
     return _Desk(
         catalog=catalog,
         policy=policy,
-        initial=quote_initial(catalog=catalog, earliest=earliest),
+        terms=terms,
+        initial={**quote_initial(catalog=catalog, earliest=earliest), "terms_version": terms.pk if terms else None},
         form_kwargs={
             "catalog": catalog,
             "max_lots": policy.max_lots_per_order,
@@ -135,7 +139,11 @@ def _booking_page(request: HttpRequest, extra_context: dict | None = None) -> Ht
     desk = _desk()
     source = request.POST if request.method == "POST" else request.GET
     quote_form = QuoteForm(source, **desk.form_kwargs) if source.get("hardware_class") else None
-    typed = {name: source.get(name) for name in BookingForm.base_fields if source.get(name) is not None}
+    typed = {
+        name: source.get(name)
+        for name in BookingForm.base_fields
+        if source.get(name) is not None and name not in ("terms_version", "accept_terms")
+    }
     form = BookingForm(initial={**desk.initial, **typed}, **desk.form_kwargs)
     return _draw(request, desk, form=form, fit_form=None, quote_form=quote_form, extra_context=extra_context)
 
@@ -163,6 +171,9 @@ def _place(request: HttpRequest) -> HttpResponse:
             order, token = checkout.order_place(request=booking_request, policy=desk.policy)
         except SoldOut as exc:
             return _sold_out_page(request, form, exc)
+        except StaleTerms as exc:
+            form.add_error("accept_terms", exc.message)
+            _ask_again_for_terms(form, terms=terms_current())
         except BookingError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         except (OperationalError, InterfaceError) as exc:
@@ -177,6 +188,14 @@ def _place(request: HttpRequest) -> HttpResponse:
             return redirect("booking:order", public_id=order.public_id, token=token)
     quote_form = QuoteForm(request.POST, **desk.form_kwargs)  # the form comes back: requote
     return _draw(request, desk, form=form, fit_form=fit_form, quote_form=quote_form, status=status)
+
+
+def _ask_again_for_terms(form: BookingForm, *, terms: TermsVersion | None) -> None:
+    """The form comes back with everything typed but the acceptance, and the current version to accept."""
+    data = form.data.copy()
+    data.pop("accept_terms", None)
+    data["terms_version"] = str(terms.pk) if terms else ""
+    form.data = data
 
 
 def _draw(
@@ -196,6 +215,7 @@ def _draw(
         "quote": quote,
         "catalog": desk.catalog,
         "policy": desk.policy,
+        "terms": desk.terms,
         **(extra_context or {}),
     }
     if request.htmx and request.method == "GET":
@@ -252,6 +272,7 @@ def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit
             stop_criteria=data["stop_criteria"].strip(),
         ),
         notes=data["notes"].strip(),
+        terms_version_id=data["terms_version"],
         language=language if language in dict(settings.LANGUAGES) else settings.LANGUAGE_CODE,
     )
 

@@ -215,6 +215,18 @@ class BookingForm(QuoteForm):
         validators=[no_markup],
         widget=forms.Textarea(attrs={"rows": 2}),
     )
+    # The terms version the page showed: the booking service refuses it once a newer one is published.
+    terms_version = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=2**31 - 1,
+        widget=forms.HiddenInput,
+        error_messages={"invalid": _("Read and accept the terms of sale to book.")},
+    )
+    accept_terms = forms.BooleanField(
+        label=_("I have read and accept the terms of sale and the cancellation and refund policy"),
+        error_messages={"required": _("Read and accept the terms of sale to book.")},
+    )
 
     def clean_ssh_keys(self) -> list[SshPublicKey]:
         try:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from web.customer import booking, order
+from web.customer import booking, order, terms
 
 # The customer pages, under the "booking" namespace (the name their links have always had).
 app_name = "booking"
@@ -10,6 +10,8 @@ urlpatterns = [
     path("guide/", booking.guide, name="guide"),
     path("fit/", booking.fit_advisor, name="fit"),
     path("tools/split_trial.py", booking.split_trial_kit, name="split-trial-kit"),
+    path("terms/<slug:document>/", terms.terms_page, name="terms"),
+    path("terms/<slug:document>/v<int:number>/", terms.terms_page, name="terms-version"),
     path("orders/resend-link/", booking.resend_link, name="resend-link"),
     path("orders/<str:public_id>/<str:token>/", order.order_detail, name="order"),
     path("orders/<str:public_id>/<str:token>/cancel/", order.order_cancel, name="order-cancel"),
