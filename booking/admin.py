@@ -208,7 +208,18 @@ class TermsVersionAdmin(admin.ModelAdmin):
     actions = ["publish", "new_draft"]
     fieldsets = [
         (_("Terms of sale"), {"fields": ["terms_en", "terms_fr"]}),
-        (_("Cancellation and refund policy"), {"fields": ["cancellation_en", "cancellation_fr"]}),
+        (
+            _("Cancellation and refund policy"),
+            {
+                "fields": [
+                    "cancellation_en",
+                    "cancellation_fr",
+                    "full_refund_days_before",
+                    "cancellation_fee",
+                    "partial_refund_percent",
+                ]
+            },
+        ),
         (_("Legal notice"), {"fields": ["legal_en", "legal_fr"]}),
         (_("Privacy notice"), {"fields": ["privacy_en", "privacy_fr"]}),
         (_("Publication"), {"fields": ["number", "published_at"]}),

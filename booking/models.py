@@ -176,6 +176,31 @@ class TermsVersion(models.Model):
     legal_fr = models.TextField(_("legal notice (French)"))
     privacy_en = models.TextField(_("privacy notice (English)"))
     privacy_fr = models.TextField(_("privacy notice (French)"))
+    # The cancellation rules of a paid order, part of the version: an order is refunded by the rules it accepted.
+    full_refund_days_before = models.PositiveSmallIntegerField(
+        _("full refund until (days before the start)"),
+        default=7,
+        help_text=_(
+            "Until this many days before the window starts, a cancelled paid order is refunded in full, "
+            "less the cancellation fee."
+        ),
+    )
+    cancellation_fee = models.DecimalField(
+        _("cancellation fee"),
+        max_digits=10,
+        decimal_places=2,
+        default=Decimal("0.00"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text=_("In the price currency, kept on a full refund."),
+    )
+    partial_refund_percent = models.PositiveSmallIntegerField(
+        _("refund after that, until the start (%)"),
+        default=50,
+        help_text=_(
+            "Share of the price refunded when a paid order is cancelled later, until its window starts. "
+            "Nothing is refunded once the window has started."
+        ),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
     class Meta:
@@ -188,6 +213,8 @@ class TermsVersion(models.Model):
                 | Q(number__isnull=False, published_at__isnull=False),
                 name="terms_published_with_number",
             ),
+            models.CheckConstraint(condition=Q(partial_refund_percent__lte=100), name="terms_refund_percent_max"),
+            models.CheckConstraint(condition=Q(cancellation_fee__gte=0), name="terms_fee_not_negative"),
         ]
 
     def __str__(self) -> str:
@@ -264,6 +291,16 @@ KEYS_CHANGEABLE_STATUSES = frozenset(
 )
 # Entering one of these releases the order's lots.
 RELEASING_STATUSES = frozenset({OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.ENDED, OrderStatus.REJECTED})
+# A paid order the customer can still cancel (for the refund its terms give): every state before the window runs.
+PAID_CANCELLABLE_STATUSES = frozenset(
+    {
+        OrderStatus.PAID,
+        OrderStatus.APPROVED,
+        OrderStatus.PROVISIONING,
+        OrderStatus.PROVISIONING_FAILED,
+        OrderStatus.READY,
+    }
+)
 # Nothing more will happen by itself: the order page stops polling.
 SETTLED_STATUSES = frozenset({OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.ENDED, OrderStatus.REJECTED})
 
@@ -348,6 +385,8 @@ class Order(models.Model):
         editable=False,
         verbose_name=_("terms accepted"),
     )
+    # What the customer is owed back after cancelling a paid order, by the rules of `terms_version`.
+    refund_due = models.DecimalField(_("refund due"), max_digits=14, decimal_places=2, null=True, blank=True)
 
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
@@ -384,6 +423,11 @@ class Order(models.Model):
         """From payment to the end of the window: the hand-over writes the keys as they are then, and a window that
         runs has them rewritten at once."""
         return self.status in KEYS_CHANGEABLE_STATUSES
+
+    @property
+    def can_be_cancelled_with_refund(self) -> bool:
+        """Paid and not started: the customer cancels by the rules of the terms they accepted."""
+        return self.status in PAID_CANCELLABLE_STATUSES and self.terms_version_id is not None
 
     @property
     def can_be_ended_early(self) -> bool:

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from booking import selectors
+from booking.cancellation import refund_quote
 from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
 from booking.models import (
     ORDER_TRANSITIONS,
@@ -353,15 +354,47 @@ def order_keys_change(
     return added, removed
 
 
-def order_cancel_by_customer(*, order: Order) -> None:
-    if not order.can_be_cancelled_by_customer:
-        raise InvalidTransition(_("This order can no longer be cancelled here: write to us instead."))
-    order_transition(
-        order=order,
-        to_status=OrderStatus.CANCELLED,
-        actor_kind=OrderEvent.Actor.CUSTOMER,
-        reason="cancelled by customer",
-    )
+def order_cancel_by_customer(*, order: Order, refund_shown: Decimal | None = None, now: datetime | None = None) -> None:
+    """Cancel the order and release its lots. Unpaid: nothing is owed. Paid and not started: the refund its terms
+    give now is recorded as owed, but only if it is the amount the customer was shown (a deadline passed between
+    the page and the click changes it: they are asked again, with the new amount)."""
+    if order.can_be_cancelled_by_customer:
+        order_transition(
+            order=order,
+            to_status=OrderStatus.CANCELLED,
+            actor_kind=OrderEvent.Actor.CUSTOMER,
+            reason="cancelled by customer",
+        )
+        return
+    now = now or timezone.now()
+    with transaction.atomic():
+        order = lock_order(order.pk)
+        if not order.can_be_cancelled_with_refund:
+            raise InvalidTransition(_("This order can no longer be cancelled here: write to us instead."))
+        quote = refund_quote(order=order, now=now)
+        if refund_shown is None or refund_shown != quote.amount:
+            raise BookingError(
+                _(
+                    "The refund for cancelling changed since the page was drawn: it is now %(amount)s %(currency)s. "
+                    "Nothing was cancelled; confirm again if you still want to cancel."
+                )
+                % {"amount": quote.amount, "currency": quote.currency}
+            )
+        order.refund_due = quote.amount
+        order.save(update_fields=["refund_due", "updated_at"])
+        order_transition(
+            order=order,
+            to_status=OrderStatus.CANCELLED,
+            actor_kind=OrderEvent.Actor.CUSTOMER,
+            reason="paid order cancelled by customer",
+            evidence={
+                "refund_due": str(quote.amount),
+                "currency": quote.currency,
+                "rule": quote.rule,
+                "terms_version": order.terms_version.number,
+            },
+            now=now,
+        )
 
 
 def order_cancel_by_operator(*, order: Order, actor: AbstractBaseUser, reason: str = "") -> bool:

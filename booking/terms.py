@@ -9,7 +9,7 @@ from booking import availability
 from booking.models import TermsPublished, TermsVersion
 from booking.terms_demo import FIRST_VERSION
 
-_TEXT_FIELDS = tuple(FIRST_VERSION)
+_COPIED_FIELDS = (*FIRST_VERSION, "full_refund_days_before", "cancellation_fee", "partial_refund_percent")
 
 
 def terms_current() -> TermsVersion | None:
@@ -41,8 +41,8 @@ def terms_publish(*, version: TermsVersion) -> TermsVersion:
 
 
 def terms_draft_from(*, version: TermsVersion) -> TermsVersion:
-    """A new draft with the texts of `version`, to edit then publish."""
-    return TermsVersion.objects.create(**{name: getattr(version, name) for name in _TEXT_FIELDS})
+    """A new draft with the texts and cancellation rules of `version`, to edit then publish."""
+    return TermsVersion.objects.create(**{name: getattr(version, name) for name in _COPIED_FIELDS})
 
 
 def terms_seed_demo() -> TermsVersion:

@@ -23,12 +23,12 @@ FIRST_VERSION = {
     "laissées sur la machine après la fin sont effacées.",
     "cancellation_en": _DEMO_EN
     + "An order can be cancelled free of charge until it is paid. A paid order that the operator rejects is "
-    "refunded in full. Other refunds are decided by the operator case by case until cancellation rules are "
-    "published here.",
+    "refunded in full. A paid order cancelled by the customer is refunded by the rules below; the refund is paid "
+    "in the asset and on the network of the payment.",
     "cancellation_fr": _DEMO_FR
     + "Une commande peut être annulée sans frais tant qu'elle n'est pas payée. Une commande payée que l'opérateur "
-    "refuse est remboursée en totalité. Les autres remboursements sont décidés au cas par cas par l'opérateur tant "
-    "que des règles d'annulation ne sont pas publiées ici.",
+    "refuse est remboursée en totalité. Une commande payée annulée par le client est remboursée selon les règles "
+    "ci-dessous ; le remboursement est versé dans l'actif et sur le réseau du paiement.",
     "legal_en": _DEMO_EN
     + "Seller: (the operator's company name, legal form and address)\nRegistration number: (not set)\n"
     "VAT number: (not set)\nContact: (the operator's e-mail address)\nHost of the site: (the hosting provider's "

@@ -273,7 +273,10 @@ def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
 
 
 def invoices_flag_refund(*, order_id: int) -> int:
-    """Flag the settled invoices of an order that will not be served: a refund is owed."""
+    """Flag the settled invoices of an order that will not be served: a refund is owed (unless the customer
+    cancelled when their terms refund nothing: `Order.refund_due` says how much is owed, when the rules decided)."""
+    if Order.objects.filter(pk=order_id, refund_due=0).exists():
+        return 0
     flagged = 0
     with transaction.atomic():
         for invoice in Invoice.objects.select_for_update().filter(

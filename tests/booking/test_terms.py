@@ -62,6 +62,7 @@ def test_the_operator_drafts_edits_and_publishes_a_new_version_in_the_admin(admi
     draft = TermsVersion.objects.get(published_at__isnull=True)
     fields = {name: getattr(first, name) for name in ("terms_en", "terms_fr", "cancellation_en", "cancellation_fr")}
     fields |= {name: getattr(first, name) for name in ("legal_en", "legal_fr", "privacy_en", "privacy_fr")}
+    fields |= {"full_refund_days_before": "14", "cancellation_fee": "25.00", "partial_refund_percent": "30"}
     edited = admin_client.post(
         reverse("admin:booking_termsversion_change", args=[draft.pk]), {**fields, "legal_en": "Seller: Binôme SAS"}
     )
@@ -70,6 +71,7 @@ def test_the_operator_drafts_edits_and_publishes_a_new_version_in_the_admin(admi
 
     draft.refresh_from_db()
     assert draft.number == 2 and draft.legal_en == "Seller: Binôme SAS"
+    assert (draft.full_refund_days_before, draft.partial_refund_percent) == (14, 30)
     assert TermsVersion.objects.filter(published_at__isnull=False).order_by("-number").first() == draft
     first.refresh_from_db()
     assert first.legal_en.startswith("DEMO TEXT")  # the old version is as it was

@@ -2,6 +2,7 @@
 add a split-trial report, say "I've paid", change the asset. Parse, call one service or selector, render."""
 
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -15,6 +16,7 @@ from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
 from booking import links, selectors, services, split_trial_report
+from booking.cancellation import refund_quote
 from booking.models import Order, OrderStatus, WindowDays
 from booking.rules import BookingError
 from payments import checkout, invoices
@@ -71,6 +73,10 @@ def _status_fresh_for(order: Order, *, now) -> float:
     time_left = order.ends_at - now
     if order.status == OrderStatus.ACTIVE and time_left >= END_WARNING:
         return (time_left - END_WARNING).total_seconds()
+    if order.can_be_cancelled_with_refund:  # the refund shown changes at the rules' deadlines
+        until = refund_quote(order=order, now=now).valid_until
+        if until is not None:
+            return max(0.0, min(float(status_cache.RECORD_TTL), (until - now).total_seconds()))
     return float(status_cache.RECORD_TTL)
 
 
@@ -100,6 +106,7 @@ def _order_context(order: Order, token: str) -> dict:
         "progress": _provisioning_progress(order),
         "payment": payment_selectors.payment_view(order),  # the current invoice: address, amount, QR code
         "extension": _extension_payment(order),
+        "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
     }
 
 
@@ -173,11 +180,22 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
 def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     order = _order_or_404(public_id, token)
     try:
-        services.order_cancel_by_customer(order=order)
+        services.order_cancel_by_customer(order=order, refund_shown=_amount(request.POST.get("refund_shown", "")))
     except BookingError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, _("Your order is cancelled and its lots are released."))
+        order.refresh_from_db(fields=["refund_due", "currency"])
+        if order.refund_due:
+            messages.success(
+                request,
+                _(
+                    "Your order is cancelled and its lots are released. %(amount)s %(currency)s are owed back to "
+                    "you: the operators write to you to arrange the refund."
+                )
+                % {"amount": order.refund_due, "currency": order.currency},
+            )
+        else:
+            messages.success(request, _("Your order is cancelled and its lots are released."))
     return redirect("booking:order", public_id=order.public_id, token=token)
 
 
@@ -193,6 +211,17 @@ def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> Http
         "language_next": reverse("booking:book"),
     }
     return mark_private(render(request, "customer/links_revoked.html", context))
+
+
+def _amount(text: str) -> Decimal | None:
+    """The refund the page showed, as posted back (anything else: None, and the customer is asked again)."""
+    if len(text) > 20:
+        return None
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:
+        return None
+    return amount if amount.is_finite() else None
 
 
 def _masked_email(email: str) -> str:

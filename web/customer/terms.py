@@ -6,6 +6,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
+from booking.cancellation import rules_in_words
 from booking.models import TermsDocument
 from booking.terms import terms_current, terms_version_by_number
 
@@ -25,5 +26,10 @@ def terms_page(request: HttpRequest, document: str, number: int | None = None) -
         "version": version,
         "text": version.text(document, language),
         "is_current": current is not None and version.pk == current.pk,
+        "rules": (
+            rules_in_words(terms=version, currency=settings.PRICE_CURRENCY)
+            if document == TermsDocument.CANCELLATION
+            else []
+        ),
     }
     return render(request, "customer/terms.html", context)
