@@ -238,10 +238,13 @@ def earliest_start(visitor: Visitor) -> date:
 
 def book(visitor: Visitor, *, choice: dict, start: date, email: str) -> Answer:
     """The booking form, filled in and sent (no JavaScript): the order page, or the page that refuses it."""
+    terms_version = re.search(r'name="terms_version" value="(\d+)"', visitor.get("/").body).group(1)
     return visitor.post(
         "/",
         {
             **choice,
+            "terms_version": terms_version,
+            "accept_terms": "on",
             "lots": "1",
             "start_date": start.isoformat(),
             "days": "7",
