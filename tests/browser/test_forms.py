@@ -119,6 +119,26 @@ def test_a_split_trial_report_is_uploaded_from_the_order_page(researcher, live_s
     assert SplitTrialReport.objects.get(order=order).report["conclusion"] == SPLIT_TRIAL_REPORT["conclusion"]
 
 
+def test_a_researcher_accepts_the_terms_then_cancels_the_paid_order_for_the_refund_shown(
+    researcher, live_server, live_chain, catalog, admin_user
+):
+    page = researcher
+    order = place_order(page, live_server.url, email="refund@example.org")  # the terms box is ticked
+    assert order.terms_version.number == 1
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    page.reload()
+
+    shown = page.get_attribute("input[name=refund_shown]", "value")
+    button = page.get_by_role("button", name=re.compile(r"^Cancel and be refunded "))
+    assert shown in button.inner_text().replace(",", "")
+    submitted(page, button, to=ORDER_URL)
+
+    assert "are owed back to you" in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED and str(order.refund_due) == shown
+    assert not order.allocations.filter(released_at__isnull=True).exists()
+
+
 def mailed_links(mail_dir: Path, order: Order, *, count: int, timeout: float = 30) -> list[str]:
     """The first `count` links to `order` in the e-mails the worker wrote to `mail_dir`, oldest first."""
     pattern = re.compile(rf"https?://[^\s/]+/orders/{re.escape(order.public_id)}/[A-Za-z0-9_-]+/")
