@@ -290,6 +290,7 @@ REPORT_V2 = {
         }
     ),
     "runs": ObjectList(_RUN, 0, len(STRATEGIES)),
+    "findings": Object({"fits_one_card": Flag(), "possible_only_on_two_cards": Flag()}, required=False),
     "error": Text(2000, required=False),
 }
 # What a run that completed must carry (the rest is optional everywhere).
@@ -541,6 +542,11 @@ def _check_runs(report: dict) -> None:
         run["per_card"] = sorted(run["per_card"], key=lambda card: card["rank"])
     if not report.get("error") and "single" not in seen:
         raise InvalidReport("missing_field", "runs: the one-card run is missing", "runs")
+    if "findings" in report:  # the kit's own codes must say what its runs say: the portal words them
+        derived = split_trial_findings(report)
+        for key in ("fits_one_card", "possible_only_on_two_cards"):
+            if report["findings"][key] != derived[key]:
+                raise InvalidReport("bad_field", f"findings.{key} contradicts the runs", f"findings.{key}")
 
 
 def _parse_v2(data: dict) -> dict:

@@ -807,6 +807,12 @@ def run(args: argparse.Namespace) -> dict:
         if names and len(names) >= len(environment["device_names"]):
             environment["device_names"] = names
     report["runs"] = runs
+    single_status = runs[0]["status"] if runs and runs[0]["strategy"] == "single" else None
+    two_card_ok = any(entry["status"] == "ok" for entry in runs if entry["cards"] == 2)
+    report["findings"] = {  # codes only: the portal words them, in the page's language
+        "fits_one_card": single_status == "ok",
+        "possible_only_on_two_cards": single_status == "out_of_memory" and two_card_ok,
+    }
     failed = [entry["strategy"] for entry in runs if entry["status"] == "failed"]
     if failed and "error" not in report:
         report["error"] = short_text(
@@ -824,6 +830,8 @@ def run(args: argparse.Namespace) -> dict:
 def summary(report: dict) -> str:
     """A terminal line per run (English, for the person at the shell; the portal writes the conclusion)."""
     lines = []
+    if report.get("findings", {}).get("possible_only_on_two_cards"):
+        lines.append("The model does not fit one card: possible only on two cards.")
     for entry in report.get("runs", []):
         line = f"{entry['strategy']:>16} ({entry['cards']} card{'s' if entry['cards'] > 1 else ''}): {entry['status']}"
         if entry["status"] == "ok":

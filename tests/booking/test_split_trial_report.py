@@ -303,6 +303,7 @@ VALID_V2 = {
         _run("pipeline", 15.0, peaks=(70_000.0, 2_000.0), comm_time_ms_median=2.0),
         _run("ddp_bigger_batch", 11.0, batch=64),
     ],
+    "findings": {"fits_one_card": True, "possible_only_on_two_cards": False},
 }
 
 
@@ -338,6 +339,8 @@ def test_a_version_2_report_round_trips():
         (lambda r: r.update(runs=r["runs"][1:]), "missing_field"),  # no one-card run
         (lambda r: r.update(runs={"single": 1}), "bad_field"),
         (lambda r: r.update(schema="binome.split-trial/3"), "wrong_schema"),
+        (lambda r: r["findings"].update(possible_only_on_two_cards=True), "bad_field"),  # contradicts the runs
+        (lambda r: r["findings"].update(fits_one_card="yes"), "bad_field"),
     ],
 )
 def test_hostile_version_2_reports_are_refused_with_a_code(change, code):
@@ -367,9 +370,11 @@ def test_out_of_memory_and_not_applicable_runs_carry_no_figures():
             "per_card_batch": 32,
             "code": "pipeline_needs_sequential",
         }
+        report["findings"] = {"fits_one_card": False, "possible_only_on_two_cards": True}
 
     cleaned = parse_report(_raw(_v2(no_single)))
-    assert cleaned["runs"][0]["status"] == "out_of_memory"
+    assert [run["status"] for run in cleaned["runs"]] == ["out_of_memory", "ok", "ok", "not_applicable", "ok"]
+    assert "step_time_ms_median" not in cleaned["runs"][0]
 
 
 # --- the conclusion, in the page's language, beside the hypothesis ---
@@ -445,6 +450,7 @@ def test_a_model_that_does_not_fit_one_card_is_possible_only_on_two():
         )
 
     report = _v2(too_big)
+    report["findings"] = {"fits_one_card": False, "possible_only_on_two_cards": True}
     english = _conclude(report, "make_possible", "en")
     french = _conclude(report, "make_possible", "fr")
     assert english["verdict"] == "supported"

@@ -125,6 +125,7 @@ def test_precision_and_example_count_are_constant_and_stated(every_way):
 def test_the_report_carries_codes_and_figures_only_and_passes_the_portal(every_way):
     report = every_way["report"]
     assert "conclusion" not in report  # the portal writes it, in the page's language
+    assert report["findings"] == {"fits_one_card": True, "possible_only_on_two_cards": False}
     cleaned = parse_report(every_way["raw"])
     assert cleaned["validation"]["dropped_keys"] == 0
     assert [run["strategy"] for run in cleaned["runs"]] == [run["strategy"] for run in report["runs"]]
@@ -158,6 +159,8 @@ def test_a_model_over_the_card_size_still_gets_its_two_card_runs(tmp_path):
     assert runs["ddp"]["status"] == runs["ddp_bigger_batch"]["status"] == "out_of_memory"  # a full copy each
     assert runs["fsdp"]["status"] == "ok" and runs["pipeline"]["status"] == "ok"
     assert report["environment"]["card_memory_mib"] == 0.03
+    assert report["findings"] == {"fits_one_card": False, "possible_only_on_two_cards": True}
+    assert "possible only on two cards" in result.stdout
     conclusion = split_trial_conclusion(report=parse_report(out.read_bytes()), hypothesis="make_possible")
     assert conclusion["verdict"] == "supported"
     assert "possible only on two cards" in conclusion["sentence"]
