@@ -84,6 +84,7 @@ def test_a_kit_report_is_kept_and_shown_as_a_table_and_a_chart(client, ready_ord
         english = split_trial_conclusion(report=saved.report, hypothesis=order.hypothesis, sharing=order.sharing)
     assert english["sentence"] in page  # the portal's conclusion, beside the hypothesis written at booking
     assert f"Your hypothesis at booking: {order.get_hypothesis_display()}" in page
+    assert order.hypothesis_measure and order.hypothesis_measure in page  # the measure the researcher wrote
     assert page.count("<svg") >= 3
     for way in ("data parallel (DDP)", "parameters sharded (FSDP)", "layers split (pipeline)"):
         assert way in page
