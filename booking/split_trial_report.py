@@ -1,4 +1,5 @@
-"""Validate a split-trial report (nodekit/split_trial.py, schema ``binome.split-trial/1``) uploaded to the portal.
+"""Validate a split-trial report (nodekit/split_trial.py, schemas ``binome.split-trial/2`` and
+the DDP-only ``/1``) uploaded to the portal, and the conclusion the portal writes from it.
 
 The validator is pure (standard library only, no torch, no database): its one entry point is below. The upload
 service at the end (`split_trial_upload`) keeps a valid report with its order and turns the validator's codes into
@@ -26,7 +27,7 @@ Codes of ``InvalidReport.code``:
 - ``too_large``: more than ``max_bytes`` bytes;
 - ``not_json``: not UTF-8 text, not JSON, a duplicated key;
 - ``too_deep``: JSON nested deeper than ``MAX_DEPTH`` levels;
-- ``wrong_schema``: not an object, or ``schema`` is not ``binome.split-trial/1``;
+- ``wrong_schema``: not an object, or ``schema`` is neither ``binome.split-trial/2`` nor ``/1``;
 - ``missing_field``: a required field is absent or null;
 - ``bad_field``: a field has the wrong type (object, list, true/false) or a value outside its fixed choices;
 - ``bad_number``: NaN, Infinity, a number too large, negative, out of bounds or not an integer where one is due;
@@ -48,7 +49,9 @@ from django.utils.translation import gettext, gettext_lazy
 if TYPE_CHECKING:
     from booking.models import Order
 
-SCHEMA = "binome.split-trial/1"
+SCHEMA = "binome.split-trial/2"
+SCHEMA_V1 = "binome.split-trial/1"  # reports of the DDP-only kit, still accepted and shown as they were
+SCHEMAS = (SCHEMA_V1, SCHEMA)
 MAX_BYTES = 256_000
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 16
@@ -117,6 +120,11 @@ class Object:
 class Ranks:
     def __init__(self, fields: dict):
         self.fields, self.required = fields, True
+
+
+class ObjectList:
+    def __init__(self, fields: dict, min_items: int, max_items: int, *, required: bool = True):
+        self.fields, self.min_items, self.max_items, self.required = fields, min_items, max_items, required
 
 
 def _int(high: float, **kw) -> Number:
@@ -219,6 +227,74 @@ REPORT = {
     "error": Text(2000, required=False),
 }
 _PHASES = ("single", "pair", "comparison")
+
+STRATEGIES = ("single", "ddp", "fsdp", "pipeline", "ddp_bigger_batch")
+TWO_CARD_CONSTANT_BATCH = ("ddp", "fsdp", "pipeline")
+STATUSES = ("ok", "out_of_memory", "failed", "not_applicable")
+RUN_CODES = (
+    "model_state_over_card_memory",
+    "device_out_of_memory",
+    "pipeline_needs_sequential",
+    "needs_two_cards",
+    "rank_failed",
+    "timed_out",
+)
+_CARD = {
+    "rank": _int(1),
+    "device_name": Text(200, required=False),
+    "step_time_ms_median": Number(0, MS, required=False),
+    "peak_memory_mib": Number(0, MIB, required=False),
+    "memory_total_mib": Number(0, MIB, required=False),
+    "model_state_mib": Number(0, MIB, required=False),
+}
+_RUN = {
+    "strategy": Choice(*STRATEGIES),
+    "cards": Number(1, 2, integer=True),
+    "status": Choice(*STATUSES),
+    "code": Choice(*RUN_CODES, required=False),
+    "error": Text(2000, required=False),
+    "global_batch": _int(1e8),
+    "per_card_batch": _int(1e8),
+    "examples_processed": _int(1e13, required=False),
+    "steps_measured": _int(1e7, required=False),
+    "step_time_ms_median": Number(0, MS, required=False),
+    "step_time_ms_p90": Number(0, MS, required=False),
+    "examples_per_s": Number(0, 1e12, required=False),
+    "comm_time_ms_median": Number(0, MS, required=False),
+    "loss_finite": Flag(required=False),
+    "imbalance": Object({"flag": Flag(), "max_over_min": Number(1, 1e6)}, required=False),
+    "per_card": ObjectList(_CARD, 0, 2, required=False),
+}
+REPORT_V2 = {
+    "started_at": Text(40, required=False),
+    "duration_s": Number(0, 1e7, required=False),
+    "environment": Object(
+        {
+            "torch": Text(80),
+            "python": Text(40, required=False),
+            "device_kind": Choice("cpu", "cuda", "rocm"),
+            "backend": Choice("gloo", "nccl", "rccl"),
+            "device_names": TextList(200, 0, 2),
+            "precision": Choice("fp32", "bf16"),
+            "examples": _int(1e10),
+            "global_batch": _int(1e8),
+            "steps": _int(1e7),
+            "warmup_steps": _int(1e7),
+            "steps_measured": _int(1e7, required=False),
+            "model": Choice("default_mlp", "plugin", required=False),
+            "default_model": Object({"hidden": _int(1e6), "layers": _int(1e4)}, required=False),
+            "seed": _int(2**63, required=False),
+            "parameters": _int(1e14, required=False),
+            "peak_memory_source": Choice("rss", "max_memory_allocated", required=False),
+            "card_memory_mib": Number(0, MIB, required=False),
+        }
+    ),
+    "runs": ObjectList(_RUN, 0, len(STRATEGIES)),
+    "findings": Object({"fits_one_card": Flag(), "possible_only_on_two_cards": Flag()}, required=False),
+    "error": Text(2000, required=False),
+}
+# What a run that completed must carry (the rest is optional everywhere).
+_RUN_OK = ("steps_measured", "step_time_ms_median", "examples_per_s", "per_card")
 
 # C0 and C1 controls, DEL, bidi embeddings/overrides/isolates, zero-width and BOM, lone surrogates.
 _STRIP = re.compile(
@@ -379,6 +455,12 @@ class _Cleaner:
             return [self.text(Text(kind.limit), item, f"{path}[{i}]") for i, item in enumerate(value)]
         if isinstance(kind, Ranks):
             return self.ranks(kind, value, path)
+        if isinstance(kind, ObjectList):
+            if not isinstance(value, list):
+                raise InvalidReport("bad_field", f"{path} must be a list", path)
+            if not kind.min_items <= len(value) <= kind.max_items:
+                raise InvalidReport("bad_field", f"{path} must hold {kind.min_items} to {kind.max_items} items", path)
+            return [self.object(kind.fields, item, f"{path}[{i}]") for i, item in enumerate(value)]
         if isinstance(kind, Object):
             return self.object(kind.fields, value, path)
         raise AssertionError(f"unknown field kind {kind!r}")
@@ -428,13 +510,68 @@ def _check_consistency(report: dict) -> None:
             raise InvalidReport("bad_number", f"{phase}: more steps measured than environment.steps allows", phase)
 
 
+def _check_runs(report: dict) -> None:
+    """The runs of a version-2 report agree with each other and with the environment."""
+    environment, runs = report["environment"], report["runs"]
+    if environment["warmup_steps"] >= environment["steps"]:
+        raise InvalidReport(
+            "bad_number", "environment.warmup_steps must be smaller than environment.steps", "environment"
+        )
+    seen = set()
+    for index, run in enumerate(runs):
+        path, strategy = f"runs[{index}]", run["strategy"]
+        if strategy in seen:
+            raise InvalidReport("bad_ranks", f"{path}: the run {strategy} appears twice", path)
+        seen.add(strategy)
+        if run["cards"] != (1 if strategy == "single" else 2):
+            raise InvalidReport("bad_ranks", f"{path}: {strategy} does not run on {run['cards']} card(s)", path)
+        expected = environment["global_batch"] * (2 if strategy == "ddp_bigger_batch" else 1)
+        if run["global_batch"] != expected:
+            raise InvalidReport(
+                "bad_ranks", f"{path}.global_batch must be {expected}: the runs must share the data", path
+            )
+        if run["status"] != "ok":
+            continue
+        missing = [key for key in _RUN_OK if key not in run]
+        if missing:
+            raise InvalidReport("missing_field", f"{path}.{missing[0]} is missing", f"{path}.{missing[0]}")
+        if sorted(card["rank"] for card in run["per_card"]) != list(range(run["cards"])):
+            raise InvalidReport("bad_ranks", f"{path}.per_card must list each card of the run once", path)
+        if run["steps_measured"] + environment["warmup_steps"] > environment["steps"]:
+            raise InvalidReport("bad_number", f"{path}: more steps measured than environment.steps allows", path)
+        run["per_card"] = sorted(run["per_card"], key=lambda card: card["rank"])
+    if not report.get("error") and "single" not in seen:
+        raise InvalidReport("missing_field", "runs: the one-card run is missing", "runs")
+    if "findings" in report:  # the kit's own codes must say what its runs say: the portal words them
+        derived = split_trial_findings(report)
+        for key in ("fits_one_card", "possible_only_on_two_cards"):
+            if report["findings"][key] != derived[key]:
+                raise InvalidReport("bad_field", f"findings.{key} contradicts the runs", f"findings.{key}")
+
+
+def _parse_v2(data: dict) -> dict:
+    cleaner = _Cleaner()
+    cleaned = {"schema": SCHEMA, **cleaner.object(REPORT_V2, {k: v for k, v in data.items() if k != "schema"}, "")}
+    _check_runs(cleaned)
+    cleaned["validation"] = {
+        "text_format": "plain",
+        "markup_seen": cleaner.markup_seen,
+        "dropped_keys": cleaner.dropped,
+    }
+    return cleaned
+
+
 def parse_report(raw: bytes, *, max_bytes: int = MAX_BYTES) -> dict:
     """A cleaned copy of an uploaded split-trial report; raises InvalidReport (a ValueError) with a code."""
     data = _load(raw, max_bytes)
     if not isinstance(data, dict):
         raise InvalidReport("wrong_schema", "the report must be a JSON object")
-    if data.get("schema") != SCHEMA:
-        raise InvalidReport("wrong_schema", f"this is not a split-trial report (schema must be {SCHEMA})", "schema")
+    if data.get("schema") not in SCHEMAS:
+        raise InvalidReport(
+            "wrong_schema", f"this is not a split-trial report (schema must be {' or '.join(SCHEMAS)})", "schema"
+        )
+    if data["schema"] == SCHEMA:
+        return _parse_v2(data)
     error = data.get("error")
     failed = isinstance(error, str) and _STRIP.sub("", _SPACES.sub(" ", error[:4000])).strip() != ""
     fields = {
@@ -442,7 +579,7 @@ def parse_report(raw: bytes, *, max_bytes: int = MAX_BYTES) -> dict:
         for key, kind in REPORT.items()
     }
     cleaner = _Cleaner()
-    cleaned = {"schema": SCHEMA, **cleaner.object(fields, {k: v for k, v in data.items() if k != "schema"}, "")}
+    cleaned = {"schema": SCHEMA_V1, **cleaner.object(fields, {k: v for k, v in data.items() if k != "schema"}, "")}
     _check_consistency(cleaned)
     cleaned["validation"] = {
         "text_format": "plain",
@@ -477,7 +614,7 @@ def _split_trial_messages() -> dict:
         "too_large": gettext_lazy("This report is too large: a split-trial report is a few kilobytes of JSON."),
         "not_json": gettext_lazy("This file is not a JSON report written by the split-trial kit."),
         "too_deep": gettext_lazy("This JSON is nested too deeply to be a split-trial report."),
-        "wrong_schema": gettext_lazy("This is not a split-trial report (schema binome.split-trial/1)."),
+        "wrong_schema": gettext_lazy("This is not a report of the split-trial kit (its schema is unknown)."),
         "missing_field": gettext_lazy("This report misses a field the split-trial kit always writes."),
         "bad_field": gettext_lazy("A field of this report has the wrong type."),
         "bad_number": gettext_lazy("A number of this report is not a finite, plausible measurement."),
@@ -487,3 +624,167 @@ def _split_trial_messages() -> dict:
 
 
 SPLIT_TRIAL_MESSAGES = _split_trial_messages()
+
+
+# --- the conclusion: written by the portal in the page's language, beside the hypothesis written at booking ---
+#
+# A version-2 report carries codes and figures only (nodekit/split_trial.py); everything a researcher reads is
+# written here, with gettext, in the language of the request. `split_trial_conclusion` is pure: it takes a report
+# already cleaned by parse_report and the order's hypothesis and sharing choice.
+
+SUPPORTED_RATIO = 1.05  # below a 5 % gain, timing noise and the exchanges' cost make "supported" an overstatement
+
+STRATEGY_LABELS = {
+    "single": gettext_lazy("one card"),
+    "ddp": gettext_lazy("data parallel (DDP)"),
+    "fsdp": gettext_lazy("parameters sharded (FSDP)"),
+    "pipeline": gettext_lazy("layers split (pipeline)"),
+    "ddp_bigger_batch": gettext_lazy("data parallel at twice the global batch"),
+}
+STATUS_LABELS = {
+    "ok": gettext_lazy("measured"),
+    "out_of_memory": gettext_lazy("out of memory"),
+    "failed": gettext_lazy("failed"),
+    "not_applicable": gettext_lazy("not applicable (the model is not a sequence of layers)"),
+}
+# The run each sharing choice of the booking form is measured by.
+SHARING_RUNS = {"full_copy": "ddp", "parameters_sharded": "fsdp", "layers_split": "pipeline"}
+
+
+def _figure(value: float, digits: int = 1) -> str:
+    from django.utils.formats import number_format
+
+    return number_format(round(value, digits), digits)
+
+
+def split_trial_findings(report: dict) -> dict:
+    """Codes and figures derived from a cleaned version-2 report: what the conclusion is built from."""
+    runs = {run["strategy"]: run for run in report.get("runs", [])}
+    single = runs.get("single")
+    ok = {name: run for name, run in runs.items() if run["status"] == "ok"}
+    two_card = [ok[name] for name in TWO_CARD_CONSTANT_BATCH if name in ok and ok[name]["step_time_ms_median"] > 0]
+    best = min(two_card, key=lambda run: run["step_time_ms_median"]) if two_card else None
+    single_ok = single is not None and single["status"] == "ok" and single["step_time_ms_median"] > 0
+    single_oom = single is not None and single["status"] == "out_of_memory"
+    bigger = ok.get("ddp_bigger_batch")
+    return {
+        "fits_one_card": single_ok,
+        "possible_only_on_two_cards": single_oom and bool(ok.keys() - {"single"}),
+        "best": best["strategy"] if best else None,
+        "speedup": single["step_time_ms_median"] / best["step_time_ms_median"] if single_ok and best else None,
+        "throughput_ratio": bigger["examples_per_s"] / single["examples_per_s"]
+        if single_ok and bigger and single["examples_per_s"] > 0
+        else None,
+        "two_card_ok": [name for name in ok if name != "single"],
+        "unbalanced": [
+            (name, run["imbalance"]["max_over_min"]) for name, run in ok.items() if run.get("imbalance", {}).get("flag")
+        ],
+    }
+
+
+def _verdict(hypothesis: str, report: dict, found: dict) -> tuple[str, str]:
+    """(verdict code, sentence) for the order's hypothesis."""
+    best = STRATEGY_LABELS[found["best"]] if found["best"] else ""
+    if hypothesis == "shorter_step":
+        if found["speedup"] is not None:
+            values = {"ratio": _figure(found["speedup"]), "strategy": best}
+            if found["speedup"] >= SUPPORTED_RATIO:
+                return "supported", gettext(
+                    "Shorter step: supported, %(ratio)s× at constant global batch (%(strategy)s)."
+                ) % values
+            return "not_supported", gettext(
+                "Shorter step: not supported, %(ratio)s× at constant global batch with the best way of sharing "
+                "(%(strategy)s)."
+            ) % values
+        if not found["fits_one_card"] and found["two_card_ok"]:
+            return "not_measurable", gettext(
+                "Shorter step: cannot be compared, the model does not fit one card (possible only on two cards)."
+            )
+        return "not_measurable", gettext("Shorter step: not measured, no run at constant global batch completed.")
+    if hypothesis == "bigger_batch":
+        bigger = next((run for run in report.get("runs", []) if run["strategy"] == "ddp_bigger_batch"), None)
+        batch = bigger["global_batch"] if bigger else report["environment"]["global_batch"] * 2
+        if found["throughput_ratio"] is not None:
+            values = {"ratio": _figure(found["throughput_ratio"]), "batch": batch}
+            if found["throughput_ratio"] >= SUPPORTED_RATIO:
+                return "supported", gettext(
+                    "Bigger global batch: supported, %(ratio)s× the examples per second of one card at a global "
+                    "batch of %(batch)s."
+                ) % values
+            return "not_supported", gettext(
+                "Bigger global batch: not supported, %(ratio)s× the examples per second of one card at a global "
+                "batch of %(batch)s."
+            ) % values
+        return "not_measurable", gettext(
+            "Bigger global batch: not measured, the one-card run or the run at twice the global batch did not complete."
+        )
+    if hypothesis == "make_possible":
+        if found["possible_only_on_two_cards"]:
+            names = ", ".join(str(STRATEGY_LABELS[name]) for name in found["two_card_ok"])
+            return "supported", gettext("Make the run possible: supported, possible only on two cards (%(ways)s).") % {
+                "ways": names
+            }
+        if found["fits_one_card"]:
+            return "not_supported", gettext("Make the run possible: not supported, the model fits one card.")
+        return "not_supported", gettext("Make the run possible: not supported, no way of sharing ran on two cards.")
+    if hypothesis == "compare_hyperparameters":
+        return "not_tested", gettext(
+            "Compare hyperparameters: the kit does not test this; two independent runs, one per card, usually "
+            "answer it better than one distributed run."
+        )
+    return "not_tested", gettext(
+        "The kit does not test this hypothesis: read the figures against the measure you wrote at booking."
+    )
+
+
+def split_trial_conclusion(*, report: dict, hypothesis: str, sharing: str = "") -> dict:
+    """The conclusion of a cleaned report, in the active language: {"verdict", "sentence", "notes"}.
+
+    A version-1 report (the DDP-only kit) keeps the English sentence it carried."""
+    if report.get("schema") != SCHEMA:
+        return {"verdict": "legacy", "sentence": report.get("conclusion", ""), "notes": []}
+    found = split_trial_findings(report)
+    verdict, sentence = _verdict(hypothesis, report, found)
+    notes = []
+    if found["possible_only_on_two_cards"] and hypothesis != "make_possible":
+        notes.append(gettext("The model does not fit one card: possible only on two cards."))
+    runs = {run["strategy"]: run for run in report.get("runs", [])}
+    chosen = runs.get(SHARING_RUNS.get(sharing, ""))
+    if chosen is not None:
+        values = {"strategy": STRATEGY_LABELS[chosen["strategy"]], "status": STATUS_LABELS[chosen["status"]]}
+        if chosen["status"] == "ok":
+            values.update(step=_figure(chosen["step_time_ms_median"]), rate=_figure(chosen["examples_per_s"], 0))
+            notes.append(
+                gettext(
+                    "The way of sharing chosen at booking, %(strategy)s: %(step)s ms per step, %(rate)s examples "
+                    "per second."
+                )
+                % values
+            )
+        else:
+            notes.append(gettext("The way of sharing chosen at booking, %(strategy)s: %(status)s.") % values)
+    for name, ratio in found["unbalanced"]:
+        notes.append(
+            gettext(
+                "Unbalanced split with %(strategy)s: one card's peak memory is %(ratio)s× the other's (one nearly "
+                "empty, the other saturated)."
+            )
+            % {"strategy": STRATEGY_LABELS[name], "ratio": _figure(ratio)}
+        )
+    environment = report["environment"]
+    notes.append(
+        gettext(
+            "Held constant: %(precision)s, %(examples)s examples, global batch %(batch)s (twice that for the bigger "
+            "batch run); the first %(warmup)s of %(steps)s steps discarded as warm-up."
+        )
+        % {
+            "precision": environment["precision"],
+            "examples": environment["examples"],
+            "batch": environment["global_batch"],
+            "warmup": environment["warmup_steps"],
+            "steps": environment["steps"],
+        }
+    )
+    if environment["device_kind"] == "cpu":
+        notes.append(gettext("Measured on the CPU (two gloo processes sharing its cores): a check, not a GPU measure."))
+    return {"verdict": verdict, "sentence": sentence, "notes": notes}

@@ -1,98 +1,82 @@
 #!/usr/bin/env python3
-"""Binôme split-trial kit: does the second card of the pair pay off for this model?
+"""Binôme split trial: does the second card of the pair pay off for this model, and which way of sharing?
 
-Runs the same reduced synthetic dataset twice, with the precision and the number of examples held constant:
+Trains the same reduced dataset, at the same precision and with the same examples, in up to five runs:
 
-1. ``single``: one process on one card (cuda:0), global batch B per step;
-2. ``pair``: two processes (torch.multiprocessing spawn, rendezvous on a free localhost port), one per card
-   (cuda:0, cuda:1), DistributedDataParallel, B/2 examples per rank, so the same global batch B and the same
-   examples, in the same order, reach the model in both phases.
+==================  =====  ===========================================================================================
+run                 cards  what the two cards share
+==================  =====  ===========================================================================================
+``single``          1      nothing: the whole model and the whole global batch B on card 0
+``ddp``             2      a full copy of the model each (DistributedDataParallel), B/2 examples per card: global B
+``fsdp``            2      parameters, gradients and optimizer states sharded (torch FSDP2 ``fully_shard``), B/2 each
+``pipeline``        2      layers split: the first half of the model's layers on card 0, the second half on card 1;
+                           card 0 sends its activations to card 1, card 1 sends their gradient back; global B
+``ddp_bigger_batch`` 2     DDP with the single card's batch on each card: the same per-card batch B, global 2B;
+                           compared with ``single`` in examples per second
+==================  =====  ===========================================================================================
 
-Backends: NCCL on NVIDIA and RCCL on ROCm (torch calls both "nccl"), gloo on the CPU. Usage::
+Usage::
 
-    python split_trial.py [--device auto|cuda|cpu] [--examples 512] [--batch 32] [--steps 30] [--warmup 5]
-        [--precision fp32|bf16] [--hidden 512] [--layers 4] [--model module:function] [--output report.json]
-        [--timeout 900]
+    python split_trial.py [--device auto|cuda|cpu] [--strategies ddp,fsdp,pipeline] [--no-bigger-batch]
+        [--examples 512] [--batch 32] [--steps 50] [--warmup 20] [--precision fp32|bf16] [--hidden 512]
+        [--layers 4] [--plugin my_model.py] [--card-memory-mib N] [--output report.json] [--timeout 1800]
 
-``--steps`` counts every step, warm-up included: ``--steps 30 --warmup 5`` times 25 steps. The dataset holds
-``--examples`` examples (a multiple of ``--batch``, which must be even); the steps cycle through it. Pick the two
-cards with CUDA_VISIBLE_DEVICES (NVIDIA) or HIP_VISIBLE_DEVICES (ROCm): the kit uses the first two it sees.
-``--device auto`` is ``cuda`` when torch sees a CUDA or ROCm device, else ``cpu``. With a single visible card the
-single phase still runs and the pair phase fails (exit 1).
+``--steps`` counts every step, warm-up included; by default the first 20 of 50 are run and discarded (the guide's
+range is 20–50). The dataset holds ``--examples`` examples and the steps cycle through it. Pick the cards with
+CUDA_VISIBLE_DEVICES (NVIDIA) or HIP_VISIBLE_DEVICES (ROCm): the kit uses the first two it sees. On a machine
+without a GPU, ``--device cpu`` runs two gloo ranks: a check of the kit and of your plug-in, not a measure of GPUs.
 
-What is measured, per process:
+Out of memory is a result, not an error. Each run that does not fit is recorded with ``status: out_of_memory``
+and the others still run: a model that does not fit one card gets its two-card runs, and the portal concludes
+"possible only on two cards". ``--card-memory-mib N`` imposes a card size: a run whose model state on a card
+(parameters, gradients and the two AdamW moments, in fp32: 16 bytes per parameter held) exceeds N MiB is recorded
+as out of memory without being started. On the CPU it is how a card's size is simulated; on a GPU the card's real
+out-of-memory error is recorded the same way.
 
-- step time: wall clock from the start of a step (zero_grad, forward, loss, backward with DDP's all-reduces,
-  optimizer step) to its end, with the device synchronised on both sides; the first ``--warmup`` steps are run
-  but not timed (``warmup_steps`` and ``steps_measured`` say how many of each). Median and p90 are reported; the
-  pair's step time is its slowest rank's.
-- communication time (pair): a DDP communication hook wraps DDP's default all-reduce hook (so gradients are
-  averaged exactly as without it) and records, for each gradient bucket, when the all-reduce was launched and
-  when its result was ready: ``torch.cuda.Event`` on the GPU (the completion event is recorded on a stream that
-  waits for the NCCL/RCCL kernel), ``time.perf_counter`` on the CPU (gloo completes the future when the data is
-  there). ``comm_time_ms_median`` is the time per step during which at least one all-reduce was in flight
-  (union of the bucket intervals, waiting for the other rank included); part of it may overlap the backward pass.
-  ``comm_exposed_ms_median`` is the part that did not: from the launch of the last bucket (when the backward
-  compute is done) to the completion of the last all-reduce. ``comm_fraction`` = in-flight time / step time.
-  The comm hook changes nothing in DDP's bucketing or overlap, unlike timing explicit blocking all-reduces.
-- peak memory: ``torch.cuda.max_memory_allocated`` of the process's card on the GPU (the caching allocator's
-  reserve and the CUDA context are not counted). On the CPU, the stand-in is the process's peak resident set
-  size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux), reported as ``peak_rss_mib`` and copied to
-  ``peak_memory_mib``; it includes the interpreter and torch itself (a few hundred MiB). ``imbalance.flag`` is
-  set when the larger of the two ranks' peaks is at least 1.25 times the smaller and at least 256 MiB above it.
-
-On the CPU the two gloo ranks share the machine's cores (half each; the single phase gets them all): the run
-checks the kit and the model, it says nothing about two GPUs.
+What is measured, per card: step time after warm-up (median and p90; a two-card run's step is its slowest card's),
+examples per second (global batch / step time), communication time (DDP: all-reduces in flight, from a
+communication hook around DDP's own all-reduce; pipeline: time in the blocking sends and receives; FSDP: not
+measured separately, its collectives are inside the step), peak memory (``torch.cuda.max_memory_allocated``; on the
+CPU the process's peak resident set size, interpreter included), the model state held, and an imbalance flag set
+when the larger card's peak is at least 1.25 times the smaller's and at least 256 MiB above it.
 
 Precision: ``fp32``, or ``bf16`` = forward and loss under ``torch.autocast(dtype=torch.bfloat16)``, parameters,
-gradients, all-reduces and AdamW states in fp32 (mixed precision, as most training runs it). Every model is
-trained with ``torch.optim.AdamW(lr=1e-3)``, so the peaks include the optimizer's two moments.
+gradients and optimizer states in fp32. Every model is trained with ``torch.optim.AdamW(lr=1e-3)``. The report
+states the precision, the example count and the batches of every run.
 
-Plugging in your own model (``--model``)::
+Plugging in your own model and a reduced copy of your dataset (``--plugin path/to/my_model.py``): a Python file
+with two functions, and a third one optional::
 
-    # my_model.py, in the current directory (or anywhere on PYTHONPATH; or pass a path: ./lib/my_model.py:build)
     import torch
 
-    def build(precision):                    # "fp32" or "bf16"; the kit applies autocast itself
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    def build_model():                  # a torch.nn.Module on the CPU, in fp32 (the kit moves it)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
 
-        def make_batch(batch_size, generator):          # generator: a seeded CPU torch.Generator
-            inputs = torch.randn(batch_size, 64, generator=generator)
-            targets = torch.randint(0, 10, (batch_size,), generator=generator)
-            return inputs, targets
+    def dataset():                      # (inputs, targets): two tensors with the same first dimension,
+        inputs = torch.load("reduced.pt")           # at least --examples rows; the kit takes the first --examples
+        return inputs, torch.randint(0, 10, (inputs.shape[0],))
 
-        return model, make_batch, torch.nn.functional.cross_entropy
+    def loss(outputs, targets):         # optional: cross-entropy for integer targets, else mean squared error
+        return torch.nn.functional.cross_entropy(outputs, targets)
 
-    python split_trial.py --model my_model:build --examples 1024 --batch 64
+The file is checked before any run; a problem exits 2 with one line on stderr, ``split_trial.py: error
+[<code>]: <message>``, and no traceback: ``plugin_not_found``, ``plugin_import_failed`` (the message says which
+exception), ``plugin_missing_function``, ``plugin_bad_model`` (``build_model()`` did not return a
+``torch.nn.Module``), ``plugin_bad_dataset`` (not two tensors with the same first dimension),
+``plugin_dataset_too_small`` (fewer rows than ``--examples``). The pipeline run needs the layers in order: a
+``torch.nn.Sequential`` of at least two modules; any other model gets ``status: not_applicable``.
 
-The contract:
-
-- ``build(precision) -> (model, make_batch, loss_fn)`` is called once in every process, right after
-  ``torch.manual_seed`` (same initial weights everywhere). Return the model on the CPU in fp32: the kit moves it to
-  the card and wraps it in DistributedDataParallel for the pair, so every parameter that requires a gradient
-  must get one at every step.
-- ``make_batch(batch_size, generator) -> (inputs, targets)`` builds one global batch on the CPU with the first
-  dimension of every tensor equal to ``batch_size``; the kit calls it ``examples / batch`` times from one seeded
-  generator, keeps each rank's half and moves it to the card before timing starts. ``inputs`` may be a tensor
-  (``model(inputs)``), a tuple or list (``model(*inputs)``) or a dict (``model(**inputs)``); ``targets`` (a
-  tensor, or a tuple, list or dict of them) goes to ``loss_fn`` as it is.
-- ``loss_fn(outputs, targets)`` returns a scalar tensor averaged over the batch, so that DDP's averaged gradient
-  of two half batches equals the single card's gradient of the whole batch.
-- ``--hidden`` and ``--layers`` shape the default model only.
-
-Output: one JSON report (schema ``binome.split-trial/1``) written to ``--output`` (the conclusion is then printed on
-stdout), or printed on stdout; logs go to stderr. Every number in it is finite and non-negative:
-``comparison.step_change_percent`` is the size of the change and ``comparison.step_change`` its direction
-("shorter", "longer", "unchanged"); ``comparison.speedup`` is single step time / pair step time. Exit status: 0
-when both phases ran, 1 when one failed or timed out (the report is still written, with an ``error`` field), 2 on
-bad arguments or without torch. ``--timeout`` bounds the whole run: ranks still running then are killed.
+Output: one JSON report, schema ``binome.split-trial/2``, written to ``--output`` (a short summary is then
+printed on stdout), or printed on stdout; logs go to stderr. The report carries codes and figures only: the
+portal writes the conclusion in the page's language, beside the hypothesis written at booking. Exit status: 0
+when every run has a result (out of memory and not applicable are results), 1 when a run failed or timed out (the
+report is still written), 2 on bad arguments, a bad plug-in, or without torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import importlib.util
 import json
 import math
@@ -125,15 +109,16 @@ from nodekit.common import (
 
 torch = None  # imported by _load_torch(), after the arguments are checked: --help and usage errors need no torch
 
-SCHEMA = "binome.split-trial/1"
+SCHEMA = "binome.split-trial/2"
 SEED = 20240917
 LEARNING_RATE = 1e-3
 DEFAULT_OUTPUTS = 16
 IMBALANCE_RATIO = 1.25
 IMBALANCE_MIN_DIFF_MIB = 256.0
-UNCHANGED_PERCENT = 1.0  # a change of the step time below this is "unchanged"
+STATE_BYTES_PER_PARAMETER = 16  # fp32 parameter, gradient and the two AdamW moments
 ERROR_LIMIT = 1500
-_MODEL_RE = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+TWO_CARD_STRATEGIES = ("ddp", "fsdp", "pipeline")
+BIGGER_BATCH = "ddp_bigger_batch"
 
 
 def _load_torch() -> str | None:
@@ -149,7 +134,7 @@ def _load_torch() -> str | None:
     return None
 
 
-log = stderr_logger("split-trial")  # human-readable progress: stdout carries the report (or the conclusion) only
+log = stderr_logger("split-trial")  # human-readable progress: stdout carries the report (or the summary) only
 
 
 def _num(value: float, digits: int = 3) -> float:
@@ -177,29 +162,41 @@ def _p90(values: list[float]) -> float:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _model_spec(text: str) -> str:
-    if not _MODEL_RE.match(text.strip()):
-        raise argparse.ArgumentTypeError(f"expected module:function or path/to/file.py:function, got {text!r}")
-    return text.strip()
+def _strategies(text: str) -> tuple:
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in TWO_CARD_STRATEGIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(TWO_CARD_STRATEGIES)}, got {text!r}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="split_trial.py",
-        description="Binôme split trial: one card, then two (DDP), same data and precision; JSON report. "
-        "Exit 0 done, 1 a phase failed, 2 usage.",
+        description="Binôme split trial: one card, then two (DDP, FSDP, pipeline), same data and precision; JSON "
+        "report. Exit 0 done, 1 a run failed, 2 usage or plug-in.",
     )
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--examples", type=bounded(int, 2, 10_000_000), default=512, help="synthetic dataset size")
+    parser.add_argument(
+        "--strategies", type=_strategies, default=TWO_CARD_STRATEGIES, help="two-card runs (default: all three)"
+    )
+    parser.add_argument("--no-bigger-batch", action="store_true", help="skip the twice-the-global-batch DDP run")
+    parser.add_argument("--examples", type=bounded(int, 2, 10_000_000), default=512, help="dataset size")
     parser.add_argument("--batch", type=bounded(int, 2, 1_000_000), default=32, help="global batch (even)")
-    parser.add_argument("--steps", type=bounded(int, 2, 1_000_000), default=30, help="steps, warm-up included")
-    parser.add_argument("--warmup", type=bounded(int, 0, 1_000_000), default=5, help="untimed first steps")
+    parser.add_argument("--steps", type=bounded(int, 2, 1_000_000), default=50, help="steps, warm-up included")
+    parser.add_argument("--warmup", type=bounded(int, 0, 1_000_000), default=20, help="untimed first steps")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--hidden", type=bounded(int, 1, 65_536), default=512, help="default model width")
     parser.add_argument("--layers", type=bounded(int, 1, 256), default=4, help="default model depth")
-    parser.add_argument("--model", type=_model_spec, default=None, help="module:function building your model")
+    parser.add_argument("--plugin", default=None, help="path to your .py with build_model() and dataset()")
+    parser.add_argument(
+        "--card-memory-mib",
+        type=bounded(float, 0.001, 1e9),
+        default=None,
+        help="simulated card size: a run whose model state on a card exceeds it is out of memory",
+    )
     parser.add_argument("--output", default=None, help="write the JSON report here (default: stdout)")
-    parser.add_argument("--timeout", type=bounded(float, 1.0, 86_400.0), default=900.0, help="seconds, whole run")
+    parser.add_argument("--timeout", type=bounded(float, 1.0, 86_400.0), default=1800.0, help="seconds, whole run")
     return parser
 
 
@@ -207,9 +204,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.batch % 2:
-        parser.error(f"--batch {args.batch} must be even: each of the two ranks gets half of it")
-    if args.examples % args.batch:
-        parser.error(f"--examples {args.examples} must be a multiple of --batch {args.batch}")
+        parser.error(f"--batch {args.batch} must be even: each of the two cards gets half of it")
+    if args.examples < args.batch:
+        parser.error(f"--examples {args.examples} must be at least --batch {args.batch}")
     if args.warmup >= args.steps:
         parser.error(f"--warmup {args.warmup} must be smaller than --steps {args.steps} (steps include warm-up)")
     if args.output:
@@ -220,93 +217,131 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Models
+# Models and data: the default MLP, or the researcher's plug-in file
 # --------------------------------------------------------------------------------------------------------------
 
 
-def default_builder(hidden: int, layers: int):
-    """The default model: an MLP regressing a fixed random teacher on Gaussian inputs (seeded, reproducible)."""
+class PluginError(Exception):
+    """A plug-in file the kit refuses before any run; `code` says why (see the docstring)."""
 
-    def build(precision: str):
-        blocks = []
-        for _ in range(layers):
-            blocks += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
-        model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, DEFAULT_OUTPUTS))
-        teacher = torch.randn(hidden, DEFAULT_OUTPUTS, generator=torch.Generator().manual_seed(SEED + 1))
-        teacher /= math.sqrt(hidden)
-
-        def make_batch(batch_size: int, generator):
-            inputs = torch.randn(batch_size, hidden, generator=generator)
-            return inputs, torch.tanh(inputs @ teacher)
-
-        return model, make_batch, torch.nn.functional.mse_loss
-
-    return build
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
 
 
-def load_builder(spec: str, cwd: str):
-    """The user's build function from ``module:function`` (importable from cwd or sys.path) or ``file.py:function``."""
-    match = _MODEL_RE.match(spec)
-    if not match:
-        raise ValueError(f"--model: expected module:function, got {spec!r}")
-    module_part, function = match.group("module"), match.group("function")
-    if module_part.endswith(".py") or "/" in module_part or os.sep in module_part:
-        path = os.path.abspath(os.path.join(cwd, module_part))
-        if not os.path.isfile(path):
-            raise ValueError(f"--model: no file {path}")
-        name = "binome_split_trial_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-        if os.path.dirname(path) not in sys.path:
-            sys.path.insert(0, os.path.dirname(path))  # its sibling modules import as they would next to it
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(module_spec)
+def default_parts(hidden: int, layers: int, examples: int):
+    """(model, (inputs, targets), loss): an MLP regressing a fixed random teacher on seeded Gaussian inputs."""
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, DEFAULT_OUTPUTS))
+    generator = torch.Generator().manual_seed(SEED + 1)
+    teacher = torch.randn(hidden, DEFAULT_OUTPUTS, generator=generator) / math.sqrt(hidden)
+    inputs = torch.randn(examples, hidden, generator=generator)
+    return model, (inputs, torch.tanh(inputs @ teacher)), torch.nn.functional.mse_loss
+
+
+def _default_loss(outputs, targets):
+    if not targets.is_floating_point():
+        return torch.nn.functional.cross_entropy(outputs.float(), targets)
+    return torch.nn.functional.mse_loss(outputs.float(), targets.float())
+
+
+def load_plugin(path: str, examples: int):
+    """(model, (inputs, targets), loss) from the plug-in file, checked; raises PluginError with a code."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise PluginError("plugin_not_found", f"--plugin: no file {path}")
+    name = "binome_split_trial_plugin_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    if os.path.dirname(path) not in sys.path:
+        sys.path.insert(0, os.path.dirname(path))  # its sibling modules import as they would next to it
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError("not a Python source file")
+        module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        if cwd not in sys.path:
-            sys.path.insert(0, cwd)
-        module = importlib.import_module(module_part)
-    builder = getattr(module, function, None)
-    if not callable(builder):
-        raise ValueError(f"--model: {module_part} has no function {function}")
-    return builder
-
-
-def _check_built(built) -> tuple:
-    if not isinstance(built, (tuple, list)) or len(built) != 3:
-        raise TypeError("build(precision) must return (model, make_batch, loss_fn)")
-    model, make_batch, loss_fn = built
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # a SyntaxError, an ImportError, anything the file raises at import, or exit()
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise PluginError(
+            "plugin_import_failed", f"{path} could not be imported: {type(exc).__name__}: {exc}"
+        ) from None
+    for function in ("build_model", "dataset"):
+        if not callable(getattr(module, function, None)):
+            raise PluginError("plugin_missing_function", f"{path} has no function {function}()")
+    loss = getattr(module, "loss", None)
+    if loss is not None and not callable(loss):
+        raise PluginError("plugin_missing_function", f"{path}: loss is not a function")
+    try:
+        model = module.build_model()
+    except Exception as exc:
+        raise PluginError("plugin_bad_model", f"build_model() raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"build(precision)[0] must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(make_batch) or not callable(loss_fn):
-        raise TypeError("build(precision)[1] and [2] must be callables: make_batch(batch_size, generator), loss_fn")
-    return model, make_batch, loss_fn
+        raise PluginError(
+            "plugin_bad_model", f"build_model() must return a torch.nn.Module, not {type(model).__name__}"
+        )
+    try:
+        data = module.dataset()
+    except Exception as exc:
+        raise PluginError("plugin_bad_dataset", f"dataset() raised {type(exc).__name__}: {exc}") from None
+    if (
+        not isinstance(data, (tuple, list))
+        or len(data) != 2
+        or not all(isinstance(part, torch.Tensor) and part.dim() >= 1 for part in data)
+    ):
+        raise PluginError("plugin_bad_dataset", "dataset() must return (inputs, targets): two tensors")
+    inputs, targets = data
+    if inputs.shape[0] != targets.shape[0]:
+        raise PluginError(
+            "plugin_bad_dataset",
+            f"dataset(): inputs have {inputs.shape[0]} rows and targets {targets.shape[0]}: they must match",
+        )
+    if inputs.shape[0] < examples:
+        raise PluginError(
+            "plugin_dataset_too_small", f"dataset() has {inputs.shape[0]} rows; --examples asks for {examples}"
+        )
+    return model, (inputs[:examples], targets[:examples]), loss or _default_loss
 
 
-def _take(obj, start: int, stop: int, batch: int, device):
-    """Rows [start, stop) of every tensor in a (nested) batch, copied to the device (the full batch is dropped)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.dim() == 0 or obj.shape[0] != batch:
-            raise ValueError(
-                f"make_batch returned a tensor of shape {tuple(obj.shape)}: first dimension must be {batch}"
-            )
-        return obj[start:stop].to(device, copy=True)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_take(item, start, stop, batch, device) for item in obj)
-    if isinstance(obj, dict):
-        return {key: _take(value, start, stop, batch, device) for key, value in obj.items()}
-    return obj
+def build_parts(job: dict):
+    torch.manual_seed(job["seed"])  # the same initial weights in every process
+    if job["plugin"]:
+        return load_plugin(job["plugin"], job["examples"])
+    return default_parts(job["hidden"], job["layers"], job["examples"])
 
 
-def _call(model, inputs):
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+def pipeline_stages(model) -> list | None:
+    """The model's layers in order, or None when the model is not an nn.Sequential of at least two modules."""
+    if not isinstance(model, torch.nn.Sequential) or len(model) < 2:
+        return None
+    return list(model)
+
+
+def _state_mib(modules) -> float:
+    count = sum(p.numel() for module in modules for p in module.parameters() if p.requires_grad)
+    return count * STATE_BYTES_PER_PARAMETER / 2**20
+
+
+def planned_state_mib(model, strategy: str) -> list[float] | None:
+    """The model state each card of `strategy` would hold (MiB), or None when the strategy does not apply."""
+    whole = _state_mib([model])
+    if strategy == "single":
+        return [whole]
+    if strategy in ("ddp", BIGGER_BATCH):
+        return [whole, whole]
+    if strategy == "fsdp":
+        return [whole / 2, whole / 2]
+    stages = pipeline_stages(model)
+    if stages is None:
+        return None
+    cut = len(stages) // 2
+    return [_state_mib(stages[:cut]), _state_mib(stages[cut:])]
 
 
 # --------------------------------------------------------------------------------------------------------------
-# One process of a phase (a torch.multiprocessing spawn child)
+# One process of a run (a torch.multiprocessing spawn child)
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -321,7 +356,7 @@ class CommTimer:
     def mark(self):
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()  # on the current stream: compute at launch, a stream waiting for the result at the end
+            event.record()
             return event
         return time.perf_counter()
 
@@ -342,10 +377,10 @@ class CommTimer:
 
         return future.then(done)
 
-    def measure(self) -> tuple[float, float]:
-        """(in-flight ms, exposed ms) of the step that just ended; call after synchronising the device."""
+    def measure(self) -> float:
+        """Milliseconds of the step that just ended with an all-reduce in flight; call after synchronising."""
         if not self.intervals:
-            return 0.0, 0.0
+            return 0.0
         if self.cuda:
             spans = [(self.step_start.elapsed_time(a), self.step_start.elapsed_time(b)) for a, b in self.intervals]
         else:
@@ -359,8 +394,7 @@ class CommTimer:
             else:
                 current_end = max(current_end, end)
         in_flight += current_end - current_start
-        exposed = max(end for _, end in spans) - max(start for start, _ in spans)
-        return max(in_flight, 0.0), max(exposed, 0.0)
+        return max(in_flight, 0.0)
 
 
 def _cpu_name() -> str:
@@ -390,19 +424,42 @@ def _rank_main(rank: int, job: dict) -> None:
         problem = _load_torch()
         if problem:
             raise ImportError(problem)
-        result.update(_run_rank(rank, job))
-    # The work is done and its report is on disk: leave without the interpreter's teardown, where a gloo thread
-    # still being destroyed sometimes aborts the process ("terminate called without an active exception") and
-    # turns a successful rank into a failed phase.
+        try:
+            result.update(_run_rank(rank, job))
+        except Exception as exc:
+            oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+            if oom is not None and isinstance(exc, oom):
+                result["out_of_memory"] = True
+            raise
+    # The work is done and its result is on disk: leave without the interpreter's teardown, where a gloo thread
+    # still being destroyed sometimes aborts the process and turns a successful rank into a failed run.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
+def _batches(data, job: dict, rank: int, device) -> list:
+    """This rank's share of each global batch, on its device, built once before timing starts."""
+    inputs, targets = data
+    strategy, world, batch = job["strategy"], job["world"], job["global_batch"]
+    if strategy in ("single", "pipeline"):
+        start, size = 0, batch  # pipeline: both stages see the whole batch
+    else:
+        size = batch // world
+        start = rank * size
+    examples = inputs.shape[0]
+    batches = []
+    for index in range(max(examples // batch, 1)):
+        rows = [(index * batch + start + offset) % examples for offset in range(size)]
+        picked = torch.tensor(rows, dtype=torch.long)
+        batches.append((inputs[picked].to(device), targets[picked].to(device)))
+    return batches
+
+
 def _run_rank(rank: int, job: dict) -> dict:
     import torch.distributed as dist
 
-    world, cuda = job["world"], job["device_type"] == "cuda"
+    world, cuda, strategy = job["world"], job["device_type"] == "cuda", job["strategy"]
     if cuda:
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
@@ -420,64 +477,107 @@ def _run_rank(rank: int, job: dict) -> dict:
     if world > 1:
         join_process_group(dist, job, rank, device, timeout_s=max(job["timeout_s"], 10.0))
     try:
-        builder = (
-            load_builder(job["model"], job["cwd"]) if job["model"] else default_builder(job["hidden"], job["layers"])
-        )
-        torch.manual_seed(job["seed"])
-        model, make_batch, loss_fn = _check_built(builder(job["precision"]))
-        model = model.to(device)
-        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        model, data, loss_fn = build_parts(job)
+        held = model
+        if strategy == "pipeline":
+            stages = pipeline_stages(model)
+            cut = len(stages) // 2
+            held = torch.nn.Sequential(*(stages[:cut] if rank == 0 else stages[cut:]))
+        state_mib = _state_mib([held]) / (2 if strategy == "fsdp" else 1)
+        batches = _batches(data, job, rank, device)
+        del data
+        held = held.to(device)
 
-        batch, per_rank = job["batch"], job["batch"] // world
-        generator = torch.Generator().manual_seed(job["seed"])
-        batches = []
-        for _ in range(job["examples"] // batch):
-            built = make_batch(batch, generator)
-            if not isinstance(built, (tuple, list)) or len(built) != 2:
-                raise TypeError("make_batch(batch_size, generator) must return (inputs, targets)")
-            start = rank * per_rank
-            batches.append(tuple(_take(part, start, start + per_rank, batch, device) for part in built))
-            del built
-
-        net, timer = model, None
-        if world > 1:
+        net, timer = held, None
+        if strategy in ("ddp", BIGGER_BATCH):
             from torch.nn.parallel import DistributedDataParallel
 
-            net = DistributedDataParallel(model, device_ids=[rank] if cuda else None)
+            net = DistributedDataParallel(held, device_ids=[rank] if cuda else None)
             timer = CommTimer(device)
             net.register_comm_hook(timer, CommTimer.hook)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+        elif strategy == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh(device.type, (world,))
+            for module in held.children():
+                if any(p.requires_grad for p in module.parameters()):
+                    fully_shard(module, mesh=mesh)
+            net = fully_shard(held, mesh=mesh)
+        optimizer = torch.optim.AdamW(held.parameters(), lr=LEARNING_RATE)
         autocast = (
             (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16))
             if job["precision"] == "bf16"
             else contextlib.nullcontext
         )
-
         sync = synchronizer(torch, device)
-        step_ms, comm_ms, exposed_ms = [], [], []
+        step_ms, comm_ms = [], []
+        shape = None
+        loss_value = 0.0
         for step in range(job["steps"]):
             inputs, targets = batches[step % len(batches)]
             sync()
             started = time.perf_counter()
+            comm = 0.0
             if timer is not None:
                 timer.begin_step()
             optimizer.zero_grad(set_to_none=True)
-            with autocast():
-                loss = loss_fn(_call(net, inputs), targets)
-            if step == 0 and (not isinstance(loss, torch.Tensor) or loss.numel() != 1):
-                raise TypeError("loss_fn(outputs, targets) must return a scalar tensor")
-            loss.backward()
+            if strategy == "pipeline":
+                if rank == 0:
+                    with autocast():
+                        activations = net(inputs)
+                    outgoing = activations.float().contiguous()
+                    if shape is None:  # tell the second stage what to receive, once
+                        header = torch.zeros(9, dtype=torch.long)
+                        header[0] = outgoing.dim()
+                        header[1 : 1 + outgoing.dim()] = torch.tensor(outgoing.shape)
+                        dist.send(header.to(device), dst=1)
+                        shape = tuple(outgoing.shape)
+                    sync()
+                    mark = time.perf_counter()
+                    dist.send(outgoing, dst=1)
+                    gradient = torch.empty_like(outgoing)
+                    dist.recv(gradient, src=1)
+                    sync()
+                    comm = (time.perf_counter() - mark) * 1e3
+                    activations.backward(gradient.to(activations.dtype))
+                else:
+                    if shape is None:
+                        header = torch.zeros(9, dtype=torch.long, device=device)
+                        dist.recv(header, src=0)
+                        header = header.cpu()
+                        shape = tuple(int(size) for size in header[1 : 1 + int(header[0])])
+                    incoming = torch.empty(shape, dtype=torch.float32, device=device)
+                    sync()
+                    mark = time.perf_counter()
+                    dist.recv(incoming, src=0)
+                    comm = (time.perf_counter() - mark) * 1e3
+                    incoming.requires_grad_(True)
+                    with autocast():
+                        loss = loss_fn(net(incoming), targets)
+                    loss.backward()
+                    sync()
+                    mark = time.perf_counter()
+                    dist.send(incoming.grad.contiguous(), dst=0)
+                    sync()
+                    comm += (time.perf_counter() - mark) * 1e3
+                    loss_value = float(loss.detach().float().item()) if step == job["steps"] - 1 else loss_value
+            else:
+                with autocast():
+                    loss = loss_fn(net(inputs), targets)
+                if step == 0 and (not isinstance(loss, torch.Tensor) or loss.numel() != 1):
+                    raise TypeError("the loss must be a scalar tensor")
+                loss.backward()
             optimizer.step()
             sync()
             elapsed = (time.perf_counter() - started) * 1e3
             if step >= job["warmup"]:
                 step_ms.append(elapsed)
                 if timer is not None:
-                    in_flight, exposed = timer.measure()
-                    comm_ms.append(min(in_flight, elapsed))
-                    exposed_ms.append(min(exposed, in_flight, elapsed))
-        final_loss = float(loss.detach().float().item())
-
+                    comm = timer.measure()
+                comm_ms.append(min(comm, elapsed))
+        if strategy != "pipeline":
+            loss_value = float(loss.detach().float().item())
         peak_rss = _peak_rss_mib()
         peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss
         return {
@@ -485,13 +585,12 @@ def _run_rank(rank: int, job: dict) -> dict:
             "device_name": name,
             "memory_total_mib": total_mib,
             "peak_memory_mib": peak,
-            "peak_rss_mib": peak_rss,
-            "parameters": parameters,
+            "model_state_mib": state_mib,
+            "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "threads": torch.get_num_threads(),
             "step_ms": step_ms,
             "comm_ms": comm_ms,
-            "exposed_ms": exposed_ms,
-            "loss_finite": math.isfinite(final_loss),
+            "loss_finite": math.isfinite(loss_value),
         }
     finally:
         if world > 1 and dist.is_initialized():
@@ -500,7 +599,7 @@ def _run_rank(rank: int, job: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The supervisor (this process): spawns each phase, enforces --timeout, writes the report
+# The supervisor (this process): checks the plug-in, plans and spawns each run, writes the report
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -514,14 +613,14 @@ def _usable_cpus() -> int:
     return max(os.cpu_count() or 1, 1)
 
 
-def run_phase(base_job: dict, world: int, deadline: float) -> tuple[list[dict], str | None]:
-    """Spawn `world` ranks, wait for them until `deadline`; returns (rank results, error or None)."""
+def run_ranks_of(job: dict, world: int, deadline: float) -> tuple[list[dict], str | None, bool]:
+    """Spawn `world` ranks, wait for them until `deadline`; returns (rank results, error or None, timed out)."""
     import torch.multiprocessing as torch_mp
 
     budget = deadline - time.monotonic()
     if budget < 1.0:
-        return [], "timed out before it could start (--timeout spent)"
-    job = dict(base_job, timeout_s=budget)
+        return [], "timed out before it could start (--timeout spent)", True
+    job = dict(job, timeout_s=budget)
     ranks, timed_out, error = run_ranks(
         torch_mp, _rank_main, job, world=world, deadline=deadline, grace_s=10.0, reraise=(Interrupted,)
     )
@@ -532,146 +631,89 @@ def run_phase(base_job: dict, world: int, deadline: float) -> tuple[list[dict], 
         lines = [line for line in str(error).splitlines() if line.strip()]
         failure = short_text(lines[-1] if lines else error, ERROR_LIMIT)
     errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r.get("error")]
-    if errors:  # the rank's own message says more than the exception torch relays
-        failure = "; ".join(errors) if not failure or "timed out" not in failure else f"{failure}; {errors[0]}"
+    if errors and not timed_out:  # the rank's own message says more than the exception torch relays
+        failure = "; ".join(errors)
     elif failure is None and len(ranks) != world:
         failure = f"{len(ranks)} of {world} ranks reported"
-    return ranks, short_text(failure, ERROR_LIMIT) if failure else None
+    return ranks, (short_text(failure, ERROR_LIMIT) if failure else None), timed_out
 
 
-def _phase_summary(rank: dict, args: argparse.Namespace, world: int) -> dict:
-    measured = len(rank["step_ms"])
-    summary = {
-        "device": rank["device"],
-        "device_name": short_text(rank["device_name"], 120),
-        "step_time_ms_median": _num(_median(rank["step_ms"])),
-        "step_time_ms_p90": _num(_p90(rank["step_ms"])),
-        "peak_memory_mib": _num(rank["peak_memory_mib"], 1),
-        "peak_rss_mib": _num(rank["peak_rss_mib"], 1),
-        "memory_total_mib": _num(rank["memory_total_mib"], 1),
-        "peak_memory_percent": _num(100 * rank["peak_memory_mib"] / rank["memory_total_mib"], 1)
-        if rank["memory_total_mib"] > 0
-        else 0.0,
-        "steps_measured": measured,
-        "warmup_steps": args.warmup,
-        "global_batch": args.batch,
-        "per_rank_batch": args.batch // world,
-        "examples": args.examples,
-        "examples_processed": args.steps * args.batch,
-        "loss_finite": bool(rank.get("loss_finite", True)),
-    }
-    if rank.get("threads") and rank["device"] == "cpu":
-        summary["cpu_threads"] = int(rank["threads"])
-    return summary
-
-
-def _single_section(ranks: list[dict], args) -> dict:
-    section = _phase_summary(ranks[0], args, 1)
-    section["rank"] = 0
-    return section
-
-
-def _pair_section(ranks: list[dict], args, unit: str) -> dict:
-    rows = []
-    for rank in sorted(ranks, key=lambda r: r["rank"]):
-        row = {"rank": int(rank["rank"]), **_phase_summary(rank, args, 2)}
-        step = _median(rank["step_ms"])
-        comm = _median(rank["comm_ms"])
-        row["comm_time_ms_median"] = _num(comm)
-        row["comm_exposed_ms_median"] = _num(_median(rank["exposed_ms"]))
-        row["comm_fraction"] = _num(min(comm / step, 1.0), 4) if step > 0 else 0.0
-        rows.append(row)
-    peaks = [row["peak_memory_mib"] for row in rows]
+def _imbalance(peaks: list[float]) -> dict:
     low, high = min(peaks), max(peaks)
     ratio = high / low if low > 0 else (1.0 if high == 0 else 1e6)
-    flag = ratio >= IMBALANCE_RATIO and high - low >= IMBALANCE_MIN_DIFF_MIB
-    sides = ", ".join(
-        f"{unit} {row['rank']} {row['peak_memory_mib']:.0f} MiB ({row['peak_memory_percent']:.0f} % of "
-        f"{row['memory_total_mib'] / 1024:.0f} GiB)"
-        for row in rows
-    )
-    verdict = "unbalanced" if flag else "balanced"
-    detail = (
-        f"{verdict}: {sides}; flagged when the larger peak is ≥ {IMBALANCE_RATIO:g}× the smaller "
-        f"and ≥ {IMBALANCE_MIN_DIFF_MIB:.0f} MiB above it"
-    )
-    slowest = max(rows, key=lambda row: row["step_time_ms_median"])
+    flag = len(peaks) == 2 and ratio >= IMBALANCE_RATIO and high - low >= IMBALANCE_MIN_DIFF_MIB
+    return {"flag": bool(flag), "max_over_min": _num(min(ratio, 1e6), 3)}
+
+
+def _run_entry(strategy: str, args: argparse.Namespace) -> dict:
+    cards = 1 if strategy == "single" else 2
+    global_batch = args.batch * 2 if strategy == BIGGER_BATCH else args.batch
+    per_card = global_batch if strategy in ("single", "pipeline") else global_batch // 2
     return {
-        "ranks": rows,
-        "step_time_ms_median": slowest["step_time_ms_median"],
-        "step_time_ms_p90": max(row["step_time_ms_p90"] for row in rows),
-        "slowest_rank": slowest["rank"],
-        "comm_time_ms_median": max(row["comm_time_ms_median"] for row in rows),
-        "steps_measured": min(row["steps_measured"] for row in rows),
-        "warmup_steps": args.warmup,
-        "global_batch": args.batch,
-        "per_rank_batch": args.batch // 2,
-        "examples": args.examples,
-        "examples_processed": args.steps * args.batch,
-        "imbalance": {"flag": flag, "max_over_min": _num(ratio, 3), "detail": short_text(detail, 600)},
+        "strategy": strategy,
+        "cards": cards,
+        "status": "failed",
+        "global_batch": global_batch,
+        "per_card_batch": per_card,
+        "examples_processed": args.steps * global_batch,
     }
 
 
-def _comparison(single: dict, pair: dict) -> dict:
-    before, after = single["step_time_ms_median"], pair["step_time_ms_median"]
-    change = abs(after - before) / before * 100 if before > 0 else 0.0
-    direction = "unchanged" if change < UNCHANGED_PERCENT else ("shorter" if after < before else "longer")
-    step = pair["step_time_ms_median"]
-    exposed = max(row["comm_exposed_ms_median"] for row in pair["ranks"])
-    return {
-        "speedup": _num(before / after, 3) if after > 0 else 0.0,
-        "step_change_percent": _num(change, 1),
-        "step_change": direction,
-        "comm_cost_percent": _num(100 * max(row["comm_fraction"] for row in pair["ranks"]), 1),
-        "comm_exposed_percent": _num(min(100 * exposed / step, 100.0), 1) if step > 0 else 0.0,
-        "same_global_batch": single["global_batch"] == pair["global_batch"],
-        "same_examples": single["examples"] == pair["examples"]
-        and single["examples_processed"] == pair["examples_processed"],
-    }
-
-
-def conclude(report: dict) -> str:
-    """One sentence (or two) a researcher can act on."""
-    cpu = report["environment"]["device_kind"] == "cpu"
-    unit = "rank" if cpu else "card"
-    prefix = "CPU stand-in (two gloo ranks sharing the cores, not two GPUs): " if cpu else ""
-    single, pair, comparison = report.get("single"), report.get("pair"), report.get("comparison")
-    if single is None:
-        return f"{prefix}single-{unit} phase failed ({report.get('error', 'unknown error')}); nothing to compare."
-    if pair is None or comparison is None:
-        return (
-            f"{prefix}two-{unit} phase failed ({report.get('error', 'unknown error')}); one {unit} alone: "
-            f"{single['step_time_ms_median']:.1f} ms per step, {single['peak_memory_mib']:.0f} MiB peak."
-        )
-    two = f"two {unit}s"
-    times = f"{single['step_time_ms_median']:.1f} → {pair['step_time_ms_median']:.1f} ms"
-    times += f" per step of {pair['global_batch']}"
-    comm = f"{comparison['comm_cost_percent']:.0f} % communication cost"
-    if comparison["comm_cost_percent"] > 0:
-        comm += f" ({comparison['comm_exposed_percent']:.0f} % of the step not hidden behind compute)"
-    if comparison["step_change"] == "shorter":
-        head = f"{two} cut the step by {comparison['step_change_percent']:.0f} % ({times}) at {comm}"
-    elif comparison["step_change"] == "longer":
-        head = (
-            f"{two} made the step {comparison['step_change_percent']:.0f} % longer ({times}) at {comm}: "
-            "the second one does not pay off at this batch"
-        )
-    else:
-        head = f"{two} left the step unchanged ({times}) at {comm}"
-    imbalance = pair["imbalance"]
-    if imbalance["flag"]:
-        rows = sorted(pair["ranks"], key=lambda row: -row["peak_memory_mib"])
-        memory = "unbalanced split: " + ", ".join(
-            f"{unit} {row['rank']} at {row['peak_memory_percent']:.0f} % ({row['peak_memory_mib']:.0f} MiB)"
-            for row in rows
-        )
-    else:
-        memory = "memory balanced (" + ", ".join(f"{row['peak_memory_mib']:.0f}" for row in pair["ranks"])
-        memory += " MiB peak" + (" RSS)" if cpu else ")")
-    sentence = f"{prefix}{head}; {memory}."
-    if not (single["loss_finite"] and all(row["loss_finite"] for row in pair["ranks"])):
-        sentence += " Warning: the loss was not finite (timings stand, the training did not)."
-    return sentence
+def measure(strategy: str, args: argparse.Namespace, base_job: dict, planned, deadline: float, cpus: int) -> dict:
+    """One run's entry in the report: measured, or why not (out of memory, not applicable, failed)."""
+    entry = _run_entry(strategy, args)
+    if planned is None:
+        entry.update(status="not_applicable", code="pipeline_needs_sequential")
+        return entry
+    entry["per_card"] = [{"rank": rank, "model_state_mib": _num(mib, 3)} for rank, mib in enumerate(planned)]
+    if args.card_memory_mib is not None and max(planned) > args.card_memory_mib:
+        entry.update(status="out_of_memory", code="model_state_over_card_memory")
+        return entry
+    world = entry["cards"]
+    job = dict(
+        base_job,
+        strategy=strategy,
+        global_batch=entry["global_batch"],
+        threads=max(cpus // world, 1),
+    )
+    ranks, error, timed_out = run_ranks_of(job, world, deadline)
+    if error and "address already in use" in error.lower() and not timed_out:  # the free port was taken meanwhile
+        ranks, error, timed_out = run_ranks_of(job, world, deadline)
+    if any(rank.get("out_of_memory") for rank in ranks):
+        entry.update(status="out_of_memory", code="device_out_of_memory", error=short_text(error or "", ERROR_LIMIT))
+        return entry
+    if error:
+        entry.update(status="failed", code="timed_out" if timed_out else "rank_failed", error=error)
+        return entry
+    ranks = sorted(ranks, key=lambda rank: rank["rank"])
+    steps = [_median(rank["step_ms"]) for rank in ranks]
+    step = max(steps)
+    entry.update(
+        status="ok",
+        steps_measured=min(len(rank["step_ms"]) for rank in ranks),
+        step_time_ms_median=_num(step),
+        step_time_ms_p90=_num(max(_p90(rank["step_ms"]) for rank in ranks)),
+        examples_per_s=_num(entry["global_batch"] / (step / 1e3), 1) if step > 0 else 0.0,
+        loss_finite=all(rank.get("loss_finite", True) for rank in ranks),
+        per_card=[
+            {
+                "rank": int(rank["rank"]),
+                "device_name": short_text(rank["device_name"], 120),
+                "step_time_ms_median": _num(_median(rank["step_ms"])),
+                "peak_memory_mib": _num(rank["peak_memory_mib"], 1),
+                "memory_total_mib": _num(rank["memory_total_mib"], 1),
+                "model_state_mib": _num(rank["model_state_mib"], 3),
+            }
+            for rank in ranks
+        ],
+    )
+    if world == 2:
+        if strategy != "fsdp":  # FSDP's collectives are inside its forward and backward: not timed apart
+            entry["comm_time_ms_median"] = _num(max(_median(rank["comm_ms"]) for rank in ranks))
+        entry["imbalance"] = _imbalance([rank["peak_memory_mib"] for rank in ranks])
+    entry["_parameters"] = int(ranks[0]["parameters"])
+    entry["_device_names"] = [row["device_name"] for row in entry["per_card"]]
+    return entry
 
 
 def resolve_device(requested: str) -> tuple[str, str, str, str]:
@@ -686,119 +728,123 @@ def resolve_device(requested: str) -> tuple[str, str, str, str]:
 
 
 def _environment(args: argparse.Namespace, device: tuple[str, str, str, str]) -> dict:
-    """What was held constant and how it was measured: the report's `environment`."""
-    device_type, device_kind, torch_backend, backend = device
-    cpus = _usable_cpus()
-    model_label = (
-        f"{args.model} (--hidden/--layers unused)"
-        if args.model
-        else f"default MLP: {args.layers} × Linear({args.hidden}, {args.hidden}) + GELU, "
-        f"Linear({args.hidden}, {DEFAULT_OUTPUTS}), MSE on a seeded synthetic regression"
-    )
+    """What was held constant and how it was measured: the report's `environment` (figures and codes)."""
+    device_type, device_kind, _torch_backend, backend = device
     environment = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device_kind": device_kind,
         "backend": backend,
-        "torch_backend": torch_backend,
         "device_names": [],
         "precision": args.precision,
-        "precision_detail": "fp32 throughout"
-        if args.precision == "fp32"
-        else "autocast bf16 forward and loss; fp32 parameters, gradients, all-reduces and optimizer states",
         "examples": args.examples,
         "global_batch": args.batch,
-        "per_rank_batch": args.batch // 2,
         "steps": args.steps,
         "warmup_steps": args.warmup,
         "steps_measured": args.steps - args.warmup,
-        "examples_processed": args.steps * args.batch,
-        "model": short_text(model_label),
-        "optimizer": f"AdamW(lr={LEARNING_RATE:g})",
+        "model": "plugin" if args.plugin else "default_mlp",
         "seed": SEED,
-        "peak_memory_source": "peak RSS (getrusage ru_maxrss) per process: CPU stand-in for card memory"
-        if device_type == "cpu"
-        else "torch.cuda.max_memory_allocated per card",
-        "comm_timing": "DDP comm hook around the default all-reduce: per-step time with an all-reduce in flight "
-        "(union of bucket launch-to-completion intervals, "
-        + ("CUDA events" if device_type == "cuda" else "perf_counter")
-        + "); exposed = last launch to last completion",
-        "same_data": "both phases see the same examples in the same order, global batch "
-        f"{args.batch} ({args.batch // 2} per rank in the pair)",
+        "peak_memory_source": "rss" if device_type == "cpu" else "max_memory_allocated",
     }
-    if device_type == "cpu":
-        environment["cpu_threads_single"] = cpus
-        environment["cpu_threads_per_rank"] = max(cpus // 2, 1)
+    if not args.plugin:
+        environment["default_model"] = {"hidden": args.hidden, "layers": args.layers}
+    if args.card_memory_mib is not None:
+        environment["card_memory_mib"] = _num(args.card_memory_mib, 3)
     return environment
+
+
+def plan(args: argparse.Namespace) -> tuple[list[str], dict]:
+    """The runs, in order, and the model state each would hold per card (None: not applicable).
+
+    Builds the model once here (the plug-in is checked by then): PluginError propagates."""
+    torch.manual_seed(SEED)
+    if args.plugin:
+        model, _data, _loss = load_plugin(args.plugin, args.examples)
+    else:
+        model, _data, _loss = default_parts(args.hidden, args.layers, args.examples)
+    strategies = ["single", *args.strategies] + ([] if args.no_bigger_batch else [BIGGER_BATCH])
+    return strategies, {strategy: planned_state_mib(model, strategy) for strategy in strategies}
 
 
 def run(args: argparse.Namespace) -> dict:
     started, started_at = time.monotonic(), now_utc()
     deadline = started + args.timeout
-    device_type, device_kind, torch_backend, backend = resolve_device(args.device)
+    device = resolve_device(args.device)
+    device_type, _kind, torch_backend, _backend = device
     cpus = _usable_cpus()
-    environment = _environment(args, (device_type, device_kind, torch_backend, backend))
-    report: dict = {
-        "schema": SCHEMA,
-        "started_at": started_at,
-        "duration_s": 0.0,
-        "environment": environment,
-        "single": None,
-        "pair": None,
-        "comparison": None,
-        "conclusion": "",
-    }
+    environment = _environment(args, device)
+    report: dict = {"schema": SCHEMA, "started_at": started_at, "duration_s": 0.0, "environment": environment}
+    strategies, planned = plan(args)
     base_job = {
         "device_type": device_type,
         "backend": torch_backend,
         "precision": args.precision,
         "examples": args.examples,
-        "batch": args.batch,
         "steps": args.steps,
         "warmup": args.warmup,
         "hidden": args.hidden,
         "layers": args.layers,
-        "model": args.model,
-        "cwd": os.getcwd(),
+        "plugin": os.path.abspath(args.plugin) if args.plugin else None,
         "seed": SEED,
     }
-    errors = []
-    unit = "rank" if device_type == "cpu" else "card"
+    runs = []
     try:
-        log(f"single {unit}: {device_kind}, {args.precision}, batch {args.batch}, {args.steps} steps")
-        phase_started = time.monotonic()
-        ranks, error = run_phase(dict(base_job, threads=cpus), 1, deadline)
-        if error:
-            errors.append(f"single-{unit} phase: {error}")
-        else:
-            report["single"] = _single_section(ranks, args)
-            report["single"]["wall_s"] = _num(time.monotonic() - phase_started, 2)
-            environment["device_names"] = [report["single"]["device_name"]]
-            environment["parameters"] = int(ranks[0]["parameters"])
-        if report["single"] is not None:
-            if device_type == "cuda" and torch.cuda.device_count() < 2:
-                errors.append(f"two-card phase: needs two cards, torch sees {torch.cuda.device_count()}")
-            else:
-                log(f"two {unit}s: {backend}, {args.batch // 2} per rank, {args.steps} steps")
-                phase_started = time.monotonic()
-                pair_job = dict(base_job, threads=max(cpus // 2, 1))
-                ranks, error = run_phase(pair_job, 2, deadline)
-                if error and "address already in use" in error.lower():  # the free port was taken meanwhile
-                    ranks, error = run_phase(pair_job, 2, deadline)
-                if error:
-                    errors.append(f"two-{unit} phase: {error}")
-                else:
-                    report["pair"] = _pair_section(ranks, args, unit)
-                    report["pair"]["wall_s"] = _num(time.monotonic() - phase_started, 2)
-                    environment["device_names"] = [row["device_name"] for row in report["pair"]["ranks"]]
-                    report["comparison"] = _comparison(report["single"], report["pair"])
+        for strategy in strategies:
+            if strategy != "single" and device_type == "cuda" and torch.cuda.device_count() < 2:
+                entry = _run_entry(strategy, args)
+                entry.update(code="needs_two_cards", error=f"torch sees {torch.cuda.device_count()} card")
+                runs.append(entry)
+                continue
+            log(f"{strategy}: {args.precision}, {args.steps} steps ({args.warmup} warm-up)")
+            runs.append(measure(strategy, args, base_job, planned[strategy], deadline, cpus))
     except Interrupted as exc:
-        errors.append(str(exc))
-    if errors:
-        report["error"] = short_text("; ".join(errors), ERROR_LIMIT)
-    report["conclusion"] = short_text(conclude(report), 1000)
+        report["error"] = short_text(str(exc), ERROR_LIMIT)
+    for entry in runs:
+        parameters = entry.pop("_parameters", None)
+        names = entry.pop("_device_names", None)
+        if parameters is not None:
+            environment["parameters"] = parameters
+        if names and len(names) >= len(environment["device_names"]):
+            environment["device_names"] = names
+    report["runs"] = runs
+    single_status = runs[0]["status"] if runs and runs[0]["strategy"] == "single" else None
+    two_card_ok = any(entry["status"] == "ok" for entry in runs if entry["cards"] == 2)
+    report["findings"] = {  # codes only: the portal words them, in the page's language
+        "fits_one_card": single_status == "ok",
+        "possible_only_on_two_cards": single_status == "out_of_memory" and two_card_ok,
+    }
+    failed = [entry["strategy"] for entry in runs if entry["status"] == "failed"]
+    if failed and "error" not in report:
+        report["error"] = short_text(
+            "; ".join(
+                f"{entry['strategy']}: {entry.get('error', entry.get('code'))}"
+                for entry in runs
+                if entry["status"] == "failed"
+            ),
+            ERROR_LIMIT,
+        )
     report["duration_s"] = _num(time.monotonic() - started, 2)
     return report
+
+
+def summary(report: dict) -> str:
+    """A terminal line per run (English, for the person at the shell; the portal writes the conclusion)."""
+    lines = []
+    if report.get("findings", {}).get("possible_only_on_two_cards"):
+        lines.append("The model does not fit one card: possible only on two cards.")
+    for entry in report.get("runs", []):
+        line = f"{entry['strategy']:>16} ({entry['cards']} card{'s' if entry['cards'] > 1 else ''}): {entry['status']}"
+        if entry["status"] == "ok":
+            line += (
+                f", {entry['step_time_ms_median']:.1f} ms/step at global batch {entry['global_batch']}, "
+                f"{entry['examples_per_s']:.0f} examples/s"
+            )
+            if entry.get("imbalance", {}).get("flag"):
+                line += ", memory unbalanced"
+        elif entry.get("code"):
+            line += f" ({entry['code']})"
+        lines.append(line)
+    return "\n".join(lines) + "\nUpload the report on your order page for the conclusion beside your hypothesis."
 
 
 def write_report(report: dict, output: str | None) -> None:
@@ -808,8 +854,13 @@ def write_report(report: dict, output: str | None) -> None:
         sys.stdout.flush()
         return
     write_atomically(output, text)
-    sys.stdout.write(report["conclusion"] + "\n")
+    sys.stdout.write(summary(report) + "\n")
     sys.stdout.flush()
+
+
+def _usage_error(code: str, message: str) -> int:
+    sys.stderr.write(f"split_trial.py: error [{code}]: {short_text(message, ERROR_LIMIT)}\n")
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -824,11 +875,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         resolve_device(args.device)
-        if args.model:
-            load_builder(args.model, os.getcwd())
-    except Exception as exc:
-        sys.stderr.write(f"split_trial.py: error: {short_text(f'{type(exc).__name__}: {exc}', ERROR_LIMIT)}\n")
-        return 2
+    except ValueError as exc:
+        return _usage_error("no_device", str(exc))
+    if args.plugin:
+        try:
+            load_plugin(args.plugin, args.examples)  # checked before any run: a clear code, no traceback
+        except PluginError as exc:
+            return _usage_error(exc.code, str(exc))
 
     def stop(signum, _frame):
         raise Interrupted(f"interrupted by signal {signal.Signals(signum).name}: ranks killed")
@@ -840,19 +893,13 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args)
     except Exception as exc:  # a bug of ours: still a report that says so
         traceback.print_exc(file=sys.stderr)
-        environment = {"torch": torch.__version__, "precision": args.precision, "examples": args.examples}
-        with contextlib.suppress(Exception):
-            environment = _environment(args, resolve_device(args.device))
         report = {
             "schema": SCHEMA,
             "started_at": now_utc(),
-            "environment": environment,
-            "single": None,
-            "pair": None,
-            "comparison": None,
+            "environment": _environment(args, resolve_device(args.device)),
+            "runs": [],
             "error": short_text(f"split_trial.py internal error: {type(exc).__name__}: {exc}", ERROR_LIMIT),
         }
-        report["conclusion"] = f"the trial did not complete: {report['error']}"
     write_report(report, args.output)
     return 1 if report.get("error") else 0
 

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from booking.split_trial_report import CODES, SCHEMA, InvalidReport, parse_report
+from booking.split_trial_report import CODES, InvalidReport, parse_report, split_trial_conclusion
+from booking.split_trial_report import SCHEMA_V1 as SCHEMA
 
 
 def _rank(rank: int) -> dict:
@@ -146,11 +147,11 @@ def test_hostile_escaped_quotes_are_cheap():
     [
         _raw([VALID]),
         _raw("binome.split-trial/1"),
-        _mutated(lambda r: r.update(schema="binome.split-trial/2")),
+        _mutated(lambda r: r.update(schema="binome.split-trial/9")),
         _mutated(lambda r: r.pop("schema")),
         _mutated(lambda r: r.update(schema="binome.preflight/1")),
     ],
-    ids=["list", "string", "version-2", "no-schema", "preflight"],
+    ids=["list", "string", "version-9", "no-schema", "preflight"],
 )
 def test_wrong_schema_is_refused(raw):
     assert _refused(raw).code == "wrong_schema"
@@ -251,3 +252,220 @@ def test_extra_keys_are_dropped_not_errors():
     assert "__proto__" not in cleaned["comparison"]
     assert cleaned["validation"]["dropped_keys"] == 4
     assert cleaned["validation"]["markup_seen"] is False  # dropped text is not looked at
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Version 2: every way of sharing, codes and figures only; the conclusion written by the portal
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _card(rank: int, peak: float = 30_000.0) -> dict:
+    return {"rank": rank, "device_name": "NVIDIA H200", "peak_memory_mib": peak, "model_state_mib": 20_000.0}
+
+
+def _run(strategy: str, step_ms: float, *, batch: int = 32, peaks=(30_000.0, 30_500.0), **extra) -> dict:
+    cards = 1 if strategy == "single" else 2
+    run = {
+        "strategy": strategy,
+        "cards": cards,
+        "status": "ok",
+        "global_batch": batch,
+        "per_card_batch": batch if strategy in ("single", "pipeline") else batch // 2,
+        "steps_measured": 30,
+        "step_time_ms_median": step_ms,
+        "examples_per_s": round(batch / (step_ms / 1e3), 1),
+        "per_card": [_card(rank, peaks[rank]) for rank in range(cards)],
+    }
+    if cards == 2:
+        high, low = max(peaks), min(peaks)
+        run["imbalance"] = {"flag": high / low >= 1.25 and high - low >= 256, "max_over_min": round(high / low, 3)}
+    run.update(extra)
+    return run
+
+
+VALID_V2 = {
+    "schema": "binome.split-trial/2",
+    "environment": {
+        "torch": "2.13.0+cu130",
+        "device_kind": "cuda",
+        "backend": "nccl",
+        "device_names": ["NVIDIA H200", "NVIDIA H200"],
+        "precision": "bf16",
+        "examples": 2048,
+        "global_batch": 32,
+        "steps": 50,
+        "warmup_steps": 20,
+    },
+    "runs": [
+        _run("single", 17.0),
+        _run("ddp", 10.0, comm_time_ms_median=1.5),
+        _run("fsdp", 12.0),
+        _run("pipeline", 15.0, peaks=(70_000.0, 2_000.0), comm_time_ms_median=2.0),
+        _run("ddp_bigger_batch", 11.0, batch=64),
+    ],
+    "findings": {"fits_one_card": True, "possible_only_on_two_cards": False},
+}
+
+
+def _v2(change=None) -> dict:
+    report = copy.deepcopy(VALID_V2)
+    if change:
+        change(report)
+    return report
+
+
+def test_a_version_2_report_round_trips():
+    cleaned = parse_report(_raw(VALID_V2))
+    assert cleaned.pop("validation")["dropped_keys"] == 0
+    assert cleaned == VALID_V2
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        (lambda r: r["runs"][1].update(strategy="tensor_parallel"), "bad_field"),
+        (lambda r: r["runs"].__setitem__(2, copy.deepcopy(r["runs"][1])), "bad_ranks"),  # a run twice
+        (lambda r: r["runs"].extend([r["runs"][0]] * 5), "bad_field"),  # more runs than strategies
+        (lambda r: r["runs"][1].update(cards=1), "bad_ranks"),
+        (lambda r: r["runs"][2].update(global_batch=64), "bad_ranks"),  # not the same data
+        (lambda r: r["runs"][4].update(global_batch=32), "bad_ranks"),  # the bigger batch is twice the global one
+        (lambda r: r["runs"][1].pop("step_time_ms_median"), "missing_field"),
+        (lambda r: r["runs"][1].update(per_card=[_card(0), _card(0)]), "bad_ranks"),
+        (lambda r: r["runs"][1].update(status="exploded"), "bad_field"),
+        (lambda r: r["runs"][1].update(code="rm -rf /"), "bad_field"),
+        (lambda r: r["runs"][1].update(examples_per_s=-3), "bad_number"),
+        (lambda r: r["runs"][1]["imbalance"].update(flag="yes"), "bad_field"),
+        (lambda r: r["runs"][1].update(steps_measured=40), "bad_number"),  # 40 + 20 warm-up > 50 steps
+        (lambda r: r.update(runs=r["runs"][1:]), "missing_field"),  # no one-card run
+        (lambda r: r.update(runs={"single": 1}), "bad_field"),
+        (lambda r: r.update(schema="binome.split-trial/3"), "wrong_schema"),
+        (lambda r: r["findings"].update(possible_only_on_two_cards=True), "bad_field"),  # contradicts the runs
+        (lambda r: r["findings"].update(fits_one_card="yes"), "bad_field"),
+    ],
+)
+def test_hostile_version_2_reports_are_refused_with_a_code(change, code):
+    assert _refused(_raw(_v2(change))).code == code
+
+
+def test_a_nan_hidden_in_a_run_is_refused():
+    raw = _raw(VALID_V2).replace(b'"step_time_ms_median": 10.0', b'"step_time_ms_median": NaN')
+    assert _refused(raw).code == "bad_number"
+
+
+def test_out_of_memory_and_not_applicable_runs_carry_no_figures():
+    def no_single(report):
+        report["runs"][0] = {
+            "strategy": "single",
+            "cards": 1,
+            "status": "out_of_memory",
+            "global_batch": 32,
+            "per_card_batch": 32,
+            "code": "model_state_over_card_memory",
+        }
+        report["runs"][3] = {
+            "strategy": "pipeline",
+            "cards": 2,
+            "status": "not_applicable",
+            "global_batch": 32,
+            "per_card_batch": 32,
+            "code": "pipeline_needs_sequential",
+        }
+        report["findings"] = {"fits_one_card": False, "possible_only_on_two_cards": True}
+
+    cleaned = parse_report(_raw(_v2(no_single)))
+    assert [run["status"] for run in cleaned["runs"]] == ["out_of_memory", "ok", "ok", "not_applicable", "ok"]
+    assert "step_time_ms_median" not in cleaned["runs"][0]
+
+
+# --- the conclusion, in the page's language, beside the hypothesis ---
+
+
+def _conclude(report: dict, hypothesis: str, language: str, sharing: str = "") -> dict:
+    from django.utils import translation
+
+    with translation.override(language):
+        return split_trial_conclusion(report=parse_report(_raw(report)), hypothesis=hypothesis, sharing=sharing)
+
+
+def test_shorter_step_is_concluded_in_english_and_in_french_from_the_same_report():
+    english = _conclude(VALID_V2, "shorter_step", "en", sharing="full_copy")
+    french = _conclude(VALID_V2, "shorter_step", "fr", sharing="full_copy")
+    assert english["verdict"] == french["verdict"] == "supported"
+    assert english["sentence"] == "Shorter step: supported, 1.7× at constant global batch (data parallel (DDP))."
+    assert french["sentence"] == (
+        "Pas plus court : confirmé, 1,7× à lot global constant (parallélisme de données (DDP))."
+    )
+    assert "The way of sharing chosen at booking, data parallel (DDP): 10.0 ms per step" in english["notes"][0]
+    assert "La répartition choisie à la réservation, parallélisme de données (DDP) : 10,0 ms" in french["notes"][0]
+    assert any("bf16, 2048 examples, global batch 32" in note and "20 of 50" in note for note in english["notes"])
+    assert any("bf16, 2048 exemples, lot global 32" in note for note in french["notes"])
+
+
+def test_an_unbalanced_split_is_named_in_both_languages():
+    english = _conclude(VALID_V2, "other", "en")
+    french = _conclude(VALID_V2, "other", "fr")
+    assert english["verdict"] == "not_tested"
+    assert any(
+        note.startswith("Unbalanced split with layers split (pipeline): one card's peak memory is 35.0×")
+        for note in english["notes"]
+    )
+    assert any(
+        note.startswith("Répartition déséquilibrée avec couches réparties (pipeline)") for note in french["notes"]
+    )
+
+
+def test_a_shorter_step_that_did_not_come_is_not_supported():
+    slower = _v2(lambda r: [run.update(step_time_ms_median=19.0) for run in r["runs"][1:4]])
+    conclusion = _conclude(slower, "shorter_step", "en")
+    assert conclusion["verdict"] == "not_supported"
+    assert "0.9× at constant global batch" in conclusion["sentence"]
+
+
+def test_the_bigger_batch_compares_examples_per_second():
+    english = _conclude(VALID_V2, "bigger_batch", "en")
+    french = _conclude(VALID_V2, "bigger_batch", "fr")
+    ratio = VALID_V2["runs"][4]["examples_per_s"] / VALID_V2["runs"][0]["examples_per_s"]  # 5818.2 / 1882.4
+    assert english["verdict"] == "supported"
+    assert f"supported, {ratio:.1f}× the examples per second of one card at a global batch of 64" in english["sentence"]
+    assert f"confirmé, {ratio:.1f}× les exemples par seconde d'une carte".replace(".", ",") in french["sentence"]
+
+
+def test_a_model_that_does_not_fit_one_card_is_possible_only_on_two():
+    def too_big(report):
+        for run in report["runs"]:
+            if run["strategy"] in ("single", "ddp", "ddp_bigger_batch"):
+                run.clear()
+                run.update(strategy="single", cards=1, status="out_of_memory", global_batch=32, per_card_batch=32)
+        report["runs"] = [run for run in report["runs"] if run["strategy"] != "single"]
+        report["runs"].insert(
+            0,
+            {
+                "strategy": "single",
+                "cards": 1,
+                "status": "out_of_memory",
+                "global_batch": 32,
+                "per_card_batch": 32,
+                "code": "device_out_of_memory",
+            },
+        )
+
+    report = _v2(too_big)
+    report["findings"] = {"fits_one_card": False, "possible_only_on_two_cards": True}
+    english = _conclude(report, "make_possible", "en")
+    french = _conclude(report, "make_possible", "fr")
+    assert english["verdict"] == "supported"
+    assert english["sentence"] == (
+        "Make the run possible: supported, possible only on two cards "
+        "(parameters sharded (FSDP), layers split (pipeline))."
+    )
+    assert french["sentence"].startswith("Rendre l'entraînement possible : confirmé, possible seulement sur deux")
+    shorter = _conclude(report, "shorter_step", "en")
+    assert shorter["verdict"] == "not_measurable"
+    assert "The model does not fit one card: possible only on two cards." in shorter["notes"]
+    fits = _conclude(VALID_V2, "make_possible", "en")
+    assert fits["verdict"] == "not_supported" and "fits one card" in fits["sentence"]
+
+
+def test_a_version_1_report_keeps_its_own_sentence():
+    legacy = _conclude(VALID, "shorter_step", "fr")
+    assert legacy == {"verdict": "legacy", "sentence": VALID["conclusion"], "notes": []}

@@ -8,9 +8,11 @@ import sys
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
+from django.utils import translation
 
 from booking.models import OrderStatus, SplitTrialReport
 from booking.services import order_transition
+from booking.split_trial_report import split_trial_conclusion
 from nodekit.bundle import script_bytes
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
@@ -32,13 +34,17 @@ def kit_report(tmp_path_factory) -> bytes:
             "--device",
             "cpu",
             "--examples",
-            "256",
+            "64",
             "--batch",
-            "32",
+            "16",
             "--steps",
-            "10",
+            "4",
             "--warmup",
-            "3",
+            "1",
+            "--hidden",
+            "32",
+            "--layers",
+            "2",
             "--output",
             str(output),
         ],
@@ -73,16 +79,31 @@ def test_a_kit_report_is_kept_and_shown_as_a_table_and_a_chart(client, ready_ord
     saved = SplitTrialReport.objects.get(order=order)
     page = html.unescape(response.content.decode())
     assert "Split-trial report added to your order." in page
-    assert saved.report["conclusion"] in page
-    assert page.count("<svg") >= 3 and "Pair, card 1" in page
+    order.refresh_from_db()
+    with translation.override("en"):
+        english = split_trial_conclusion(report=saved.report, hypothesis=order.hypothesis, sharing=order.sharing)
+    assert english["sentence"] in page  # the portal's conclusion, beside the hypothesis written at booking
+    assert f"Your hypothesis at booking: {order.get_hypothesis_display()}" in page
+    assert order.hypothesis_measure and order.hypothesis_measure in page  # the measure the researcher wrote
+    assert page.count("<svg") >= 3
+    for way in ("data parallel (DDP)", "parameters sharded (FSDP)", "layers split (pipeline)"):
+        assert way in page
     assert json.loads(kit_report)["environment"]["backend"] == "gloo"
+
+    # the same report on the French page: the conclusion is written in French
+    french_page = html.unescape(client.get(response.redirect_chain[-1][0], HTTP_ACCEPT_LANGUAGE="fr").content.decode())
+    with translation.override("fr"):
+        french = split_trial_conclusion(report=saved.report, hypothesis=order.hypothesis, sharing=order.sharing)
+    assert french["sentence"] != english["sentence"]
+    assert french["sentence"] in french_page and english["sentence"] not in french_page
+    assert "parallélisme de données (DDP)" in french_page
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
     [
         (b"not json at all", "not a JSON report written by the split-trial kit"),
-        (b'{"schema": "something/else"}', "This is not a split-trial report"),
+        (b'{"schema": "something/else"}', "This is not a report of the split-trial kit"),
         (b'{"schema": "binome.split-trial/1", "x": NaN}', "not a finite, plausible measurement"),
         (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
         (b" " * 257_000, "too large"),  # larger bodies are refused unread: tests/portal/test_request_limits.py

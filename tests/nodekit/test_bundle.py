@@ -15,7 +15,7 @@ from tests.nodekit.shipped import shipped_script
 REPO = Path(__file__).resolve().parents[2]
 HELP_LINES = {
     "preflight": "Binôme node pre-flight check: prints one JSON report on stdout; exit 0 pass, 1 fail, 2 usage.",
-    "split_trial": "Binôme split trial: one card, then two (DDP), same data and precision; JSON report. Exit 0",
+    "split_trial": "Binôme split trial: one card, then two (DDP, FSDP, pipeline), same data and precision",
 }
 
 

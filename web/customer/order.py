@@ -89,6 +89,18 @@ def _order_context(order: Order, token: str) -> dict:
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
         else []
     )
+    for trial in split_trials:  # written in the page's language, beside the hypothesis written at booking
+        trial.conclusion = split_trial_report.split_trial_conclusion(
+            report=trial.report, hypothesis=order.hypothesis, sharing=order.sharing
+        )
+        trial.runs = [
+            dict(
+                run,
+                label=split_trial_report.STRATEGY_LABELS[run["strategy"]],
+                status_label=split_trial_report.STATUS_LABELS[run["status"]],
+            )
+            for run in trial.report.get("runs", [])
+        ]
     now = timezone.now()
     accesses = order.accesses.select_related("host")
     if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
