@@ -28,6 +28,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -60,6 +61,8 @@ CHECKS = (
     "accelerator_runtime",
     "arch_supported",
     "bf16_matmul",
+    "sdpa_attention",
+    "checkpoint_roundtrip",
     "allreduce",
     "peak_memory",
 )
@@ -91,6 +94,9 @@ AMD_GENERIC_TARGETS = {
     "gfx11-generic": {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"},
     "gfx12-generic": {"gfx1200", "gfx1201"},
 }
+
+# SDPA against softmax(QK^T/sqrt(d))V computed in fp32: max |difference| / max |reference|, by input dtype.
+SDPA_TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 
 _SEVERITY = {PASS: 0, SKIP: 1, WARN: 2, FAIL: 3}
 
@@ -1159,6 +1165,160 @@ class Worker:
         if warnings_:
             return WARN, "; ".join(warnings_ + notes)
         return PASS, "; ".join(notes)
+
+    # -- sdpa_attention ---------------------------------------------------------------------------------------
+
+    def devices_to_test(self) -> list[tuple[str, object, int | None]]:
+        """(label, torch device, position) for each requested GPU torch can use, or the CPU (for diagnosis)."""
+        torch = self.torch
+        if not self.gpu_ok:
+            return [("CPU", torch.device("cpu"), None)]
+        return [
+            (f"GPU {gpu}", torch.device("cuda", index), position)
+            for position, (gpu, index) in enumerate(_zip(self.gpus, self.logical))
+        ]
+
+    def sdpa_compare(self, device, dtype, *, causal: bool) -> dict:
+        """scaled_dot_product_attention forward and backward against the explicit math, computed in fp32 from the
+        same inputs: the largest error relative to the reference's magnitude, for the output and each gradient."""
+        torch = self.torch
+        generator = torch.Generator(device=device).manual_seed(4321)
+        batch, heads, length, dim = 2, 4, 128, 64
+        shape = (batch, heads, length, dim)
+        q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=generator) for _ in range(3))
+        upstream = torch.randn(shape, device=device, dtype=dtype, generator=generator)
+        inputs = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
+        out = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=causal)
+        out.backward(upstream)
+        reference_inputs = [tensor.float().clone().requires_grad_(True) for tensor in (q, k, v)]
+        rq, rk, rv = reference_inputs
+        scores = rq @ rk.transpose(-2, -1) / math.sqrt(dim)
+        if causal:
+            mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+        reference = torch.softmax(scores, dim=-1) @ rv
+        reference.backward(upstream.float())
+
+        def error(got, want) -> float:
+            if not bool(torch.isfinite(got).all().item()):
+                return float("inf")
+            return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+
+        errors = {"out": error(out.detach(), reference.detach())}
+        for name, tensor, ref in zip(("dq", "dk", "dv"), inputs, reference_inputs):  # noqa: B905 - three each
+            errors[name] = float("inf") if tensor.grad is None else error(tensor.grad, ref.grad)
+        return errors
+
+    def check_sdpa_attention(self) -> tuple[str, str]:
+        torch = self.torch
+        if torch is None:
+            return SKIP, "torch is not importable (see torch_import)"
+        if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            return FAIL, f"torch {torch.__version__} has no torch.nn.functional.scaled_dot_product_attention"
+        dtypes = ["float32"] if not self.gpu_ok else ["bfloat16", "float16", "float32"]
+        problems, notes, worst = [], [], {}
+        for label, device, position in self.devices_to_test():
+            if self.remaining() <= 0:
+                problems.append(f"{label}: out of time")
+                continue
+            for dtype_name in dtypes:
+                for causal in (False, True):
+                    variant = f"{label} {dtype_name}{' causal' if causal else ''}"
+                    try:
+                        errors = self.sdpa_compare(device, getattr(torch, dtype_name), causal=causal)
+                    except Exception as exc:
+                        traceback.print_exc(file=sys.stderr)
+                        problems.append(f"{variant}: {type(exc).__name__}: {short_text(exc, 200)}")
+                        continue
+                    tolerance = SDPA_TOLERANCE[dtype_name]
+                    largest = max(errors.values())
+                    worst[dtype_name] = max(worst.get(dtype_name, 0.0), largest)
+                    wrong = [f"{name} {value:.3g}" for name, value in errors.items() if not value <= tolerance]
+                    if wrong:
+                        wrong_list = ", ".join(wrong)
+                        problems.append(f"{variant}: differs from the math reference ({wrong_list} > {tolerance:g})")
+            if position is not None:
+                with contextlib.suppress(Exception):
+                    peak = torch.cuda.max_memory_allocated(device) / 2**20
+                    self.peaks[position] = max(self.peaks[position] or 0.0, peak)
+        self.emit(event="results", results={"sdpa_max_rel_error": {k: float(f"{v:.3g}") for k, v in worst.items()}})
+        notes.append(
+            "forward and backward (dq, dk, dv) match softmax(QK^T/sqrt(d))V, largest relative error "
+            + ", ".join(f"{name} {value:.2g}" for name, value in worst.items())
+        )
+        if problems:
+            return FAIL, "; ".join(problems)
+        if not self.gpu_ok:
+            return WARN, f"CPU only: {self.no_gpu}; on the CPU, {notes[0]}"
+        return PASS, notes[0]
+
+    # -- checkpoint_roundtrip ---------------------------------------------------------------------------------
+
+    def checkpoint_roundtrip(self, device, directory: str) -> dict:
+        """Train a small model two steps, save model + optimizer, load both into fresh objects: the reloaded model
+        answers exactly the same, and one more step from either copy gives exactly the same parameters."""
+        torch = self.torch
+        torch.manual_seed(99)
+
+        def fresh():
+            model = torch.nn.Sequential(
+                torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 64)
+            ).to(device)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+        model, optimizer = fresh()
+        batch = torch.randn(32, 256, device=device)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(batch).square().mean().backward()
+            optimizer.step()
+        path = os.path.join(directory, "checkpoint.pt")
+        started = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+        size = os.path.getsize(path)
+        state = torch.load(path, map_location=device, weights_only=True)
+        seconds = time.perf_counter() - started
+        copy, copy_optimizer = fresh()
+        copy.load_state_dict(state["model"])
+        copy_optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():
+            same_output = bool(torch.equal(model(batch), copy(batch)))
+        for net, opt in ((model, optimizer), (copy, copy_optimizer)):
+            opt.zero_grad()
+            net(batch).square().mean().backward()
+            opt.step()
+        same_step = all(torch.equal(a, b) for a, b in zip(model.parameters(), copy.parameters()))  # noqa: B905
+        return {"bytes": size, "seconds": seconds, "same_output": same_output, "same_step": same_step}
+
+    def check_checkpoint_roundtrip(self) -> tuple[str, str]:
+        import tempfile
+
+        if self.torch is None:
+            return SKIP, "torch is not importable (see torch_import)"
+        home = os.path.expanduser("~")
+        parent = home if os.path.isdir(home) and os.access(home, os.W_OK) else None  # the user's space, else /tmp
+        problems, notes = [], []
+        with tempfile.TemporaryDirectory(prefix=".binome-preflight-", dir=parent) as directory:
+            for label, device, _position in self.devices_to_test():
+                try:
+                    run = self.checkpoint_roundtrip(device, directory)
+                except Exception as exc:
+                    traceback.print_exc(file=sys.stderr)
+                    problems.append(f"{label}: {type(exc).__name__}: {short_text(exc, 200)}")
+                    continue
+                if not run["same_output"]:
+                    problems.append(f"{label}: the reloaded model answers differently")
+                if not run["same_step"]:
+                    problems.append(f"{label}: the reloaded optimizer takes a different step")
+                notes.append(f"{label} {run['bytes'] / 2**20:.1f} MiB saved and reloaded in {run['seconds']:.2f} s")
+                self.emit(event="results", results={"checkpoint_bytes": run["bytes"]})
+        where = f"in {parent or tempfile.gettempdir()}"
+        if problems:
+            return FAIL, "; ".join(problems) + f" ({where})"
+        detail = f"model + AdamW state {where}: " + "; ".join(notes) + ", outputs and next step identical"
+        if not self.gpu_ok:
+            return WARN, f"CPU only: {self.no_gpu}; {detail}"
+        return PASS, detail
 
     # -- allreduce --------------------------------------------------------------------------------------------
 

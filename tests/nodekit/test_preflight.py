@@ -33,6 +33,8 @@ CHECK_NAMES = [
     "accelerator_runtime",
     "arch_supported",
     "bf16_matmul",
+    "sdpa_attention",
+    "checkpoint_roundtrip",
     "allreduce",
     "peak_memory",
 ]
@@ -537,6 +539,68 @@ def test_a_rank_that_dies_fails_the_allreduce(tmp_path):
     assert allreduce["status"] == "FAIL"
     assert "a rank failed" in allreduce["reason"] and "exit code 7" in allreduce["reason"]
     assert report["results"]["allreduce_busbw_gbps"] is None
+
+
+def test_ci_path_compares_sdpa_with_the_math_reference_on_the_cpu(ci_run):
+    require_torch()
+    _, report, _ = ci_run
+    sdpa = checks_of(report)["sdpa_attention"]
+    assert sdpa["status"] == "WARN", sdpa
+    assert sdpa["reason"].startswith("CPU only: no GPU")
+    assert "dq, dk, dv" in sdpa["reason"]
+    assert 0 <= report["results"]["sdpa_max_rel_error"]["float32"] <= preflight.SDPA_TOLERANCE["float32"]
+
+
+def test_ci_path_saves_and_reloads_a_checkpoint_in_the_users_home(ci_run):
+    require_torch()
+    _, report, _ = ci_run
+    checkpoint = checks_of(report)["checkpoint_roundtrip"]
+    assert checkpoint["status"] == "WARN", checkpoint
+    assert "outputs and next step identical" in checkpoint["reason"]
+    assert f"in {os.path.expanduser('~')}" in checkpoint["reason"]
+    assert report["results"]["checkpoint_bytes"] > 100_000
+
+
+def _cpu_worker():
+    require_torch()
+    import torch
+
+    worker = _worker(torch)
+    worker.no_gpu = "no GPU: test"
+    return worker, torch
+
+
+def test_a_wrong_sdpa_fails_against_the_math_reference(monkeypatch):
+    worker, torch = _cpu_worker()
+    assert worker.check_sdpa_attention()[0] == "WARN"
+    genuine = torch.nn.functional.scaled_dot_product_attention
+
+    def off_scale(q, k, v, **kwargs):  # a kernel that forgets 1/sqrt(d)
+        return genuine(q, k, v, scale=1.0, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", off_scale)
+    status, reason = worker.check_sdpa_attention()
+    assert status == "FAIL", reason
+    assert "CPU float32: differs from the math reference (out" in reason
+
+    def wrong_backward(q, k, v, **kwargs):  # right forward, a gradient that stops at v
+        out = genuine(q.detach(), k.detach(), v, **kwargs)
+        return out + 0 * (q.sum() + k.sum())
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", wrong_backward)
+    status, reason = worker.check_sdpa_attention()
+    assert status == "FAIL" and "(dq 1, dk 1 > 0.0001)" in reason and "dv" not in reason, reason
+
+
+def test_a_checkpoint_that_loses_the_optimizer_state_fails(monkeypatch, tmp_path):
+    worker, torch = _cpu_worker()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    status, reason = worker.check_checkpoint_roundtrip()
+    assert status == "WARN" and f"in {tmp_path}" in reason, reason
+    assert list(tmp_path.iterdir()) == []  # the temporary directory is gone
+    monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", lambda self, state: None)
+    status, reason = worker.check_checkpoint_roundtrip()
+    assert status == "FAIL" and "the reloaded optimizer takes a different step" in reason, reason
 
 
 # ----------------------------------------------------------------------------------------------------------------
