@@ -136,3 +136,24 @@ def test_hostile_report_values_are_shown_bounded_and_escaped_never_explained():
     assert '<span class="status status-check-">?</span>' in page
     assert render_preflight({"checks": "all good"}, "en").count("<tr") == 1  # the header row only
     assert render_preflight([], "en").count("<tr") == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("language", "words"),
+    [
+        ("en", ["Attention (SDPA)", "Checkpoint save and reload", "only PTX", "names the extension to rebuild"]),
+        ("fr", ["Attention (SDPA)", "Sauvegarde et rechargement", "seulement du PTX", "nomme l’extension"]),
+    ],
+)
+def test_the_guide_explains_each_new_result_and_the_report_links_to_it(client, language, words):
+    from django.urls import reverse
+
+    client.cookies["django_language"] = language
+    guide = client.get(reverse("booking:guide")).content.decode()
+    section = guide[guide.index('id="preflight"') : guide.index("</section>", guide.index('id="preflight"'))]
+    for word in words:
+        assert word in section
+    link = f'href="{reverse("booking:guide")}#preflight"'
+    assert link in render_preflight(H200_REPORT, language)
+    assert ("Ce que signifie chaque résultat" in render_preflight(H200_REPORT, language)) == (language == "fr")
