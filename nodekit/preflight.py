@@ -99,7 +99,7 @@ AMD_GENERIC_TARGETS = {
 }
 
 # SDPA against softmax(QK^T/sqrt(d))V computed in fp32: max |difference| / max |reference|, by input dtype.
-SDPA_TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
+SDPA_TOLERANCE = {"float32": 5e-4, "float16": 1e-2, "bfloat16": 5e-2}  # garbage is O(1)
 
 _SEVERITY = {PASS: 0, SKIP: 1, WARN: 2, FAIL: 3}
 
