@@ -297,6 +297,9 @@ EXTENSION_MAX_SCAN_BYTES = 512 * 2**20  # bytes of one .hip_fatbin section searc
 EXTENSION_NAMES_LISTED = 20
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_KINDS = {1: "compute", 2: "sm"}  # 1: PTX, 2: ELF cubin
+# Bit of an entry's flags (u64 at +40) set on arch-specific code (sm_90a, sm_100a): read from torch 2.11+cu130's
+# libtorch_cuda.so on an H200, where its count matched cuobjdump --list-elf's sm_XYa cubins exactly.
+FATBIN_ARCH_SPECIFIC_FLAG = 1 << 20
 OFFLOAD_BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 COMPRESSED_BUNDLE_MAGIC = b"CCOB"
 
@@ -345,7 +348,8 @@ def fatbin_archs(handle, offset: int, size: int) -> list[str]:
     """The entries of an .nv_fatbin section, as cuobjdump lists them: 'sm_90' for a cubin, 'compute_90' for PTX.
 
     The section holds one or more fatbins: a 16-byte header (magic 0xBA55ED50, version, header size, size of the
-    entries), then entries each with a header (kind 1 PTX / 2 ELF, header size, payload size, …, arch at +28)."""
+    entries), then entries each with a header (kind 1 PTX / 2 ELF, header size, payload size, …, arch at +28,
+    flags at +40 where FATBIN_ARCH_SPECIFIC_FLAG marks sm_XYa code)."""
     import struct
 
     archs, position, end, entries = [], offset, offset + size, 0
@@ -359,20 +363,24 @@ def fatbin_archs(handle, offset: int, size: int) -> list[str]:
                 continue
             raise ExtensionUnreadable(f"no fatbin header at section offset {position - offset}")
         entry, entries_end = position + header_size, min(position + header_size + fat_size, end)
-        while entry + 32 <= entries_end:
+        while entry + 48 <= entries_end:
             entries += 1
             if entries > EXTENSION_MAX_ENTRIES:
                 raise ExtensionUnreadable(f"more than {EXTENSION_MAX_ENTRIES} fatbin entries")
             handle.seek(entry)
-            raw = handle.read(32)
+            raw = handle.read(48)
+            if len(raw) < 48:
+                raise ExtensionUnreadable("a fatbin entry header is cut short")
             kind, _, entry_header, payload = struct.unpack_from("<HHIQ", raw)
             (arch,) = struct.unpack_from("<I", raw, 28)
-            if entry_header < 32:
-                raise ExtensionUnreadable("fatbin entry header shorter than 32 bytes")
+            (flags,) = struct.unpack_from("<Q", raw, 40)
+            if entry_header < 48:
+                raise ExtensionUnreadable("fatbin entry header shorter than 48 bytes")
             if entry + entry_header + payload > entries_end:
                 raise ExtensionUnreadable("a fatbin entry runs past its fatbin")
             if kind in FATBIN_KINDS and 10 <= arch <= 999:
-                archs.append(f"{FATBIN_KINDS[kind]}_{arch}")
+                suffix = "a" if flags & FATBIN_ARCH_SPECIFIC_FLAG else ""
+                archs.append(f"{FATBIN_KINDS[kind]}_{arch}{suffix}")
             entry += entry_header + payload
         position += header_size + fat_size
     if not archs:

@@ -611,13 +611,16 @@ def test_a_checkpoint_that_loses_the_optimizer_state_fails(monkeypatch, tmp_path
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _fatbin(*entries: tuple[str, int]) -> bytes:
-    """An .nv_fatbin blob: ('sm', 90) is a cubin entry, ('compute', 90) a PTX entry."""
+def _fatbin(*entries: tuple) -> bytes:
+    """An .nv_fatbin blob: ('sm', 90) is a cubin entry, ('sm', 90, 'a') an arch-specific one, ('compute', 90) PTX.
+    Flags as nvcc 13 writes them (0x8011, plus 1 << 20 for sm_XYa), read from torch's libtorch_cuda.so."""
     body = b""
-    for kind, arch in entries:
+    for kind, arch, *suffix in entries:
+        flags = 0x8011 | (1 << 20 if suffix == ["a"] else 0)
         payload = f"{kind}_{arch} code".encode().ljust(48, b"\0")
         header = struct.pack("<HHIQ", 2 if kind == "sm" else 1, 0x0101, 64, len(payload)).ljust(28, b"\0")
-        body += (header + struct.pack("<I", arch)).ljust(64, b"\0") + payload
+        header = (header + struct.pack("<I", arch)).ljust(40, b"\0") + struct.pack("<Q", flags)
+        body += header.ljust(64, b"\0") + payload
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
 
@@ -688,6 +691,18 @@ def test_a_run_fails_naming_the_extension_without_code_for_the_card(tmp_path, si
     ]
     assert extensions["scanned"] == 3
     assert not marker.exists()
+
+
+def test_arch_specific_cubins_run_on_their_exact_arch_only(tmp_path):
+    root, marker = tmp_path / "site-packages", tmp_path / "executed"
+    build_extension(root, "blackwell_only", ".nv_fatbin", _fatbin(("sm", 100, "a"), ("sm", 90)), marker)
+    scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
+    assert scan["native"] == [{"name": "blackwell_only.so", "archs": ["sm_100a", "sm_90"]}]
+    # a B300 (sm_103) cannot run sm_100a code, though it runs sm_100 code
+    status, reason = preflight.extensions_verdict(
+        preflight.scan_extensions([str(root)], "sm_103", "nvidia", time.monotonic() + 30), "sm_103"
+    )
+    assert status == "FAIL" and "no code for sm_103 in blackwell_only.so (sm_100a, sm_90)" in reason, reason
 
 
 def test_rocm_extensions_are_checked_by_their_offload_bundle_targets(tmp_path):
