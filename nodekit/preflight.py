@@ -295,6 +295,11 @@ EXTENSION_MAX_SECTION_HEADERS = 4096
 EXTENSION_MAX_ENTRIES = 20000  # fatbin entries or bundle members per file
 EXTENSION_MAX_SCAN_BYTES = 512 * 2**20  # bytes of one .hip_fatbin section searched for bundles
 EXTENSION_NAMES_LISTED = 20
+# Top-level site-packages directories of the vendors' own runtime libraries (NVIDIA's CUDA wheels: cuBLAS, cuFFT,
+# cuDNN…). They load their kernels through their own containers: on an H200, torch 2.11+cu130's libcufft.so.12
+# (286 MB) carries a single sm_75 cubin in .nv_fatbin, as cuobjdump says too, yet runs on every card its CUDA
+# release supports. The CUDA version is checked by accelerator_runtime; extensions are what this check is for.
+VENDOR_RUNTIME_DIRS = ("nvidia",)
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_KINDS = {1: "compute", 2: "sm"}  # 1: PTX, 2: ELF cubin
 # Bit of an entry's flags (u64 at +40) set on arch-specific code (sm_90a, sm_100a): read from torch 2.11+cu130's
@@ -466,6 +471,8 @@ def _shared_objects(roots: list[str], deadline: float):
     seen = 0
     for root in roots:
         for directory, subdirectories, files in os.walk(root, followlinks=False):
+            if directory == root:
+                subdirectories[:] = [name for name in subdirectories if name not in VENDOR_RUNTIME_DIRS]
             subdirectories.sort()
             for name in sorted(files):
                 if not (name.endswith(".so") or ".so." in name):

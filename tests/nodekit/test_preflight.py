@@ -655,6 +655,8 @@ def site_packages(tmp_path):
     build_extension(root / "flash_attn", "flash_attn_cuda", ".nv_fatbin", _fatbin(("sm", 90), ("compute", 90)), marker)
     build_extension(root / "old_kernels", "_C", ".nv_fatbin", _fatbin(("sm", 80)), marker)
     build_extension(root / "plain", "_speedups", ".text.extra", b"no device code here", marker)
+    # NVIDIA's CUDA library wheels keep their kernels elsewhere (libcufft.so.12's .nv_fatbin holds one sm_75 cubin)
+    build_extension(root / "nvidia" / "cu13" / "lib", "libcufft", ".nv_fatbin", _fatbin(("sm", 75)), marker)
     return root, marker
 
 
