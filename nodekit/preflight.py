@@ -28,6 +28,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -59,11 +60,16 @@ CHECKS = (
     "torch_import",
     "accelerator_runtime",
     "arch_supported",
+    "compiled_extensions",
     "bf16_matmul",
+    "sdpa_attention",
+    "checkpoint_roundtrip",
     "allreduce",
     "peak_memory",
 )
-WORKER_CHECKS = CHECKS[2:]
+# compiled_extensions runs in the supervisor: it reads files only, needs no torch, and a torch crash cannot stop it
+SUPERVISOR_CHECKS = ("gpu_visible", "driver", "compiled_extensions")
+WORKER_CHECKS = tuple(name for name in CHECKS if name not in SUPERVISOR_CHECKS)
 ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 NVIDIA_SMI_FIELDS = "index,uuid,name,driver_version,memory.total,memory.used,compute_cap"
@@ -91,6 +97,9 @@ AMD_GENERIC_TARGETS = {
     "gfx11-generic": {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"},
     "gfx12-generic": {"gfx1200", "gfx1201"},
 }
+
+# SDPA against softmax(QK^T/sqrt(d))V computed in fp32: max |difference| / max |reference|, by input dtype.
+SDPA_TOLERANCE = {"float32": 5e-4, "float16": 1e-2, "bfloat16": 5e-2}  # garbage is O(1)
 
 _SEVERITY = {PASS: 0, SKIP: 1, WARN: 2, FAIL: 3}
 
@@ -146,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matmul-size", type=bounded(int, 16, 65536), default=8192, help="N of the bf16 N×N matmul")
     parser.add_argument("--allreduce-mb", type=bounded(int, 1, 65536), default=256, help="all-reduce size in MiB")
     parser.add_argument("--timeout", type=bounded(float, 1.0, 86400.0), default=600.0, help="seconds, whole run")
+    parser.add_argument(
+        "--site-packages",
+        action="append",
+        metavar="DIR",
+        help="where to look for compiled extensions (repeatable); default: this Python's site-packages",
+    )
     return parser
 
 
@@ -269,6 +284,278 @@ def torch_arch_list(torch) -> list[str]:
 
 def cuda_capability_name(capability: tuple[int, int]) -> str:
     return f"sm_{capability[0]}{capability[1]}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Compiled extensions: device code in the image's shared objects, read from their ELF sections, never loaded
+# --------------------------------------------------------------------------------------------------------------
+
+EXTENSION_MAX_FILES = 5000  # shared objects examined, all site-packages together
+EXTENSION_MAX_SECTION_HEADERS = 4096
+EXTENSION_MAX_ENTRIES = 20000  # fatbin entries or bundle members per file
+EXTENSION_MAX_SCAN_BYTES = 512 * 2**20  # bytes of one .hip_fatbin section searched for bundles
+EXTENSION_NAMES_LISTED = 20
+# Top-level site-packages directories of the vendors' own runtime libraries (NVIDIA's CUDA wheels: cuBLAS, cuFFT,
+# cuDNN…). They load their kernels through their own containers: on an H200, torch 2.11+cu130's libcufft.so.12
+# (286 MB) carries a single sm_75 cubin in .nv_fatbin, as cuobjdump says too, yet runs on every card its CUDA
+# release supports. The CUDA version is checked by accelerator_runtime; extensions are what this check is for.
+VENDOR_RUNTIME_DIRS = ("nvidia",)
+FATBIN_MAGIC = 0xBA55ED50
+FATBIN_KINDS = {1: "compute", 2: "sm"}  # 1: PTX, 2: ELF cubin
+# Bit of an entry's flags (u64 at +40) set on arch-specific code (sm_90a, sm_100a): read from torch 2.11+cu130's
+# libtorch_cuda.so on an H200, where its count matched cuobjdump --list-elf's sm_XYa cubins exactly.
+FATBIN_ARCH_SPECIFIC_FLAG = 1 << 20
+OFFLOAD_BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+COMPRESSED_BUNDLE_MAGIC = b"CCOB"
+
+
+class ExtensionUnreadable(ValueError):
+    """A shared object whose device-code section cannot be parsed within the bounds."""
+
+
+def elf_sections(handle) -> dict[str, tuple[int, int]]:
+    """Section name -> (file offset, size) of an ELF file, from its headers only; {} when it is not ELF."""
+    import struct
+
+    ident = handle.read(64)
+    if len(ident) < 52 or ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        return {}
+    endian = "<" if ident[5] == 1 else ">"
+    if ident[4] == 2:
+        (table,) = struct.unpack_from(endian + "Q", ident, 0x28)
+        entry_size, count, names_index = struct.unpack_from(endian + "HHH", ident, 0x3A)
+        layout, wanted = endian + "IIQQQQ", 40
+    else:
+        (table,) = struct.unpack_from(endian + "I", ident, 0x20)
+        entry_size, count, names_index = struct.unpack_from(endian + "HHH", ident, 0x2E)
+        layout, wanted = endian + "IIIIII", 24
+    if count == 0 or count > EXTENSION_MAX_SECTION_HEADERS or entry_size < wanted or names_index >= count:
+        return {}
+    handle.seek(table)
+    raw = handle.read(entry_size * count)
+    if len(raw) < entry_size * count:
+        raise ExtensionUnreadable("truncated section header table")
+    headers = [struct.unpack_from(layout, raw, i * entry_size) for i in range(count)]
+    _, _, _, _, names_offset, names_size = headers[names_index]
+    handle.seek(names_offset)
+    names = handle.read(min(names_size, 2**20))
+    sections = {}
+    for name_at, kind, _, _, offset, size in headers:
+        if kind == 8:  # SHT_NOBITS: nothing in the file
+            continue
+        end = names.find(b"\0", name_at)
+        if name_at < len(names) and end > 0:
+            sections[names[name_at:end].decode("ascii", "replace")] = (offset, size)
+    return sections
+
+
+def fatbin_archs(handle, offset: int, size: int) -> list[str]:
+    """The entries of an .nv_fatbin section, as cuobjdump lists them: 'sm_90' for a cubin, 'compute_90' for PTX.
+
+    The section holds one or more fatbins: a 16-byte header (magic 0xBA55ED50, version, header size, size of the
+    entries), then entries each with a header (kind 1 PTX / 2 ELF, header size, payload size, …, arch at +28,
+    flags at +40 where FATBIN_ARCH_SPECIFIC_FLAG marks sm_XYa code)."""
+    import struct
+
+    archs, position, end, entries = [], offset, offset + size, 0
+    while position + 16 <= end:
+        handle.seek(position)
+        header = handle.read(16)
+        magic, _version, header_size, fat_size = struct.unpack("<IHHQ", header)
+        if magic != FATBIN_MAGIC:
+            if header[:8] == b"\0" * 8:  # padding between fatbins
+                position += 8
+                continue
+            raise ExtensionUnreadable(f"no fatbin header at section offset {position - offset}")
+        entry, entries_end = position + header_size, min(position + header_size + fat_size, end)
+        while entry + 48 <= entries_end:
+            entries += 1
+            if entries > EXTENSION_MAX_ENTRIES:
+                raise ExtensionUnreadable(f"more than {EXTENSION_MAX_ENTRIES} fatbin entries")
+            handle.seek(entry)
+            raw = handle.read(48)
+            if len(raw) < 48:
+                raise ExtensionUnreadable("a fatbin entry header is cut short")
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", raw)
+            (arch,) = struct.unpack_from("<I", raw, 28)
+            (flags,) = struct.unpack_from("<Q", raw, 40)
+            if entry_header < 48:
+                raise ExtensionUnreadable("fatbin entry header shorter than 48 bytes")
+            if entry + entry_header + payload > entries_end:
+                raise ExtensionUnreadable("a fatbin entry runs past its fatbin")
+            if kind in FATBIN_KINDS and 10 <= arch <= 999:
+                suffix = "a" if flags & FATBIN_ARCH_SPECIFIC_FLAG else ""
+                archs.append(f"{FATBIN_KINDS[kind]}_{arch}{suffix}")
+            entry += entry_header + payload
+        position += header_size + fat_size
+    if not archs:
+        raise ExtensionUnreadable("no readable fatbin entry")
+    return archs
+
+
+def offload_bundle_targets(handle, offset: int, size: int) -> tuple[list[str], bool]:
+    """The device targets (gfx942:sramecc+:xnack-) of the clang offload bundles in a .hip_fatbin section, and
+    whether some bundle was compressed (CCOB: its names are not readable without decompressing it)."""
+    import struct
+
+    targets, compressed, entries = [], False, 0
+    handle.seek(offset)
+    data = handle.read(min(size, EXTENSION_MAX_SCAN_BYTES))
+    position = 0
+    while True:
+        found = [at for at in (data.find(OFFLOAD_BUNDLE_MAGIC, position), data.find(COMPRESSED_BUNDLE_MAGIC, position))]
+        found = [at for at in found if at >= 0]
+        if not found:
+            break
+        at = min(found)
+        if data.startswith(COMPRESSED_BUNDLE_MAGIC, at):
+            compressed = True
+            position = at + len(COMPRESSED_BUNDLE_MAGIC)
+            continue
+        cursor = at + len(OFFLOAD_BUNDLE_MAGIC)
+        if cursor + 8 > len(data):
+            break
+        (count,) = struct.unpack_from("<Q", data, cursor)
+        cursor += 8
+        for _ in range(count):
+            entries += 1
+            if entries > EXTENSION_MAX_ENTRIES or cursor + 24 > len(data):
+                raise ExtensionUnreadable("offload bundle table out of bounds")
+            _member_offset, _member_size, name_size = struct.unpack_from("<QQQ", data, cursor)
+            cursor += 24
+            if name_size > 4096 or cursor + name_size > len(data):
+                raise ExtensionUnreadable("offload bundle member name out of bounds")
+            triple = data[cursor : cursor + name_size].decode("ascii", "replace")
+            cursor += name_size
+            kind, _, target = triple.partition("--")
+            if "amdgcn" in kind and target:
+                targets.append(target)
+        position = cursor
+    return targets, compressed
+
+
+def extension_coverage(target: str, entries: list[str]) -> str:
+    """'native' when some entry runs natively on `target`, 'fallback' when only PTX (JIT) or a generic AMD code
+    object does, 'missing' otherwise."""
+    if target.startswith("sm_"):
+        kinds = {_cuda_entry_runs_on(entry, _cuda_cc(target[3:])) for entry in entries}
+    else:
+        kinds = {_amd_entry_runs_on(entry, target) for entry in entries}
+    if "native" in kinds:
+        return "native"
+    return "fallback" if kinds & {"jit", "generic"} else "missing"
+
+
+def site_packages_dirs() -> list[str]:
+    """Where the image's Python packages live: sysconfig's library paths and the site-packages on sys.path."""
+    import sysconfig
+
+    candidates = [sysconfig.get_paths().get(key) for key in ("purelib", "platlib")]
+    with contextlib.suppress(Exception):
+        import site
+
+        candidates += site.getsitepackages()
+    candidates += [entry for entry in sys.path if entry.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    roots: list[str] = []
+    for candidate in candidates:
+        if candidate and os.path.isdir(candidate):
+            real = os.path.realpath(candidate)
+            if not any(real == root or real.startswith(root + os.sep) for root in roots):
+                roots.append(real)
+    return roots
+
+
+def _shared_objects(roots: list[str], deadline: float):
+    """Regular files named *.so or *.so.N under `roots`, links not followed, at most EXTENSION_MAX_FILES of them;
+    yields (root, path) then, when a bound stopped the walk, (None, why)."""
+    seen = 0
+    for root in roots:
+        for directory, subdirectories, files in os.walk(root, followlinks=False):
+            if directory == root:
+                subdirectories[:] = [name for name in subdirectories if name not in VENDOR_RUNTIME_DIRS]
+            subdirectories.sort()
+            for name in sorted(files):
+                if not (name.endswith(".so") or ".so." in name):
+                    continue
+                path = os.path.join(directory, name)
+                with contextlib.suppress(OSError):
+                    if not os.path.isfile(path) or os.path.islink(path):
+                        continue
+                    if seen >= EXTENSION_MAX_FILES:
+                        yield None, f"stopped after {EXTENSION_MAX_FILES} shared objects"
+                        return
+                    if time.monotonic() > deadline:
+                        yield None, "stopped: out of time"
+                        return
+                    seen += 1
+                    yield root, path
+
+
+def scan_extensions(roots: list[str], target: str, vendor: str, deadline: float) -> dict:
+    """Each shared object with device code for `vendor`, classified for `target`. Files are opened and read,
+    never loaded or executed."""
+    section = ".nv_fatbin" if vendor == "nvidia" else ".hip_fatbin"
+    found = {"native": [], "fallback": [], "missing": [], "unreadable": []}
+    scanned, stopped = 0, None
+    for root, path in _shared_objects(roots, deadline):
+        if root is None:
+            stopped = path
+            break
+        scanned += 1
+        name = os.path.relpath(path, root)
+        try:
+            with open(path, "rb") as handle:
+                sections = elf_sections(handle)
+                if section not in sections:
+                    continue
+                offset, size = sections[section]
+                if vendor == "nvidia":
+                    entries, compressed = fatbin_archs(handle, offset, size), False
+                else:
+                    entries, compressed = offload_bundle_targets(handle, offset, size)
+        except (OSError, ExtensionUnreadable, ValueError) as exc:  # struct.error is a ValueError
+            found["unreadable"].append({"name": name, "why": short_text(exc, 120)})
+            continue
+        coverage = extension_coverage(target, entries)
+        if coverage == "missing" and compressed:
+            found["unreadable"].append({"name": name, "why": "compressed offload bundle"})
+            continue
+        found[coverage].append({"name": name, "archs": sorted(set(entries))[:12]})
+    return {"scanned": scanned, "stopped": stopped, **found}
+
+
+def _named(items: list[dict], with_archs: bool = True) -> str:
+    shown = items[:EXTENSION_NAMES_LISTED]
+    parts = [
+        f"{item['name']} ({', '.join(item['archs']) or 'no entries'})" if with_archs else f"{item['name']}"
+        for item in shown
+    ]
+    more = f" and {len(items) - len(shown)} more" if len(items) > len(shown) else ""
+    return ", ".join(parts) + more
+
+
+def extensions_verdict(scan: dict, target: str) -> tuple[str, str]:
+    with_code = sum(len(scan[key]) for key in ("native", "fallback", "missing", "unreadable"))
+    head = f"{scan['scanned']} shared objects read, {with_code} with device code"
+    problems, warnings_ = [], []
+    if scan["missing"]:
+        problems.append(f"no code for {target} in {_named(scan['missing'])}")
+    if scan["fallback"]:
+        how = "only PTX, JIT-compiled by the driver at first launch" if target.startswith("sm_") else "generic only"
+        warnings_.append(f"{how}: {_named(scan['fallback'])}")
+    if scan["unreadable"]:
+        warnings_.append(
+            "not readable: " + ", ".join(f"{item['name']} ({item['why']})" for item in scan["unreadable"][:5])
+        )
+    if scan["stopped"]:
+        warnings_.append(scan["stopped"])
+    if problems:
+        return FAIL, "; ".join([head, *problems, *warnings_])
+    if warnings_:
+        return WARN, "; ".join([head, *warnings_])
+    if not with_code:
+        return SKIP, f"{head}: no compiled extension carries device code"
+    return PASS, f"{head}, each with code for {target}: {_named(scan['native'], with_archs=False)}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -543,6 +830,7 @@ class Supervisor:
                 "matmul_size": args.matmul_size,
                 "allreduce_mb": args.allreduce_mb,
                 "timeout_s": args.timeout,
+                "site_packages": list(args.site_packages or []),
             },
             "environment": dict(self.env_seen),
             "gpu": {
@@ -720,6 +1008,29 @@ class Supervisor:
             return WARN, "/dev/kfd exists (amdgpu loaded) but its version is unknown"
         return FAIL, "no AMD driver: no version from amd-smi/rocm-smi, no /sys/module/amdgpu, no /dev/kfd"
 
+    # -- compiled_extensions ----------------------------------------------------------------------------------
+
+    def check_compiled_extensions(self) -> tuple[str, str]:
+        roots = [os.path.realpath(path) for path in self.args.site_packages or []] or site_packages_dirs()
+        if not roots:
+            return SKIP, "no site-packages directory found"
+        budget = min(120.0, max(self.remaining() * 0.2, 1.0))
+        scan = scan_extensions(roots, self.args.expect_arch, self.vendor, time.monotonic() + budget)
+        self.report["results"]["extensions"] = {
+            "target": self.args.expect_arch,
+            "roots": roots[:8],
+            "scanned": scan["scanned"],
+            "stopped": scan["stopped"],
+            **{
+                key: [item["name"] for item in scan[key][:EXTENSION_NAMES_LISTED]]
+                for key in ("missing", "fallback", "unreadable")
+            },
+            "native_count": len(scan["native"]),
+            "missing_count": len(scan["missing"]),
+            "fallback_count": len(scan["fallback"]),
+        }
+        return extensions_verdict(scan, self.args.expect_arch)
+
     # -- the worker -------------------------------------------------------------------------------------------
 
     def worker_config(self) -> dict:
@@ -857,6 +1168,7 @@ class Supervisor:
         try:
             self.guarded("gpu_visible", self.check_gpu_visible)
             self.guarded("driver", self.check_driver)
+            self.guarded("compiled_extensions", self.check_compiled_extensions)
             self.run_worker()
         except _Stop as interrupted:  # the check that was running fails: an interrupted run never passes
             self._kill_worker()
@@ -1159,6 +1471,160 @@ class Worker:
         if warnings_:
             return WARN, "; ".join(warnings_ + notes)
         return PASS, "; ".join(notes)
+
+    # -- sdpa_attention ---------------------------------------------------------------------------------------
+
+    def devices_to_test(self) -> list[tuple[str, object, int | None]]:
+        """(label, torch device, position) for each requested GPU torch can use, or the CPU (for diagnosis)."""
+        torch = self.torch
+        if not self.gpu_ok:
+            return [("CPU", torch.device("cpu"), None)]
+        return [
+            (f"GPU {gpu}", torch.device("cuda", index), position)
+            for position, (gpu, index) in enumerate(_zip(self.gpus, self.logical))
+        ]
+
+    def sdpa_compare(self, device, dtype, *, causal: bool) -> dict:
+        """scaled_dot_product_attention forward and backward against the explicit math, computed in fp32 from the
+        same inputs: the largest error relative to the reference's magnitude, for the output and each gradient."""
+        torch = self.torch
+        generator = torch.Generator(device=device).manual_seed(4321)
+        batch, heads, length, dim = 2, 4, 128, 64
+        shape = (batch, heads, length, dim)
+        q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=generator) for _ in range(3))
+        upstream = torch.randn(shape, device=device, dtype=dtype, generator=generator)
+        inputs = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
+        out = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=causal)
+        out.backward(upstream)
+        reference_inputs = [tensor.float().clone().requires_grad_(True) for tensor in (q, k, v)]
+        rq, rk, rv = reference_inputs
+        scores = rq @ rk.transpose(-2, -1) / math.sqrt(dim)
+        if causal:
+            mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+        reference = torch.softmax(scores, dim=-1) @ rv
+        reference.backward(upstream.float())
+
+        def error(got, want) -> float:
+            if not bool(torch.isfinite(got).all().item()):
+                return float("inf")
+            return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+
+        errors = {"out": error(out.detach(), reference.detach())}
+        for name, tensor, ref in zip(("dq", "dk", "dv"), inputs, reference_inputs):  # noqa: B905 - three each
+            errors[name] = float("inf") if tensor.grad is None else error(tensor.grad, ref.grad)
+        return errors
+
+    def check_sdpa_attention(self) -> tuple[str, str]:
+        torch = self.torch
+        if torch is None:
+            return SKIP, "torch is not importable (see torch_import)"
+        if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            return FAIL, f"torch {torch.__version__} has no torch.nn.functional.scaled_dot_product_attention"
+        dtypes = ["float32"] if not self.gpu_ok else ["bfloat16", "float16", "float32"]
+        problems, notes, worst = [], [], {}
+        for label, device, position in self.devices_to_test():
+            if self.remaining() <= 0:
+                problems.append(f"{label}: out of time")
+                continue
+            for dtype_name in dtypes:
+                for causal in (False, True):
+                    variant = f"{label} {dtype_name}{' causal' if causal else ''}"
+                    try:
+                        errors = self.sdpa_compare(device, getattr(torch, dtype_name), causal=causal)
+                    except Exception as exc:
+                        traceback.print_exc(file=sys.stderr)
+                        problems.append(f"{variant}: {type(exc).__name__}: {short_text(exc, 200)}")
+                        continue
+                    tolerance = SDPA_TOLERANCE[dtype_name]
+                    largest = max(errors.values())
+                    worst[dtype_name] = max(worst.get(dtype_name, 0.0), largest)
+                    wrong = [f"{name} {value:.3g}" for name, value in errors.items() if not value <= tolerance]
+                    if wrong:
+                        wrong_list = ", ".join(wrong)
+                        problems.append(f"{variant}: differs from the math reference ({wrong_list} > {tolerance:g})")
+            if position is not None:
+                with contextlib.suppress(Exception):
+                    peak = torch.cuda.max_memory_allocated(device) / 2**20
+                    self.peaks[position] = max(self.peaks[position] or 0.0, peak)
+        self.emit(event="results", results={"sdpa_max_rel_error": {k: float(f"{v:.3g}") for k, v in worst.items()}})
+        notes.append(
+            "forward and backward (dq, dk, dv) match softmax(QK^T/sqrt(d))V, largest relative error "
+            + ", ".join(f"{name} {value:.2g}" for name, value in worst.items())
+        )
+        if problems:
+            return FAIL, "; ".join(problems)
+        if not self.gpu_ok:
+            return WARN, f"CPU only: {self.no_gpu}; on the CPU, {notes[0]}"
+        return PASS, notes[0]
+
+    # -- checkpoint_roundtrip ---------------------------------------------------------------------------------
+
+    def checkpoint_roundtrip(self, device, directory: str) -> dict:
+        """Train a small model two steps, save model + optimizer, load both into fresh objects: the reloaded model
+        answers exactly the same, and one more step from either copy gives exactly the same parameters."""
+        torch = self.torch
+        torch.manual_seed(99)
+
+        def fresh():
+            model = torch.nn.Sequential(
+                torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 64)
+            ).to(device)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+        model, optimizer = fresh()
+        batch = torch.randn(32, 256, device=device)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(batch).square().mean().backward()
+            optimizer.step()
+        path = os.path.join(directory, "checkpoint.pt")
+        started = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+        size = os.path.getsize(path)
+        state = torch.load(path, map_location=device, weights_only=True)
+        seconds = time.perf_counter() - started
+        copy, copy_optimizer = fresh()
+        copy.load_state_dict(state["model"])
+        copy_optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():
+            same_output = bool(torch.equal(model(batch), copy(batch)))
+        for net, opt in ((model, optimizer), (copy, copy_optimizer)):
+            opt.zero_grad()
+            net(batch).square().mean().backward()
+            opt.step()
+        same_step = all(torch.equal(a, b) for a, b in zip(model.parameters(), copy.parameters()))  # noqa: B905
+        return {"bytes": size, "seconds": seconds, "same_output": same_output, "same_step": same_step}
+
+    def check_checkpoint_roundtrip(self) -> tuple[str, str]:
+        import tempfile
+
+        if self.torch is None:
+            return SKIP, "torch is not importable (see torch_import)"
+        home = os.path.expanduser("~")
+        parent = home if os.path.isdir(home) and os.access(home, os.W_OK) else None  # the user's space, else /tmp
+        problems, notes = [], []
+        with tempfile.TemporaryDirectory(prefix=".binome-preflight-", dir=parent) as directory:
+            for label, device, _position in self.devices_to_test():
+                try:
+                    run = self.checkpoint_roundtrip(device, directory)
+                except Exception as exc:
+                    traceback.print_exc(file=sys.stderr)
+                    problems.append(f"{label}: {type(exc).__name__}: {short_text(exc, 200)}")
+                    continue
+                if not run["same_output"]:
+                    problems.append(f"{label}: the reloaded model answers differently")
+                if not run["same_step"]:
+                    problems.append(f"{label}: the reloaded optimizer takes a different step")
+                notes.append(f"{label} {run['bytes'] / 2**20:.1f} MiB saved and reloaded in {run['seconds']:.2f} s")
+                self.emit(event="results", results={"checkpoint_bytes": run["bytes"]})
+        where = f"in {parent or tempfile.gettempdir()}"
+        if problems:
+            return FAIL, "; ".join(problems) + f" ({where})"
+        detail = f"model + AdamW state {where}: " + "; ".join(notes) + ", outputs and next step identical"
+        if not self.gpu_ok:
+            return WARN, f"CPU only: {self.no_gpu}; {detail}"
+        return PASS, detail
 
     # -- allreduce --------------------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import importlib.util
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -32,7 +33,10 @@ CHECK_NAMES = [
     "torch_import",
     "accelerator_runtime",
     "arch_supported",
+    "compiled_extensions",
     "bf16_matmul",
+    "sdpa_attention",
+    "checkpoint_roundtrip",
     "allreduce",
     "peak_memory",
 ]
@@ -419,14 +423,15 @@ def test_a_hung_worker_is_killed_at_the_timeout(tmp_path):
 def test_hung_allreduce_ranks_are_killed_and_the_check_fails(tmp_path):
     require_torch()
     env, pids = _hang(tmp_path, "--multiprocessing-fork")  # torch.multiprocessing spawn children
-    result = run_preflight(tmp_path, *NODE_ARGS, *SMALL, "--timeout", "12", env=env, timeout=90)
+    # the SDPA and checkpoint checks run on the CPU before the all-reduce: room for them on a loaded machine
+    result = run_preflight(tmp_path, *NODE_ARGS, *SMALL, "--timeout", "25", env=env, timeout=90)
     report = parse_report(result)
     checks = checks_of(report)
     assert result.returncode == 1
     assert checks["allreduce"]["status"] == "FAIL"
     assert "timed out" in checks["allreduce"]["reason"]
     assert checks["peak_memory"]["status"] == "SKIP"
-    assert report["duration_s"] < 14
+    assert report["duration_s"] < 27
     _assert_dead(pids)
 
 
@@ -537,6 +542,201 @@ def test_a_rank_that_dies_fails_the_allreduce(tmp_path):
     assert allreduce["status"] == "FAIL"
     assert "a rank failed" in allreduce["reason"] and "exit code 7" in allreduce["reason"]
     assert report["results"]["allreduce_busbw_gbps"] is None
+
+
+def test_ci_path_compares_sdpa_with_the_math_reference_on_the_cpu(ci_run):
+    require_torch()
+    _, report, _ = ci_run
+    sdpa = checks_of(report)["sdpa_attention"]
+    assert sdpa["status"] == "WARN", sdpa
+    assert sdpa["reason"].startswith("CPU only: no GPU")
+    assert "dq, dk, dv" in sdpa["reason"]
+    assert 0 <= report["results"]["sdpa_max_rel_error"]["float32"] <= preflight.SDPA_TOLERANCE["float32"]
+
+
+def test_ci_path_saves_and_reloads_a_checkpoint_in_the_users_home(ci_run):
+    require_torch()
+    _, report, _ = ci_run
+    checkpoint = checks_of(report)["checkpoint_roundtrip"]
+    assert checkpoint["status"] == "WARN", checkpoint
+    assert "outputs and next step identical" in checkpoint["reason"]
+    assert f"in {os.path.expanduser('~')}" in checkpoint["reason"]
+    assert report["results"]["checkpoint_bytes"] > 100_000
+
+
+def _cpu_worker():
+    require_torch()
+    import torch
+
+    worker = _worker(torch)
+    worker.no_gpu = "no GPU: test"
+    return worker, torch
+
+
+def test_a_wrong_sdpa_fails_against_the_math_reference(monkeypatch):
+    worker, torch = _cpu_worker()
+    assert worker.check_sdpa_attention()[0] == "WARN"
+    genuine = torch.nn.functional.scaled_dot_product_attention
+
+    def off_scale(q, k, v, **kwargs):  # a kernel that forgets 1/sqrt(d)
+        return genuine(q, k, v, scale=1.0, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", off_scale)
+    status, reason = worker.check_sdpa_attention()
+    assert status == "FAIL", reason
+    assert "CPU float32: differs from the math reference (out" in reason
+
+    def wrong_backward(q, k, v, **kwargs):  # right forward, a gradient that stops at v
+        out = genuine(q.detach(), k.detach(), v, **kwargs)
+        return out + 0 * (q.sum() + k.sum())
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", wrong_backward)
+    status, reason = worker.check_sdpa_attention()
+    assert status == "FAIL" and "(dq 1, dk 1 > 0.0005)" in reason and "dv" not in reason, reason
+
+
+def test_a_checkpoint_that_loses_the_optimizer_state_fails(monkeypatch, tmp_path):
+    worker, torch = _cpu_worker()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    status, reason = worker.check_checkpoint_roundtrip()
+    assert status == "WARN" and f"in {tmp_path}" in reason, reason
+    assert list(tmp_path.iterdir()) == []  # the temporary directory is gone
+    monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", lambda self, state: None)
+    status, reason = worker.check_checkpoint_roundtrip()
+    assert status == "FAIL" and "the reloaded optimizer takes a different step" in reason, reason
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Compiled extensions: real shared objects built here, with device-code sections laid out as nvcc / clang do
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _fatbin(*entries: tuple) -> bytes:
+    """An .nv_fatbin blob: ('sm', 90) is a cubin entry, ('sm', 90, 'a') an arch-specific one, ('compute', 90) PTX.
+    Flags as nvcc 13 writes them (0x8011, plus 1 << 20 for sm_XYa), read from torch's libtorch_cuda.so."""
+    body = b""
+    for kind, arch, *suffix in entries:
+        flags = 0x8011 | (1 << 20 if suffix == ["a"] else 0)
+        payload = f"{kind}_{arch} code".encode().ljust(48, b"\0")
+        header = struct.pack("<HHIQ", 2 if kind == "sm" else 1, 0x0101, 64, len(payload)).ljust(28, b"\0")
+        header = (header + struct.pack("<I", arch)).ljust(40, b"\0") + struct.pack("<Q", flags)
+        body += header.ljust(64, b"\0") + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _offload_bundle(*targets: str) -> bytes:
+    names = ["host-x86_64-unknown-linux-gnu-", *(f"hipv4-amdgcn-amd-amdhsa--{target}" for target in targets)]
+    table = b"".join(struct.pack("<QQQ", 0, 0, len(name)) + name.encode() for name in names)
+    return b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(names)) + table
+
+
+def build_extension(directory: Path, name: str, section: str, blob: bytes, marker: Path) -> Path:
+    """A real shared object carrying `blob` in `section`, whose constructor would write `marker` if it ran."""
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / f"{name}.c"
+    data = ", ".join(str(byte) for byte in blob)
+    source.write_text(
+        "#include <stdio.h>\n"
+        f'__attribute__((used, section("{section}"))) static const unsigned char device_code[] = {{{data}}};\n'
+        "__attribute__((constructor)) static void loaded(void) {"
+        f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n'
+        "int answer(void) { return 42; }\n"
+    )
+    library = directory / f"{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, capture_output=True)
+    source.unlink()
+    return library
+
+
+@pytest.fixture
+def site_packages(tmp_path):
+    root = tmp_path / "site-packages"
+    marker = tmp_path / "executed"
+    build_extension(root / "flash_attn", "flash_attn_cuda", ".nv_fatbin", _fatbin(("sm", 90), ("compute", 90)), marker)
+    build_extension(root / "old_kernels", "_C", ".nv_fatbin", _fatbin(("sm", 80)), marker)
+    build_extension(root / "plain", "_speedups", ".text.extra", b"no device code here", marker)
+    # NVIDIA's CUDA library wheels keep their kernels elsewhere (libcufft.so.12's .nv_fatbin holds one sm_75 cubin)
+    build_extension(root / "nvidia" / "cu13" / "lib", "libcufft", ".nv_fatbin", _fatbin(("sm", 75)), marker)
+    return root, marker
+
+
+def test_extensions_for_the_hopper_card_pass_and_fail_for_blackwell(site_packages):
+    root, marker = site_packages
+    scan = preflight.scan_extensions([str(root)], "sm_90", "nvidia", time.monotonic() + 30)
+    assert [item["name"] for item in scan["native"]] == ["flash_attn/flash_attn_cuda.so"]
+    assert [item["name"] for item in scan["missing"]] == ["old_kernels/_C.so"]
+    assert scan["scanned"] == 3
+    (root / "old_kernels" / "_C.so").unlink()
+    status, reason = preflight.extensions_verdict(
+        preflight.scan_extensions([str(root)], "sm_90", "nvidia", time.monotonic() + 30), "sm_90"
+    )
+    assert status == "PASS" and "flash_attn/flash_attn_cuda.so" in reason, reason
+    # sm_90 cubins do not run on sm_100; the compute_90 PTX can be JIT-compiled there
+    status, reason = preflight.extensions_verdict(
+        preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30), "sm_100"
+    )
+    assert status == "WARN" and "only PTX" in reason and "flash_attn_cuda.so (compute_90, sm_90)" in reason, reason
+    assert not marker.exists()  # read, never loaded
+
+
+def test_a_run_fails_naming_the_extension_without_code_for_the_card(tmp_path, site_packages):
+    root, marker = site_packages
+    result = run_preflight(tmp_path, *NODE_ARGS, *SMALL, "--site-packages", str(root))
+    report = parse_report(result)
+    check = checks_of(report)["compiled_extensions"]
+    assert check["status"] == "FAIL", check
+    assert "no code for sm_100 in old_kernels/_C.so (sm_80)" in check["reason"]
+    assert "flash_attn/flash_attn_cuda.so (compute_90, sm_90)" in check["reason"]
+    extensions = report["results"]["extensions"]
+    assert extensions["missing"] == ["old_kernels/_C.so"] and extensions["fallback"] == [
+        "flash_attn/flash_attn_cuda.so"
+    ]
+    assert extensions["scanned"] == 3
+    assert not marker.exists()
+
+
+def test_arch_specific_cubins_run_on_their_exact_arch_only(tmp_path):
+    root, marker = tmp_path / "site-packages", tmp_path / "executed"
+    build_extension(root, "blackwell_only", ".nv_fatbin", _fatbin(("sm", 100, "a"), ("sm", 90)), marker)
+    scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
+    assert scan["native"] == [{"name": "blackwell_only.so", "archs": ["sm_100a", "sm_90"]}]
+    # a B300 (sm_103) cannot run sm_100a code, though it runs sm_100 code
+    status, reason = preflight.extensions_verdict(
+        preflight.scan_extensions([str(root)], "sm_103", "nvidia", time.monotonic() + 30), "sm_103"
+    )
+    assert status == "FAIL" and "no code for sm_103 in blackwell_only.so (sm_100a, sm_90)" in reason, reason
+
+
+def test_rocm_extensions_are_checked_by_their_offload_bundle_targets(tmp_path):
+    root, marker = tmp_path / "site-packages", tmp_path / "executed"
+    build_extension(root, "rocm_ext", ".hip_fatbin", _offload_bundle("gfx90a", "gfx942:sramecc+:xnack-"), marker)
+    scan = preflight.scan_extensions([str(root)], "gfx942", "amd", time.monotonic() + 30)
+    assert preflight.extensions_verdict(scan, "gfx942")[0] == "PASS"
+    status, reason = preflight.extensions_verdict(
+        preflight.scan_extensions([str(root)], "gfx1100", "amd", time.monotonic() + 30), "gfx1100"
+    )
+    assert status == "FAIL" and "rocm_ext.so (gfx90a, gfx942:sramecc+:xnack-)" in reason, reason
+    assert not marker.exists()
+
+
+def test_hostile_shared_objects_are_bounded(tmp_path, monkeypatch):
+    root = tmp_path / "site-packages"
+    marker = tmp_path / "executed"
+    # a fatbin whose header claims a size far past the section, then garbage
+    build_extension(root, "liar", ".nv_fatbin", _fatbin(("sm", 100))[:16] + b"\xff" * 40, marker)
+    (root / "not_elf.so").write_bytes(b"MZ" + b"\0" * 100)
+    (root / "link.so").symlink_to("/etc/passwd")
+    scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
+    assert scan["scanned"] == 2  # the link is not followed
+    assert [item["name"] for item in scan["unreadable"]] == ["liar.so"]
+    assert preflight.extensions_verdict(scan, "sm_100")[0] == "WARN"
+    for index in range(3):
+        build_extension(root / f"many{index}", "ext", ".nv_fatbin", _fatbin(("sm", 100)), marker)
+    monkeypatch.setattr(preflight, "EXTENSION_MAX_FILES", 2)
+    scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
+    assert scan["scanned"] == 2 and scan["stopped"] == "stopped after 2 shared objects"
+    status, reason = preflight.extensions_verdict(scan, "sm_100")
+    assert status == "WARN" and "stopped after 2 shared objects" in reason
 
 
 # ----------------------------------------------------------------------------------------------------------------
