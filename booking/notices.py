@@ -22,6 +22,7 @@ class Notice(StrEnum):
     END_WARNING = "end_warning"  # order=, kind= ("48h", "6h"), wipe_at=, wipe_after_days=, link= (to extend)
     PREFLIGHT_HELD = "preflight_held"  # order=, failed={host name: [check names]}: the hand-over waits
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
+    ORDER_CANCELLED = "order_cancelled"  # order=, refund_due=: a paid order cancelled by its customer
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
     HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
 

@@ -395,6 +395,9 @@ def order_cancel_by_customer(*, order: Order, refund_shown: Decimal | None = Non
             },
             now=now,
         )
+        from booking.tasks import send_order_cancelled
+
+        send_order_cancelled.delay_on_commit(order.pk)
 
 
 def order_cancel_by_operator(*, order: Order, actor: AbstractBaseUser, reason: str = "") -> bool:

@@ -130,6 +130,17 @@ def _host_failing(*, host_name: str, problems: list[str]) -> None:
         )
 
 
+def _order_cancelled(*, order: Order, refund_due) -> None:
+    body = send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme order %(number)s is cancelled"),
+        template="email/order_cancelled.txt",
+        context={"refund_due": refund_due},
+    )
+    if settings.PAYMENTS_NOTIFY_EMAIL and refund_due:
+        send_mail(f"[Binôme] {order.public_id} cancelled, refund owed", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])
+
+
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
@@ -140,6 +151,7 @@ WRITERS = {
     Notice.ORDER_REJECTED: _order_rejected,
     Notice.KEYS_CHANGED: _keys_changed,
     Notice.HOST_FAILING: _host_failing,
+    Notice.ORDER_CANCELLED: _order_cancelled,
 }
 
 

@@ -46,7 +46,7 @@ def paid_order(client, booking_data, admin_user, django_capture_on_commit_callba
 
 
 def test_cancelled_early_a_paid_order_is_refunded_in_full_less_the_fee_and_its_lots_are_released(
-    client, catalog, booking_data, admin_user, rules, django_capture_on_commit_callbacks
+    client, catalog, booking_data, admin_user, rules, django_capture_on_commit_callbacks, mailoutbox
 ):
     rules(days=3, fee="25.00", percent=40)
     order, url = paid_order(client, booking_data, admin_user, django_capture_on_commit_callbacks)
@@ -72,6 +72,12 @@ def test_cancelled_early_a_paid_order_is_refunded_in_full_less_the_fee_and_its_l
     assert "are owed back to you" in answer.content.decode()
     event = order.events.get(to_status=OrderStatus.CANCELLED)
     assert event.evidence["refund_due"] == str(expected) and event.evidence["rule"] == "full"
+    # the customer has it in writing, and the operator sees the amount owed on the console
+    (mail,) = [message for message in mailoutbox if "is cancelled" in message.subject]
+    assert mail.to == [order.contact_email] and f"{expected} EUR are owed back to you" in mail.body
+    client.force_login(admin_user)
+    console = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
+    assert "Refund due" in console and f"{expected} EUR" in console
 
 
 def test_a_refund_that_changed_since_the_page_was_drawn_is_not_applied(
