@@ -154,6 +154,9 @@ class ChainClient:
         self.not_ready_from: int | None = None
         # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
         self.unread: list[tuple[int, str, str]] = []
+        # The hash of the last block of each log range read, from the header asked with its logs: `block_range`
+        # needs no other request to check that block.
+        self._end_hashes: dict[int, str] = {}
 
     # --- transport: failover, backoff, one counted round trip per call ----------------------------------------
     def _send(self, send, method: str) -> object:
@@ -419,15 +422,17 @@ class ChainClient:
             "topics": topics or [TRANSFER_TOPIC],
         }
 
-        def covered(header) -> None:
+        def covered(header) -> str:
             if header is None:
                 raise Lagging(f"block {end}, the end of the range, not served with its logs")
             if parse_quantity(header.get("number") if isinstance(header, dict) else None) != end:
                 raise ValueError(f"asked for block {end}, answered another")
+            return parse_block_ref(header)[0]
 
-        logs, _header = self._batch(
+        logs, end_hash = self._batch(
             [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])], [parse_log_list, covered]
         )
+        self._end_hashes[end] = end_hash
         return logs
 
     def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
@@ -481,7 +486,8 @@ class ChainClient:
         header alone and read again with their transactions only when their hash changed. When the known blocks
         form one chain (each the parent of the next), the hash of the highest one is enough: a block's hash covers
         its parent's, so the same hash there means every block under it is the same (it is the parent hash the next
-        block names, when newer blocks are read anyway; else its header alone). Otherwise, or when
+        block names, when newer blocks are read anyway; else its header, read with the logs of the range it ends or
+        alone). Otherwise, or when
         that hash changed, the headers of all of them are read (one batch) and only the changed ones are read in
         full. Blocks are read with their transactions in batches of FULL_BLOCKS_PER_BATCH."""
         known = {number: link for number, link in (known or {}).items() if start <= number <= end}
@@ -519,7 +525,8 @@ class ChainClient:
                 read_full(list(range(top + 1, end + 1)))
                 stands = links.get(top + 1, ("", 0, ""))[2] == known[top][0]
             elif chained:
-                stands = self.blocks_headers([top])[0][0] == known[top][0]
+                current = self._end_hashes.get(top) or self.blocks_headers([top])[0][0]
+                stands = current == known[top][0]
             else:
                 stands = False
             if stands:
