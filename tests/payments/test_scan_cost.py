@@ -75,24 +75,25 @@ def test_a_long_catch_up_keeps_its_lease_batch_by_batch_and_a_second_scan_skips(
     pay_invoice(chain, invoice)  # near the end of the catch-up
     chain.mine(5)
 
-    # Batches of 5 blocks, each slower than a lease of one second altogether.
-    monkeypatch.setattr(scanner, "SCAN_LEASE", timedelta(seconds=1))
+    # Batches of 5 blocks, slow enough that the catch-up outlives a lease of two seconds by far.
+    lease = timedelta(seconds=2)
+    monkeypatch.setattr(scanner, "SCAN_LEASE", lease)
     monkeypatch.setattr(scanner, "CATCH_UP_BATCH", 5)
     read = ChainClient.block_range
-    cursors, second_scans = [], []
+    cursors, second_scans, began = [], [], []
 
     def slow_block_range(self, **kwargs):
         cursors.append(ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block)
         if len(cursors) == 5:  # more than a lease after the scan began: another scan must still find it held
+            assert time.monotonic() - began[0] > lease.total_seconds()
             second_scans.append(scanner.chain_scan(chain_id=CHAIN_ID))
-        time.sleep(0.3)
+        time.sleep(0.6)
         return read(self, **kwargs)
 
     monkeypatch.setattr(ChainClient, "block_range", slow_block_range)
-    began = time.monotonic()
+    began.append(time.monotonic())
     result = scan()
 
-    assert time.monotonic() - began > 1.5
     assert [second.skipped for second in second_scans] == [True]
     assert cursors == sorted(set(cursors)) and len(cursors) >= 5 and cursors[1] > start  # committed per batch
     assert ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block == result.confirmed
