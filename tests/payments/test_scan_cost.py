@@ -100,3 +100,28 @@ def test_a_long_catch_up_keeps_its_lease_batch_by_batch_and_a_second_scan_skips(
     invoice.refresh_from_db()
     order.refresh_from_db()
     assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID
+
+
+def test_a_new_deposit_address_makes_the_next_cycle_read_the_blocks_not_final_in_full_once(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """A block read before an address was watched may have paid it: its hash alone cannot tell."""
+    proxy = proxies()
+    use_chains_file(proxy.url)
+    pay_in_eth(client, booking_data)
+    scan()
+    chain.mine(2)
+    scan()
+    proxy.reset_counts()
+    scan()
+    assert proxy.full_blocks == 0
+
+    pay_in_eth(client, booking_data, contact_email="second@example.org")  # a new invoice, a new address
+    proxy.reset_counts()
+    result = scan()
+
+    cursor = ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block
+    assert proxy.full_blocks == result.head - cursor > 0
+    proxy.reset_counts()
+    scan()
+    assert proxy.full_blocks == 0
