@@ -39,6 +39,7 @@ from payments.chain_answers import (
     parse_block,
     parse_block_ref,
     parse_feed_round,
+    parse_header,
     parse_log_list,
     parse_quantity,
     parse_transfer_log,
@@ -153,6 +154,9 @@ class ChainClient:
         self.not_ready_from: int | None = None
         # (block, token, address) whose transfers in a crowded block could not be read at all, for the record.
         self.unread: list[tuple[int, str, str]] = []
+        # The hash of the last block of each log range read, from the header asked with its logs: `block_range`
+        # needs no other request to check that block.
+        self._end_hashes: dict[int, str] = {}
 
     # --- transport: failover, backoff, one counted round trip per call ----------------------------------------
     def _send(self, send, method: str) -> object:
@@ -418,15 +422,17 @@ class ChainClient:
             "topics": topics or [TRANSFER_TOPIC],
         }
 
-        def covered(header) -> None:
+        def covered(header) -> str:
             if header is None:
                 raise Lagging(f"block {end}, the end of the range, not served with its logs")
             if parse_quantity(header.get("number") if isinstance(header, dict) else None) != end:
                 raise ValueError(f"asked for block {end}, answered another")
+            return parse_block_ref(header)[0]
 
-        logs, _header = self._batch(
+        logs, end_hash = self._batch(
             [("eth_getLogs", [query]), ("eth_getBlockByNumber", [hex(end), False])], [parse_log_list, covered]
         )
+        self._end_hashes[end] = end_hash
         return logs
 
     def _crowded_block(self, number: int, *, tokens: frozenset[str], recipients: frozenset[str]) -> list:
@@ -465,28 +471,86 @@ class ChainClient:
                     )
         return raw
 
-    def block_range(self, *, start: int, end: int, recipients: frozenset[str]) -> BlockRange:
-        """The blocks of [start, end] with their transactions, in batches of FULL_BLOCKS_PER_BATCH: their canonical
-        hashes and times, and the native coin sent to `recipients` (matched here; the requests do not depend on
-        how many addresses are watched)."""
-        numbers = list(range(start, end + 1))
-        parsers = [
-            lambda block, number=number: parse_block(block, number=number, recipients=recipients) for number in numbers
-        ]
-        blocks, transfers, skipped = {}, [], 0
-        size = max(1, min(FULL_BLOCKS_PER_BATCH, self.chain.max_batch))
-        for offset in range(0, len(numbers), size):
-            part = numbers[offset : offset + size]
-            claimed = []
-            for read in self.batch(
-                [("eth_getBlockByNumber", [hex(number), True]) for number in part], parsers[offset : offset + size]
-            ):
-                blocks.update(read.blocks)
-                claimed += read.transfers
-                skipped += read.skipped
-            succeeded = self.successful(claimed)
-            transfers += [transfer for transfer in claimed if transfer.tx_hash in succeeded]
-        return BlockRange(blocks=blocks, transfers=transfers, skipped=skipped)
+    def block_range(
+        self,
+        *,
+        start: int,
+        end: int,
+        recipients: frozenset[str],
+        known: dict[int, tuple[str, int, str]] | None = None,
+    ) -> BlockRange:
+        """The blocks of [start, end]: their canonical hashes and times, and the native coin their transactions sent
+        to `recipients` (matched here; the requests do not depend on how many addresses are watched).
+
+        `known` holds the (hash, timestamp, parent hash) of blocks read by an earlier cycle: those are checked by
+        header alone and read again with their transactions only when their hash changed. When the known blocks
+        form one chain (each the parent of the next), the hash of the highest one is enough: a block's hash covers
+        its parent's, so the same hash there means every block under it is the same (it is the parent hash the next
+        block names, when newer blocks are read anyway; else its header, read with the logs of the range it ends or
+        alone). Otherwise, or when
+        that hash changed, the headers of all of them are read (one batch) and only the changed ones are read in
+        full. Blocks are read with their transactions in batches of FULL_BLOCKS_PER_BATCH."""
+        known = {number: link for number, link in (known or {}).items() if start <= number <= end}
+        blocks: dict[int, tuple[str, int]] = {}
+        links: dict[int, tuple[str, int, str]] = {}
+        transfers: list[TransferLog] = []
+        skipped = 0
+
+        def read_full(numbers: list[int]) -> None:
+            nonlocal skipped
+            size = max(1, min(FULL_BLOCKS_PER_BATCH, self.chain.max_batch))
+            for offset in range(0, len(numbers), size):
+                part = numbers[offset : offset + size]
+                parsers = [
+                    lambda block, number=number: parse_block(block, number=number, recipients=recipients)
+                    for number in part
+                ]
+                claimed = []
+                for read in self.batch([("eth_getBlockByNumber", [hex(number), True]) for number in part], parsers):
+                    blocks.update(read.blocks)
+                    links.update(read.links)
+                    claimed += read.transfers
+                    skipped += read.skipped
+                succeeded = self.successful(claimed)
+                transfers.extend(transfer for transfer in claimed if transfer.tx_hash in succeeded)
+
+        unchanged: set[int] = set()
+        if known:
+            top = max(known)
+            chained = all(
+                number == top or known.get(number + 1, ("", 0, ""))[2] == known[number][0] for number in known
+            )
+            if chained and top < end:
+                # The block after the highest known one names its parent: read anyway, it is the proof.
+                read_full(list(range(top + 1, end + 1)))
+                stands = links.get(top + 1, ("", 0, ""))[2] == known[top][0]
+            elif chained:
+                current = self._end_hashes.get(top) or self.blocks_headers([top])[0][0]
+                stands = current == known[top][0]
+            else:
+                stands = False
+            if stands:
+                unchanged = set(known)
+            else:
+                checked = sorted(known)
+                unchanged = {
+                    number
+                    for number, header in zip(checked, self.blocks_headers(checked), strict=True)
+                    if header[0] and header[0] == known[number][0]
+                }
+            for number in unchanged:
+                blocks[number], links[number] = known[number][:2], known[number]
+        read_full([number for number in range(start, end + 1) if number not in unchanged and number not in blocks])
+        return BlockRange(
+            blocks=blocks, transfers=transfers, skipped=skipped, links=links, unchanged=frozenset(unchanged)
+        )
+
+    def blocks_headers(self, numbers: list[int]) -> list[tuple[str, int, str]]:
+        """Each block's (hash, timestamp, parent hash), headers only (("", 0, "") for a block the node does not
+        have), in batched round trips."""
+        if not numbers:
+            return []
+        return self.batch([("eth_getBlockByNumber", [hex(number), False]) for number in numbers], parse_header)
 
     def successful(self, transfers: list[TransferLog]) -> frozenset[str]:
         """The hashes of `transfers` whose receipt says success: a transaction to a deposit address can revert

@@ -12,7 +12,7 @@ node.
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -128,6 +128,11 @@ class BlockRange:
     blocks: dict[int, tuple[str, int]]
     transfers: list[TransferLog]
     skipped: int
+    # Each block's (hash, timestamp, parent hash), for the next cycle to check them by header alone.
+    links: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    # Blocks whose hash matched the one known from a previous read: not read again in full (their transactions
+    # are what they were), so `transfers` holds nothing from them.
+    unchanged: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,12 @@ def parse_block(block: object, *, number: int, recipients: frozenset[str]) -> Bl
                 amount=amount,
             )
         )
-    return BlockRange(blocks={number: (block_hash, timestamp)}, transfers=transfers, skipped=skipped)
+    return BlockRange(
+        blocks={number: (block_hash, timestamp)},
+        transfers=transfers,
+        skipped=skipped,
+        links={number: (block_hash, timestamp, _parent_hash(block))},
+    )
 
 
 # The EIP-2718 type of an OP-stack deposit transaction: included by the rollup whatever it carries. Its `mint` is
@@ -341,6 +351,20 @@ def parse_block_ref(block) -> tuple[str, int]:
     if not isinstance(value, str) or not _HASH.fullmatch(value.lower()):
         raise ValueError("block without a valid hash")
     return value.lower(), parse_quantity(block.get("timestamp"))
+
+
+def parse_header(block) -> tuple[str, int, str]:
+    """A block header's (hash, timestamp, parent hash); ("", 0, "") for a block the node does not have."""
+    block_hash, timestamp = parse_block_ref(block)
+    if not block_hash:
+        return "", 0, ""
+    return block_hash, timestamp, _parent_hash(block)
+
+
+def _parent_hash(block: dict) -> str:
+    """A block's parent hash, "" when it has none readable (then nothing is inferred from it)."""
+    parent = block.get("parentHash")
+    return parent.lower() if isinstance(parent, str) and _HASH.fullmatch(parent.lower()) else ""
 
 
 def parse_timestamp(timestamp: int) -> datetime | None:

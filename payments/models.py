@@ -192,7 +192,7 @@ class ChainCursor(models.Model):
     unavailable_since = models.DateTimeField(null=True, blank=True)
     # Logs that were not a well-formed transfer of an allow-listed token (or that the database refused): skipped.
     skipped_logs = models.PositiveBigIntegerField(default=0)
-    # A scan holds the chain until then (renewed per committed range): a second scan at the same moment skips.
+    # A scan holds the chain until then (renewed per committed batch): a second scan at the same moment skips.
     scan_lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -4,8 +4,9 @@ an address or a transaction from a request.
 
 A cycle holds the chain through a lease on its `ChainCursor` (a second scan at the same moment skips), reads the
 allow-listed token logs and, where the native coin is accepted, the blocks of each range, records them
-(`payments/transfers.py`) and commits each range with the cursor, then moves the invoices whose amounts or
-deadlines changed, each in its own transaction (`payments/settlement.py`). While the chain does not answer, the
+(`payments/transfers.py`) and commits them with the cursor in batches of at most CATCH_UP_BATCH blocks (the lease
+is renewed at each), then moves the invoices whose amounts or deadlines changed, each in its own transaction
+(`payments/settlement.py`). While the chain does not answer, the
 outage is recorded on the cursor and the holds about to run out are kept alive; when it answers again, quotes and
 holds move by the length of the outage.
 
@@ -16,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
@@ -24,6 +26,7 @@ from booking import services as booking
 from booking.models import OrderStatus
 from payments import config
 from payments.chain import ChainClient, ChainUnavailable
+from payments.chain_answers import TransferLog
 from payments.invoices import lock_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.settlement import invoice_apply_chain_state
@@ -32,8 +35,13 @@ from payments.transfers import WatchedAddress, apply_logs, native_balance_checks
 logger = logging.getLogger(__name__)
 
 
-# How long a scan holds its chain before another may take it over (renewed at every range it commits).
+# How long a scan holds its chain before another may take it over (renewed at every batch it commits).
 SCAN_LEASE = timedelta(minutes=2)
+# Blocks read, recorded and committed at once: a catch-up after an outage holds one such batch at a time.
+CATCH_UP_BATCH = 100
+# Headers of blocks not final yet kept between cycles (a chain with `finalized` can have thousands on fast chains).
+BLOCKS_REMEMBERED = 10_000
+BLOCKS_REMEMBERED_SECONDS = 3600
 # While a chain cannot be checked, every failed scan keeps the holds about to run out alive this much longer.
 OUTAGE_HOLD_GRACE = timedelta(minutes=5)
 
@@ -163,68 +171,162 @@ def _scan(
     result.invoices = len(by_address)
     watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
     recipients = frozenset(by_address)
-    # The chain's native coin is read from the transactions of each block (all blocks of the range, with their
-    # transactions, in one batch): then the hashes of all of them are known too.
+    # The chain's native coin is read from the transactions of each block: then the hashes of all of them are
+    # known too. A block not final yet that an earlier cycle read is checked by hash (see ChainClient.block_range).
     reads_blocks = any(asset.is_native for asset in chain.assets)
     start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
     ranges = client.log_ranges(
         from_block=start, to_block=head, tokens=frozenset(chain.token_contracts), recipients=recipients
     )
+    # The blocks read by earlier cycles and not final yet: checked by header, read again only when replaced. A new
+    # deposit address (a newer invoice) may have been paid in a block read before it was watched: all in full then.
+    newest_invoice = max((watched_address.invoice_id for watched_address in by_address.values()), default=0)
+    memory = _blocks_remembered(chain.chain_id, newest_invoice) if reads_blocks else {}
     for log_range in ranges:
-        matched = [log for log in log_range.logs if log.recipient in by_address]
-        skipped = log_range.skipped
-        seen = list(
-            Transfer.objects.filter(
-                chain_id=chain.chain_id,
-                status=Transfer.Status.SEEN,
-                block_number__range=(log_range.start, log_range.end),
-            )
-        )
-        if reads_blocks:
-            block_range = client.block_range(start=log_range.start, end=log_range.end, recipients=recipients)
-            read, skipped = block_range.blocks, skipped + block_range.skipped
-            matched += block_range.transfers
-        else:
-            # Canonical hashes: of the blocks whose transfers may become final, and of the blocks of transfers
-            # seen before (a block replaced under one means it was removed by a reorganisation).
-            blocks = {log.block_number for log in matched if log.block_number <= confirmed}
-            blocks |= {transfer.block_number for transfer in seen}
-            read = client.blocks(sorted(blocks)) if blocks else {}
-        canonical = {number: block_hash for number, (block_hash, _time) in read.items()}
-        block_times = {number: timestamp for number, (_hash, timestamp) in read.items()}
-        with transaction.atomic():
-            failed = apply_logs(
+        # Committed in batches of at most CATCH_UP_BATCH blocks: a long catch-up keeps what it read so far, holds
+        # at most one batch of blocks at a time, and renews its lease at every batch.
+        for batch_start in range(log_range.start, log_range.end + 1, CATCH_UP_BATCH):
+            batch_end = min(log_range.end, batch_start + CATCH_UP_BATCH - 1)
+            if not _scan_batch(
                 chain=chain,
-                logs=matched,
+                client=client,
+                cursor=cursor,
+                result=result,
+                batch=(batch_start, batch_end),
+                logs=[log for log in log_range.logs if batch_start <= log.block_number <= batch_end],
+                skipped=log_range.skipped if batch_start == log_range.start else 0,
                 by_address=by_address,
-                seen=seen,
+                watched=watched,
                 confirmed=confirmed,
-                canonical=canonical,
-                block_times=block_times,
+                memory=memory if reads_blocks else None,
                 now=now,
-            )
-            skipped += failed
-            if not _cursor_advance(
-                cursor=cursor, to_block=min(log_range.end, confirmed), skipped=skipped, watched=watched
             ):
                 return  # another scan took the chain over
-        if skipped:
-            logger.warning(
-                "chain %s: %s log(s) or transaction(s) in blocks %s-%s skipped (malformed or not storable)",
-                chain.chain_id,
-                skipped,
-                log_range.start,
-                log_range.end,
-            )
+            if reads_blocks:
+                _blocks_remember(chain.chain_id, newest_invoice, memory, above=cursor.confirmed_block)
         result.ranges += 1
-        result.logs += len(matched)
-        result.skipped_logs += skipped
     result.unread = len(client.unread)
     result.not_ready_from = client.not_ready_from
     result.balance_checks = native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now)
     invoices = _invoices_to_review(chain.chain_id, now)
     result.settled = _move_invoices(invoices=invoices, head=head, result=result, now=now)
     _mark_checked(cursor=cursor, invoices=invoices, head=head, now=now)
+
+
+def _scan_batch(
+    *,
+    chain: config.Chain,
+    client: ChainClient,
+    cursor: ChainCursor,
+    result: ScanResult,
+    batch: tuple[int, int],
+    logs: list,
+    skipped: int,
+    by_address: dict[str, WatchedAddress],
+    watched,
+    confirmed: int,
+    memory: dict[int, tuple[str, int, str]] | None,
+    now: datetime,
+) -> bool:
+    """Read, record and commit the blocks of `batch` (the token `logs` already read for it): the cursor moves and
+    the lease is renewed with the commit. False when the lease was taken over (nothing more may be written)."""
+    start, end = batch
+    recipients = frozenset(by_address)
+    matched = [log for log in logs if log.recipient in by_address]
+    seen = list(
+        Transfer.objects.filter(chain_id=chain.chain_id, status=Transfer.Status.SEEN, block_number__range=(start, end))
+    )
+    if memory is not None:
+        block_range = client.block_range(start=start, end=end, recipients=recipients, known=memory)
+        read, skipped = block_range.blocks, skipped + block_range.skipped
+        matched += block_range.transfers
+        # A block whose hash did not change holds the transactions it held: its native transfers are those
+        # recorded when it was read, given again so that they become final with their block.
+        matched += [
+            _native_transfer_log(transfer)
+            for transfer in seen
+            if transfer.block_number in block_range.unchanged
+            and not transfer.token_contract
+            and transfer.block_hash == read[transfer.block_number][0]
+            and transfer.to_address in by_address
+        ]
+        for number in [number for number in memory if start <= number <= end]:
+            del memory[number]
+        memory.update(block_range.links)
+    else:
+        # Canonical hashes: of the blocks whose transfers may become final, and of the blocks of transfers
+        # seen before (a block replaced under one means it was removed by a reorganisation).
+        blocks = {log.block_number for log in matched if log.block_number <= confirmed}
+        blocks |= {transfer.block_number for transfer in seen}
+        read = client.blocks(sorted(blocks)) if blocks else {}
+    canonical = {number: block_hash for number, (block_hash, _time) in read.items()}
+    block_times = {number: timestamp for number, (_hash, timestamp) in read.items()}
+    with transaction.atomic():
+        failed = apply_logs(
+            chain=chain,
+            logs=matched,
+            by_address=by_address,
+            seen=seen,
+            confirmed=confirmed,
+            canonical=canonical,
+            block_times=block_times,
+            now=now,
+        )
+        skipped += failed
+        if not _cursor_advance(cursor=cursor, to_block=min(end, confirmed), skipped=skipped, watched=watched):
+            transaction.set_rollback(True)
+            return False
+    if skipped:
+        logger.warning(
+            "chain %s: %s log(s) or transaction(s) in blocks %s-%s skipped (malformed or not storable)",
+            chain.chain_id,
+            skipped,
+            start,
+            end,
+        )
+    result.logs += len(matched)
+    result.skipped_logs += skipped
+    return True
+
+
+def _native_transfer_log(transfer: Transfer) -> TransferLog:
+    return TransferLog(
+        tx_hash=transfer.tx_hash,
+        log_index=transfer.log_index,
+        block_number=transfer.block_number,
+        block_hash=transfer.block_hash,
+        token="",
+        sender=transfer.from_address,
+        recipient=transfer.to_address,
+        amount=int(transfer.amount_units),
+    )
+
+
+def _blocks_key(chain_id: int) -> str:
+    return f"chain-scan-blocks:{chain_id}"
+
+
+def _blocks_remembered(chain_id: int, newest_invoice: int) -> dict[int, tuple[str, int, str]]:
+    """The (hash, timestamp, parent hash) of the blocks not final yet that earlier cycles read, when no newer
+    invoice is watched since (else none: every block is read in full once more). Lost or evicted, it only costs
+    full reads."""
+    remembered = cache.get(_blocks_key(chain_id))
+    if not isinstance(remembered, dict) or remembered.get("newest_invoice") != newest_invoice:
+        return {}
+    blocks = remembered.get("blocks")
+    return dict(blocks) if isinstance(blocks, dict) else {}
+
+
+def _blocks_remember(chain_id: int, newest_invoice: int, memory: dict, *, above: int) -> None:
+    """Keep what this cycle read of the blocks after the cursor (at most BLOCKS_REMEMBERED, the newest)."""
+    for number in [number for number in memory if number <= above]:
+        del memory[number]
+    if len(memory) > BLOCKS_REMEMBERED:
+        for number in sorted(memory)[: len(memory) - BLOCKS_REMEMBERED]:
+            del memory[number]
+    cache.set(
+        _blocks_key(chain_id), {"newest_invoice": newest_invoice, "blocks": memory}, timeout=BLOCKS_REMEMBERED_SECONDS
+    )
 
 
 def _first_block_to_read(*, chain: config.Chain, cursor: ChainCursor, confirmed: int, watched) -> int:

@@ -44,6 +44,7 @@ class LimitingProxy:
         self.rate_limit, self.rate_limit_methods, self.garbage, self.lag = rate_limit, rate_limit_methods, garbage, lag
         self.requests = 0  # HTTP requests (a batch is one)
         self.calls = Counter()  # JSON-RPC calls per method
+        self.full_blocks = 0  # eth_getBlockByNumber calls asking for the transactions (not headers only)
         self.bytes_in = 0
         self.bytes_out = 0
         self.refused = Counter()  # why calls were refused
@@ -79,6 +80,7 @@ class LimitingProxy:
         with self._lock:
             self.requests, self.bytes_in, self.bytes_out, self.largest_request = 0, 0, 0, 0
             self.calls.clear()
+            self.full_blocks = 0
             self.refused.clear()
             self.log_queries.clear()
 
@@ -101,6 +103,11 @@ class LimitingProxy:
         calls = payload if isinstance(payload, list) else [payload]
         with self._lock:
             self.calls.update(call.get("method", "?") for call in calls)
+            self.full_blocks += sum(
+                1
+                for call in calls
+                if call.get("method") == "eth_getBlockByNumber" and (call.get("params") or [None, False])[-1] is True
+            )
         if self.rate_limit == "http" and self._limited(calls):
             self.refused["http 429"] += 1
             return 429, b'{"message": "Too Many Requests"}'

@@ -119,6 +119,9 @@ def test_requests_stay_inside_provider_caps_and_do_not_grow_with_the_invoices(
     few = one_cycle()
     for _ in range(60):  # 60 more open invoices, on the same order
         invoices.invoice_create(order=order, fiat_amount=current_invoice(order).fiat_amount)
+    # The first cycle after new deposit addresses reads the blocks not final yet in full once more (one may have
+    # paid them before they were watched); the next costs what it cost with one invoice.
+    one_cycle()
     many = one_cycle()
 
     assert few == many and few[0] <= 5
