@@ -609,6 +609,11 @@ class ChainClient:
         )
         return transaction, receipt
 
+    # --- the balance safety net (payments/balances.py) --------------------------------------------------------
+    def native_balance_at(self, address: str, *, block: int) -> int:
+        """The native balance of `address` at `block`: one round trip."""
+        return self.request("eth_getBalance", [address, hex(block)], parse_uint256)
+
 
 def checksum(address: str) -> str:
     return Web3.to_checksum_address(address)

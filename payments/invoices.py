@@ -38,7 +38,7 @@ USED_ADDRESS_SKIPS = 10
 def _new_deposit_address(asset: config.Asset) -> tuple[int, str]:
     """The next child address. For the native coin an address that already holds coin or has sent a transaction is
     never issued: its index is skipped (and logged), since that coin would read as a payment when its balance is
-    reconciled, and an address that has sent cannot be reconciled (`transfers.native_balance_checks`)."""
+    reconciled, and an address that has sent cannot be reconciled (`balances.native_balance_checks`)."""
     for _attempt in range(USED_ADDRESS_SKIPS):
         index = DerivationSlot.objects.create().pk
         address = deposit_address(settings.PAYMENTS_XPUB, index)

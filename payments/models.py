@@ -79,7 +79,7 @@ class Invoice(models.Model):
     amount_confirmed_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     amount_pending_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     # When the native balance was last reconciled with the credits (coin paid by a contract has no transaction
-    # of its own to read); "I've paid" clears it, to be read first.
+    # of its own to read; payments/balances.py); "I've paid" clears it, to be read first.
     native_checked_at = models.DateTimeField(null=True, blank=True)
 
     # BTCPay Server's exception flags.
