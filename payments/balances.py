@@ -6,6 +6,10 @@ what the deposit addresses hold, independently of the cursor.
   monitoring window (such a payment near expiry is confirmed only after the scan expired the invoice), are read
   at the last block the scan has read; a rise that no recorded credit explains is credited, dated by the block
   where the balance rose (a bounded binary search), so that a payment made in time is judged in time.
+- A token payment can be missed by the scan's log reading (a lagging node that answered less than asked). For
+  open token invoices whose customer said "I've paid", the token balance is read at the confirmed block; when it
+  is higher than the recorded credits explain, the token's Transfer logs to that address alone are read over the
+  invoice's life and recorded like the scan's own (their (chain, transaction, log index) key: never counted twice).
 
 Every read is bounded per cycle, in invoices and in round trips; the chain is hostile input: a credit comes from a
 parsed log, or from balances read at blocks the scan has read. `payments/scanner.py` calls `balance_checks` once a
@@ -13,14 +17,16 @@ cycle, after its ranges are committed.
 """
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db.models import F
+from django.db import transaction
+from django.db.models import F, Q, Sum
 
 from payments import config
-from payments.chain import ChainClient, ChainUnavailable
+from payments.chain import ChainClient, ChainUnavailable, RangeNotReady, RangeRefused
 from payments.chain_answers import MAX_TRANSFER_UNITS, parse_timestamp
 from payments.models import ChainCursor, Invoice, Transfer
+from payments.transfers import WatchedAddress, apply_logs
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +36,21 @@ NATIVE_BALANCE_CHECKS_PER_CYCLE = 50
 # for the next cycle, first in line.
 RISES_DATED_PER_CYCLE = 5
 RISE_SEARCH_CALLS = 20  # 2**20 blocks: months on Ethereum, weeks on a 2-second chain
+# Token invoices whose customer said "I've paid", balance read in one cycle; each again at most this often.
+TOKEN_BALANCE_CHECKS_PER_CYCLE = 50
+TOKEN_RECHECK_AFTER = timedelta(minutes=10)
+# Address-filtered log reads in one cycle, each over at most LOG_SEARCH_CALLS ranges back from the confirmed
+# block, until a range starts before the invoice was created (less this margin for clocks that disagree).
+LOG_SEARCHES_PER_CYCLE = 5
+LOG_SEARCH_CALLS = 10
+CLOCK_MARGIN = timedelta(minutes=5)
 
 
 def balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
     """One cycle of the safety net. Returns how many balances were read."""
-    return native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now)
+    return native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now) + token_balance_checks(
+        chain=chain, client=client, confirmed=confirmed, now=now
+    )
 
 
 # --- native coin ---------------------------------------------------------------------------------------------
@@ -135,3 +151,102 @@ def _block_of_rise(
         else:
             below = middle
     return at_or_after
+
+
+# --- tokens --------------------------------------------------------------------------------------------------
+def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
+    """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE open token
+    invoices whose customer said "I've paid" (each again at most every TOKEN_RECHECK_AFTER, or at once after
+    another click); where it exceeds the credits in that token recorded up to that block, read that token's
+    transfers to that address over the invoice's life and record them. Returns how many balances were read."""
+    tokens = chain.token_contracts
+    if not tokens:
+        return 0
+    invoices = list(
+        Invoice.objects.filter(
+            chain_id=chain.chain_id,
+            asset_contract__in=list(tokens),
+            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
+            customer_paid_at__isnull=False,
+            monitor_until__gt=now,
+        )
+        .filter(Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER))
+        .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
+        .only("pk", "deposit_address", "asset_contract", "created_at")[:TOKEN_BALANCE_CHECKS_PER_CYCLE]
+    )
+    if not invoices:
+        return 0
+    balances = client.token_balances(
+        [(invoice.asset_contract, invoice.deposit_address) for invoice in invoices], block=confirmed
+    )
+    credited = {
+        (address, token): int(total or 0)
+        for address, token, total in Transfer.objects.filter(
+            chain_id=chain.chain_id,
+            to_address__in=[invoice.deposit_address for invoice in invoices],
+            block_number__lte=confirmed,
+        )
+        .exclude(status=Transfer.Status.REMOVED)
+        .values("to_address", "token_contract")
+        .annotate(total=Sum("amount_units"))
+        .values_list("to_address", "token_contract", "total")
+    }
+    checked, searched = [], 0
+    for invoice, balance in zip(invoices, balances, strict=True):
+        explained = credited.get((invoice.deposit_address, invoice.asset_contract), 0)
+        if balance is None or balance <= explained:
+            checked.append(invoice.pk)
+            continue
+        if searched >= LOG_SEARCHES_PER_CYCLE:
+            continue  # not marked checked: first in line next cycle
+        searched += 1
+        _search_token_transfers(chain=chain, client=client, invoice=invoice, confirmed=confirmed, now=now)
+        checked.append(invoice.pk)
+    Invoice.objects.filter(pk__in=checked).update(native_checked_at=now)
+    return len(invoices)
+
+
+def _search_token_transfers(
+    *, chain: config.Chain, client: ChainClient, invoice: Invoice, confirmed: int, now: datetime
+) -> None:
+    """Read the transfers of the invoice's token to its address, range by range back from the confirmed block,
+    until a range starts before the invoice was created (at most LOG_SEARCH_CALLS round trips; a range the
+    provider refuses is halved), and record them as the scan does."""
+    token, address = invoice.asset_contract, invoice.deposit_address
+    end, span, logs = confirmed, max(1, chain.max_block_range), []
+    born = invoice.created_at - CLOCK_MARGIN
+    for _call in range(LOG_SEARCH_CALLS):
+        start = max(0, end - span + 1)
+        try:
+            found, start_time = client.token_transfers_to(token=token, address=address, start=start, end=end)
+        except RangeRefused:
+            span = max(1, span // 2)
+            continue
+        except (RangeNotReady, ChainUnavailable) as exc:
+            logger.warning("chain %s: transfers to %s not read this cycle: %s", chain.chain_id, address, exc)
+            break
+        logs += found
+        started = parse_timestamp(start_time) if start_time else None
+        if start == 0 or (started is not None and started < born):
+            break
+        end = start - 1
+    if not logs:
+        logger.warning(
+            "chain %s: %s holds more %s than its credits explain, and no transfer to it was found",
+            chain.chain_id,
+            address,
+            token,
+        )
+        return
+    read = client.blocks(sorted({log.block_number for log in logs}))
+    with transaction.atomic():
+        apply_logs(
+            chain=chain,
+            logs=logs,
+            by_address={address: WatchedAddress(invoice_id=invoice.pk, asset_contract=invoice.asset_contract)},
+            seen=[],
+            confirmed=confirmed,
+            canonical={number: block_hash for number, (block_hash, _time) in read.items() if block_hash},
+            block_times={number: block_time for number, (block_hash, block_time) in read.items() if block_hash},
+            now=now,
+        )

@@ -610,6 +610,54 @@ class ChainClient:
         return transaction, receipt
 
     # --- the balance safety net (payments/balances.py) --------------------------------------------------------
+    def token_balances(self, holdings: list[tuple[str, str]], *, block: int) -> list[int | None]:
+        """`balanceOf(holder)` of each (token, holder) at `block`, in batched round trips of eth_call: None where
+        the token's answer is not one readable word (a call that reverts, a token that answers nothing)."""
+        size = max(1, min(MAX_BATCH, self.chain.max_batch))
+        selector = _keccak_hex("balanceOf(address)")[:10]
+        calls = [
+            ("eth_call", [{"to": token, "data": selector + _address_topic(holder)[2:]}, hex(block)])
+            for token, holder in holdings
+        ]
+        balances: list[int | None] = []
+        for offset in range(0, len(calls), size):
+            for result in self._batch_tolerant(calls[offset : offset + size]):
+                try:
+                    balances.append(parse_uint256(result))
+                except ValueError:
+                    balances.append(None)
+        return balances
+
+    def token_transfers_to(self, *, token: str, address: str, start: int, end: int) -> tuple[list[TransferLog], int]:
+        """The Transfer logs of `token` to `address` in [start, end] (filtered by the node: contract and recipient
+        topic), with the timestamp of block `start`, in one batched round trip; the range's last header comes in
+        the same batch, so that a node behind `end` cannot answer less than asked (RangeNotReady). RangeRefused
+        when the provider finds the range too wide."""
+        query = {
+            "fromBlock": hex(start),
+            "toBlock": hex(end),
+            "address": [token],
+            "topics": [TRANSFER_TOPIC, None, _address_topic(address)],
+        }
+
+        def covered(header) -> None:
+            if header is None:
+                raise Lagging(f"block {end}, the end of the range, not served with its logs")
+            if parse_quantity(header.get("number") if isinstance(header, dict) else None) != end:
+                raise ValueError(f"asked for block {end}, answered another")
+
+        raw, _covered, (_hash, start_time) = self._batch(
+            [
+                ("eth_getLogs", [query]),
+                ("eth_getBlockByNumber", [hex(end), False]),
+                ("eth_getBlockByNumber", [hex(start), False]),
+            ],
+            [parse_log_list, covered, parse_block_ref],
+        )
+        tokens = frozenset({token})
+        logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
+        return [log for log in logs if log.recipient == address], start_time
+
     def native_balance_at(self, address: str, *, block: int) -> int:
         """The native balance of `address` at `block`: one round trip."""
         return self.request("eth_getBalance", [address, hex(block)], parse_uint256)

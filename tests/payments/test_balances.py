@@ -1,18 +1,86 @@
-"""The balance safety net (payments/balances.py), on anvil: native coin paid by a contract shortly before expiry
-is credited as paid on time, even when the scan only runs after the expiry."""
+"""The balance safety net (payments/balances.py), on anvil: a token payment the cursor's log reading missed is
+found from the balance once the customer says "I've paid", and credited once under its own transaction; native
+coin paid by a contract shortly before expiry is credited as paid on time, even when the scan only runs after the
+expiry; a balance that rises in another token, or at another address, credits nothing."""
 
 from datetime import timedelta
 
 from booking.models import OrderStatus
-from payments import scanner
-from payments.models import Invoice, Transfer
+from payments import config, invoices, scanner
+from payments.demo import pay_invoice
+from payments.models import ChainCursor, Invoice, Transfer
+from payments.selectors import current_invoice
+from tests.booking.test_pages import place
 from tests.payments.test_native import pay_in_eth
+from tests.payments.test_safety_net import cursor_past_the_head
 
 CHAIN_ID = 31337
 
 
 def scan(**kwargs) -> scanner.ScanResult:
     return scanner.chain_scan(chain_id=CHAIN_ID, **kwargs)
+
+
+# --- tokens ----------------------------------------------------------------------------------------------------
+def test_a_token_payment_the_cursor_missed_is_found_from_the_balance_after_i_have_paid(client, chain, booking_data):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    assert invoice.asset_contract  # a token invoice
+    tx_hash = pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)  # the scan never reads that block
+    scan()
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and not Transfer.objects.filter(invoice=invoice).exists()
+
+    invoices.invoice_customer_paid(invoice=invoice)  # the check it asks for runs here (eager Celery)
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID
+    assert not invoice.paid_late and not invoice.paid_over
+    credit = Transfer.objects.get(invoice=invoice)
+    assert credit.tx_hash == tx_hash.lower() and credit.log_index >= 0  # the transfer itself, not a balance
+    assert credit.status == Transfer.Status.CONFIRMED and credit.block_time is not None
+
+    # The scan reads the block after all (the cursor put back), and "I've paid" again: still one credit.
+    ChainCursor.objects.filter(chain_id=CHAIN_ID).update(confirmed_block=0)
+    scan()
+    invoices.invoice_customer_paid(invoice=invoice)
+    invoice.refresh_from_db()
+    assert Transfer.objects.filter(invoice=invoice).count() == 1
+    assert invoice.amount_confirmed_units == invoice.amount_due_units and not invoice.paid_over
+
+
+def test_a_balance_that_rises_in_another_token_or_at_another_address_credits_nothing(client, chain, booking_data):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    other_order, _other_token = place(client, booking_data(lots="1"))
+    other = current_invoice(other_order)
+    payer = chain.accounts()[1]
+    # Another allow-listed token to this invoice's address, its own token to another invoice's address, and native
+    # coin to this address: all beyond what the scan's cursor read.
+    dusdt = config.chain(CHAIN_ID).asset("dUSDT").contract
+    assert dusdt != invoice.asset_contract
+    chain.mint(dusdt, payer, 10**9, sender=payer, contract="NoReturnToken")
+    chain.send_token(dusdt, invoice.deposit_address, 10**9, sender=payer, contract="NoReturnToken")
+    pay_invoice(chain, other)
+    chain.send_native(invoice.deposit_address, 10**18, sender=payer)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+
+    invoices.invoice_customer_paid(invoice=invoice)
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.native_checked_at is not None  # its balance was read
+    assert invoice.status == Invoice.Status.NEW and invoice.amount_confirmed_units == 0
+    assert order.status == OrderStatus.AWAITING_PAYMENT
+    assert not Transfer.objects.filter(invoice=invoice).exists()
+    assert not Transfer.objects.filter(to_address=invoice.deposit_address).exists()
+    # The other invoice's customer did not say they paid: its address is not searched (the hash, or an operator's
+    # re-check, are the way there).
+    assert not Transfer.objects.filter(invoice=other).exists()
 
 
 # --- native coin paid by a contract near expiry --------------------------------------------------------------------
