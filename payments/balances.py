@@ -200,20 +200,21 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
         if searched >= LOG_SEARCHES_PER_CYCLE:
             continue  # not marked checked: first in line next cycle
         searched += 1
-        _search_token_transfers(chain=chain, client=client, invoice=invoice, confirmed=confirmed, now=now)
-        checked.append(invoice.pk)
+        if _search_token_transfers(chain=chain, client=client, invoice=invoice, confirmed=confirmed, now=now):
+            checked.append(invoice.pk)  # else read again next cycle, first in line
     Invoice.objects.filter(pk__in=checked).update(native_checked_at=now)
     return len(invoices)
 
 
 def _search_token_transfers(
     *, chain: config.Chain, client: ChainClient, invoice: Invoice, confirmed: int, now: datetime
-) -> None:
+) -> bool:
     """Read the transfers of the invoice's token to its address, range by range back from the confirmed block,
     until a range starts before the invoice was created (at most LOG_SEARCH_CALLS round trips; a range the
-    provider refuses is halved), and record them as the scan does."""
+    provider refuses is halved), and record them as the scan does. False when no URL could serve a range yet
+    (lagging behind the confirmed block): what was read is recorded, the search runs again next cycle."""
     token, address = invoice.asset_contract, invoice.deposit_address
-    end, span, logs = confirmed, max(1, chain.max_block_range), []
+    end, span, logs, complete = confirmed, max(1, chain.max_block_range), [], True
     born = invoice.created_at - CLOCK_MARGIN
     for _call in range(LOG_SEARCH_CALLS):
         start = max(0, end - span + 1)
@@ -224,6 +225,7 @@ def _search_token_transfers(
             continue
         except (RangeNotReady, ChainUnavailable) as exc:
             logger.warning("chain %s: transfers to %s not read this cycle: %s", chain.chain_id, address, exc)
+            complete = False
             break
         logs += found
         started = parse_timestamp(start_time) if start_time else None
@@ -231,13 +233,14 @@ def _search_token_transfers(
             break
         end = start - 1
     if not logs:
-        logger.warning(
-            "chain %s: %s holds more %s than its credits explain, and no transfer to it was found",
-            chain.chain_id,
-            address,
-            token,
-        )
-        return
+        if complete:  # a token that moves balances without a Transfer log, or a transfer older than the search
+            logger.warning(
+                "chain %s: %s holds more %s than its credits explain, and no transfer to it was found",
+                chain.chain_id,
+                address,
+                token,
+            )
+        return complete
     read = client.blocks(sorted({log.block_number for log in logs}))
     with transaction.atomic():
         apply_logs(
@@ -250,3 +253,4 @@ def _search_token_transfers(
             block_times={number: block_time for number, (block_hash, block_time) in read.items() if block_hash},
             now=now,
         )
+    return complete

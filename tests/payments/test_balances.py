@@ -5,8 +5,10 @@ expiry; a balance that rises in another token, or at another address, credits no
 
 from datetime import timedelta
 
+import pytest
+
 from booking.models import OrderStatus
-from payments import config, invoices, scanner
+from payments import balances, config, invoices, scanner
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
@@ -81,6 +83,54 @@ def test_a_balance_that_rises_in_another_token_or_at_another_address_credits_not
     # The other invoice's customer did not say they paid: its address is not searched (the hash, or an operator's
     # re-check, are the way there).
     assert not Transfer.objects.filter(invoice=other).exists()
+
+
+def test_the_search_for_a_missed_token_payment_is_bounded_and_asks_for_that_address_only(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    narrow = proxies(max_range=64)  # a provider stricter than the chains file says: ranges are halved
+    use_chains_file(narrow.url)
+    chain.mine(100)  # more blocks than the provider serves at once
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    tx_hash = pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    asked_before = len(narrow.log_queries)
+
+    invoices.invoice_customer_paid(invoice=invoice)
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    assert Transfer.objects.get(invoice=invoice).tx_hash == tx_hash.lower()
+    searched = narrow.log_queries[asked_before:]
+    assert narrow.refused["range"] >= 1 and 1 <= len(searched) <= balances.LOG_SEARCH_CALLS
+    recipient = "0x" + "0" * 24 + invoice.deposit_address.removeprefix("0x")
+    assert all(query["address"] == [invoice.asset_contract] for query in searched)
+    assert all(query["topics"][2] == recipient for query in searched)
+
+
+@pytest.mark.parametrize("refusal", ["block range extends beyond current head block: head {head}", None])
+def test_a_missed_token_payment_waits_for_a_lagging_logs_backend_then_is_credited(
+    client, chain, booking_data, proxies, use_chains_file, refusal
+):
+    balanced = proxies(logs_lag=6, logs_lag_error=refusal)  # eth_getLogs reaches a backend 6 blocks behind
+    use_chains_file(balanced.url)
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+
+    invoices.invoice_customer_paid(invoice=invoice)
+
+    # Its answer is not taken for "nothing there": the search runs again at the next cycle, not in ten minutes.
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and invoice.native_checked_at is None
+    balanced.logs_lag = 0
+    scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
 
 
 # --- native coin paid by a contract near expiry --------------------------------------------------------------------
