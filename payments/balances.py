@@ -24,7 +24,7 @@ from django.db.models import F, Q, Sum
 
 from payments import config
 from payments.chain import ChainClient, ChainUnavailable, RangeNotReady, RangeRefused
-from payments.chain_answers import MAX_TRANSFER_UNITS, parse_timestamp
+from payments.chain_answers import MAX_TRANSFER_UNITS, BlockRange, parse_timestamp
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.transfers import WatchedAddress, apply_logs
 
@@ -97,12 +97,52 @@ def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed
             rise = _block_of_rise(
                 client=client, address=address, credits=credits.get(address, []), unexplained=unexplained, block=read_to
             )
-            rise_hash, rise_time = client.blocks([rise])[rise]
+            rise_block = client.block_range(start=rise, end=rise, recipients=frozenset({address}))
         except ChainUnavailable as exc:
             logger.warning("chain %s: the rise of %s's balance could not be dated: %s", chain.chain_id, address, exc)
             continue
-        if not rise_hash:
+        if not rise_block.blocks.get(rise, ("", 0))[0]:
             continue
+        _credit_rise(chain=chain, invoice=invoice, rise=rise, rise_block=rise_block, unexplained=unexplained, now=now)
+        checked.append(invoice.pk)
+    Invoice.objects.filter(pk__in=checked).update(native_checked_at=now)
+    return len(invoices)
+
+
+def _credit_rise(
+    *, chain: config.Chain, invoice: Invoice, rise: int, rise_block: BlockRange, unexplained: int, now: datetime
+) -> None:
+    """Credit the `unexplained` coin that reached the invoice's address in block `rise`. A successful transaction
+    of that block paying the address (a direct payment the scan did not record: its cursor was moved past it) is
+    credited under its own hash, as the scan or a pasted hash would: never twice. What remains came from a
+    contract and is credited as "balance:<address>:<block>", dated by that block."""
+    address = invoice.deposit_address
+    rise_hash, rise_time = rise_block.blocks[rise]
+    recorded = set(
+        Transfer.objects.filter(
+            chain_id=chain.chain_id, log_index=-1, tx_hash__in=[direct.tx_hash for direct in rise_block.transfers]
+        ).values_list("tx_hash", flat=True)
+    )
+    direct = [
+        payment
+        for payment in rise_block.transfers
+        if payment.recipient == address and payment.tx_hash not in recorded and payment.block_hash == rise_hash
+    ]
+    with transaction.atomic():
+        if direct:
+            apply_logs(
+                chain=chain,
+                logs=direct,
+                by_address={address: WatchedAddress(invoice_id=invoice.pk, asset_contract="")},
+                seen=[],
+                confirmed=rise,
+                canonical={rise: rise_hash},
+                block_times={rise: rise_time},
+                now=now,
+            )
+        remainder = unexplained - sum(payment.amount for payment in direct)
+        if remainder <= 0:
+            return
         Transfer.objects.get_or_create(
             chain_id=chain.chain_id,
             tx_hash=f"balance:{address}:{rise}",
@@ -112,16 +152,13 @@ def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed
                 "block_hash": rise_hash,
                 "block_time": parse_timestamp(rise_time) if rise_time else None,
                 "to_address": address,
-                "amount_units": min(unexplained, MAX_TRANSFER_UNITS),
+                "amount_units": min(remainder, MAX_TRANSFER_UNITS),
                 "invoice": invoice,
                 "status": Transfer.Status.CONFIRMED,
                 "first_seen_at": now,
                 "confirmed_at": now,
             },
         )
-        checked.append(invoice.pk)
-    Invoice.objects.filter(pk__in=checked).update(native_checked_at=now)
-    return len(invoices)
 
 
 def _read_up_to(*, chain_id: int, confirmed: int) -> int:

@@ -209,3 +209,20 @@ def test_a_contract_payment_after_expiry_is_judged_late(client, chain, booking_d
     credit = Transfer.objects.get(invoice=invoice)
     assert credit.block_number == paid_block
     assert invoice.paid_late and invoice.amount_confirmed_units == invoice.amount_due_units
+
+
+def test_a_direct_payment_the_cursor_missed_is_credited_under_its_own_hash_once(client, chain, booking_data):
+    order, invoice = pay_in_eth(client, booking_data)
+    tx_hash = pay_invoice(chain, invoice)  # a plain transfer to the address, in a block the cursor passes
+    chain.mine(3)
+    cursor_past_the_head(chain)
+
+    scan()
+    # The customer then pastes the hash: the payment is not counted a second time.
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx_hash)
+
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID
+    assert invoice.amount_confirmed_units == invoice.amount_due_units and not invoice.paid_over
+    assert list(Transfer.objects.filter(invoice=invoice).values_list("tx_hash", "log_index")) == [(tx_hash, -1)]
