@@ -13,6 +13,7 @@ from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
+from tests.payments.conftest import chains_toml
 from tests.payments.test_native import pay_in_eth
 from tests.payments.test_safety_net import cursor_past_the_head
 
@@ -131,6 +132,36 @@ def test_a_missed_token_payment_waits_for_a_lagging_logs_backend_then_is_credite
     scan()
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
+
+
+def test_token_balances_are_read_through_multicall3_where_the_chains_file_names_it(
+    client, chain, booking_data, proxies, settings, tmp_path
+):
+    multicall = chain.deploy("Multicall3", sender=chain.accounts()[3])
+    counting = proxies()
+    path = tmp_path / "chains.toml"
+    path.write_text(
+        chains_toml(counting.url).replace("confirmations = 3", f'confirmations = 3\nmulticall3 = "{multicall}"')
+    )
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    assert config.chain(CHAIN_ID).multicall3 == multicall
+    orders = [place(client, booking_data(lots="1"))[0] for _ in range(2)]
+    paid, unpaid = (current_invoice(order) for order in orders)
+    tx_hash = pay_invoice(chain, paid)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    Invoice.objects.filter(pk=unpaid.pk).update(customer_paid_at=unpaid.created_at)  # also said they paid
+    counting.reset_counts()
+
+    invoices.invoice_customer_paid(invoice=paid)
+
+    # Both balances in one eth_call: the unpaid one shows nothing to search, the paid one its transfer.
+    assert counting.calls["eth_call"] == 1
+    assert Invoice.objects.get(pk=unpaid.pk).native_checked_at is not None
+    assert Invoice.objects.get(pk=paid.pk).status == Invoice.Status.SETTLED
+    assert list(Transfer.objects.filter(invoice__in=[paid, unpaid]).values_list("tx_hash", flat=True)) == [
+        tx_hash.lower()
+    ]
 
 
 # --- native coin paid by a contract near expiry --------------------------------------------------------------------
