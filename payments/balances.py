@@ -193,9 +193,10 @@ def _block_of_rise(
 # --- tokens --------------------------------------------------------------------------------------------------
 def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
     """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE open token
-    invoices whose customer said "I've paid" (each again at most every TOKEN_RECHECK_AFTER, or at once after
-    another click); where it exceeds the credits in that token recorded up to that block, read that token's
-    transfers to that address over the invoice's life and record them. Returns how many balances were read."""
+    invoices whose customer said "I've paid", or for which an admin asked a re-check (each again at most every
+    TOKEN_RECHECK_AFTER, or at once after another request); where it exceeds the credits in that token recorded
+    up to that block, read that token's transfers to that address over the invoice's life and record them.
+    Returns how many balances were read."""
     tokens = chain.token_contracts
     if not tokens:
         return 0
@@ -204,9 +205,9 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
             chain_id=chain.chain_id,
             asset_contract__in=list(tokens),
             status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
-            customer_paid_at__isnull=False,
             monitor_until__gt=now,
         )
+        .filter(Q(customer_paid_at__isnull=False) | Q(check_requested_at__isnull=False))
         .filter(Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER))
         .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
         .only("pk", "deposit_address", "asset_contract", "created_at")[:TOKEN_BALANCE_CHECKS_PER_CYCLE]

@@ -217,6 +217,10 @@ def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bo
     invoice = Invoice.objects.filter(pk=invoice_id).first()
     if invoice is None:
         return False
+    # Asked, and its balance read first at the next scan, whoever asked (payments/balances.py): a payment the
+    # cursor passed is found from there. Written before the check is queued, which may run at once. Bookkeeping
+    # no page shows: no save, no cache to follow.
+    Invoice.objects.filter(pk=invoice_id).update(native_checked_at=None, check_requested_at=now)
     if not cache.add(check_pending_key(invoice_id), True, timeout=CHECK_PENDING_SECONDS):
         # A check of this invoice is already queued or retrying: another press starts no second chain of retries.
         invoice.check_requested_at = now

@@ -6,6 +6,7 @@ expiry; a balance that rises in another token, or at another address, credits no
 from datetime import timedelta
 
 import pytest
+from django.urls import reverse
 
 from booking.models import OrderStatus
 from payments import balances, config, invoices, scanner
@@ -53,6 +54,24 @@ def test_a_token_payment_the_cursor_missed_is_found_from_the_balance_after_i_hav
     invoice.refresh_from_db()
     assert Transfer.objects.filter(invoice=invoice).count() == 1
     assert invoice.amount_confirmed_units == invoice.amount_due_units and not invoice.paid_over
+
+
+def test_an_admins_recheck_finds_a_token_payment_the_cursor_missed(client, chain, booking_data, admin_user):
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    invoices.invoice_customer_paid(invoice=invoice)  # too early: its balance is read, and shows nothing yet
+    assert Invoice.objects.get(pk=invoice.pk).native_checked_at is not None
+    pay_invoice(chain, invoice)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    client.force_login(admin_user)
+
+    client.post(
+        reverse("admin:payments_invoice_changelist"), {"action": "recheck_on_chain", "_selected_action": [invoice.pk]}
+    )
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
 
 
 def test_a_balance_that_rises_in_another_token_or_at_another_address_credits_nothing(client, chain, booking_data):
