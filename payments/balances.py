@@ -5,11 +5,13 @@ what the deposit addresses hold, independently of the cursor.
   an exchange's batch payout). The balances of open native-coin invoices, and of those expired within their
   monitoring window (such a payment near expiry is confirmed only after the scan expired the invoice), are read
   at the last block the scan has read; a rise that no recorded credit explains is credited, dated by the block
-  where the balance rose (a bounded binary search), so that a payment made in time is judged in time.
+  where the balance rose (a bounded binary search), so that a payment made in time is judged in time; a direct
+  transfer found in that block (its block passed by the cursor) is credited under its own hash instead.
 - A token payment can be missed by the scan's log reading (a lagging node that answered less than asked). For
-  open token invoices whose customer said "I've paid", the token balance is read at the confirmed block; when it
-  is higher than the recorded credits explain, the token's Transfer logs to that address alone are read over the
-  invoice's life and recorded like the scan's own (their (chain, transaction, log index) key: never counted twice).
+  open token invoices whose customer said "I've paid" (or that an admin re-checked), the token balance is read at
+  the confirmed block (one batch, or one call through the chain's Multicall3); when it is higher than the
+  recorded credits explain, the token's Transfer logs to that address alone are read over the invoice's life and
+  recorded like the scan's own (their (chain, transaction, log index) key: never counted twice).
 
 Every read is bounded per cycle, in invoices and in round trips; the chain is hostile input: a credit comes from a
 parsed log, or from balances read at blocks the scan has read. `payments/scanner.py` calls `balance_checks` once a
