@@ -673,6 +673,97 @@ class ChainClient:
         )
         return transaction, receipt
 
+    # --- the balance safety net (payments/balances.py) --------------------------------------------------------
+    # Calls aggregated in one Multicall3 eth_call (well within a node's eth_call gas cap for balanceOf reads).
+    MULTICALL_SIZE = 500
+
+    def token_balances(self, holdings: list[tuple[str, str]], *, block: int) -> list[int | None]:
+        """`balanceOf(holder)` of each (token, holder) at `block`: None where the token's answer is not one
+        readable word (a call that reverts, a token that answers nothing). Through the chain's Multicall3 where
+        the chains file names it (one eth_call for many), else in batched round trips of eth_call."""
+        selector = _keccak_hex("balanceOf(address)")[:10]
+        datas = [(token, selector + _address_topic(holder)[2:]) for token, holder in holdings]
+        if self.chain.multicall3:
+            balances = self._multicall_words(datas, block=block)
+            if balances is not None:
+                return balances
+        size = max(1, min(MAX_BATCH, self.chain.max_batch))
+        calls = [("eth_call", [{"to": token, "data": data}, hex(block)]) for token, data in datas]
+        balances = []
+        for offset in range(0, len(calls), size):
+            for result in self._batch_tolerant(calls[offset : offset + size]):
+                try:
+                    balances.append(parse_uint256(result))
+                except ValueError:
+                    balances.append(None)
+        return balances
+
+    def _multicall_words(self, datas: list[tuple[str, str]], *, block: int) -> list[int | None] | None:
+        """Each (target, call data) answered through Multicall3's `aggregate3` (failures allowed), as one 32-byte
+        word each (None for a failed call or another answer), `MULTICALL_SIZE` calls an eth_call, in one batched
+        round trip. None when the aggregate itself cannot be read (no contract there, a malformed answer): the
+        caller reads them one by one instead."""
+        selector = _keccak_hex("aggregate3((address,bool,bytes)[])")[:10]
+        codec = Web3().codec
+        calls = []
+        for offset in range(0, len(datas), self.MULTICALL_SIZE):
+            part = [
+                (checksum(target), True, bytes.fromhex(data.removeprefix("0x")))
+                for target, data in datas[offset : offset + self.MULTICALL_SIZE]
+            ]
+            encoded = "0x" + codec.encode(["(address,bool,bytes)[]"], [part]).hex()
+            calls.append(("eth_call", [{"to": self.chain.multicall3, "data": selector + encoded[2:]}, hex(block)]))
+        words: list[int | None] = []
+        size = max(1, min(MAX_BATCH, self.chain.max_batch))
+        for offset in range(0, len(calls), size):
+            for result in self._batch_tolerant(calls[offset : offset + size]):
+                try:
+                    (answers,) = codec.decode(["(bool,bytes)[]"], bytes.fromhex(result.removeprefix("0x")))
+                except Exception:  # no contract (an empty answer), or not Multicall3's: read one by one
+                    logger.warning(
+                        "chain %s: Multicall3 at %s did not answer", self.chain.chain_id, self.chain.multicall3
+                    )
+                    return None
+                words += [
+                    int.from_bytes(answer, "big") if success and len(answer) == 32 else None
+                    for success, answer in answers
+                ]
+        return words if len(words) == len(datas) else None
+
+    def token_transfers_to(self, *, token: str, address: str, start: int, end: int) -> tuple[list[TransferLog], int]:
+        """The Transfer logs of `token` to `address` in [start, end] (filtered by the node: contract and recipient
+        topic), with the timestamp of block `start`, in one batched round trip; the range's last header comes in
+        the same batch, so that a node behind `end` cannot answer less than asked (RangeNotReady). RangeRefused
+        when the provider finds the range too wide."""
+        query = {
+            "fromBlock": hex(start),
+            "toBlock": hex(end),
+            "address": [token],
+            "topics": [TRANSFER_TOPIC, None, _address_topic(address)],
+        }
+
+        def covered(header) -> None:
+            if header is None:
+                raise Lagging(f"block {end}, the end of the range, not served with its logs")
+            if parse_quantity(header.get("number") if isinstance(header, dict) else None) != end:
+                raise ValueError(f"asked for block {end}, answered another")
+
+        raw, _covered, (_hash, start_time) = self._batch(
+            [
+                ("eth_getLogs", [query]),
+                ("eth_getBlockByNumber", [hex(end), False]),
+                ("eth_getBlockByNumber", [hex(start), False]),
+            ],
+            [parse_log_list, covered, parse_block_ref],
+        )
+        tokens = frozenset({token})
+        logs = [log for entry in raw if (log := parse_transfer_log(entry, tokens=tokens)) is not None]
+        return [log for log in logs if log.recipient == address], start_time
+
+    def native_balance_at(self, address: str, *, block: int) -> int:
+        """The native balance of `address` at `block`: one round trip."""
+        return self.request("eth_getBalance", [address, hex(block)], parse_uint256)
+
 
 def checksum(address: str) -> str:
     return Web3.to_checksum_address(address)

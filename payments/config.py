@@ -9,6 +9,7 @@
     native_symbol = "ETH"
     max_block_range = 2000             # largest eth_getLogs range asked at once (the providers' cap, if lower)
     max_batch = 1000                   # most calls in one JSON-RPC batch (the providers' cap, if lower)
+    multicall3 = "0xcA11…"             # optional: Multicall3 on this chain; token balances are read through it
 
       [[chains.assets]]
       symbol = "USDC"
@@ -84,6 +85,7 @@ class Chain:
     max_block_range: int = 2000
     max_batch: int = 1000
     assets: tuple[Asset, ...] = field(default_factory=tuple)
+    multicall3: str = ""  # lower-case hex; empty: token balances are read by a batch of eth_call
 
     def asset(self, symbol: str) -> Asset | None:
         return next((asset for asset in self.assets if asset.symbol == symbol), None)
@@ -191,6 +193,9 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             )
         if len({asset.symbol for asset in assets}) != len(assets):
             raise _fail(path, f"chain {chain_id}: an asset symbol is listed twice")
+        multicall3 = raw.get("multicall3", "")
+        if multicall3 and not (isinstance(multicall3, str) and _ADDRESS.fullmatch(multicall3)):
+            raise _fail(path, f"chain {chain_id}: multicall3 {multicall3!r} is not an address")
         chains[chain_id] = Chain(
             chain_id=chain_id,
             name=str(raw.get("name") or f"Chain {chain_id}"),
@@ -203,6 +208,7 @@ def parse_chains(text: str, *, path: Path = Path("<chains>")) -> dict[int, Chain
             max_block_range=limits["max_block_range"],
             max_batch=limits["max_batch"],
             assets=tuple(assets),
+            multicall3=multicall3.lower(),
         )
     return chains
 

@@ -38,7 +38,7 @@ USED_ADDRESS_SKIPS = 10
 def _new_deposit_address(asset: config.Asset) -> tuple[int, str]:
     """The next child address. For the native coin an address that already holds coin or has sent a transaction is
     never issued: its index is skipped (and logged), since that coin would read as a payment when its balance is
-    reconciled, and an address that has sent cannot be reconciled (`transfers.native_balance_checks`)."""
+    reconciled, and an address that has sent cannot be reconciled (`balances.native_balance_checks`)."""
     for _attempt in range(USED_ADDRESS_SKIPS):
         index = DerivationSlot.objects.create().pk
         address = deposit_address(settings.PAYMENTS_XPUB, index)
@@ -217,6 +217,10 @@ def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bo
     invoice = Invoice.objects.filter(pk=invoice_id).first()
     if invoice is None:
         return False
+    # Asked, and its balance read first at the next scan, whoever asked (payments/balances.py): a payment the
+    # cursor passed is found from there. Written before the check is queued, which may run at once. Bookkeeping
+    # no page shows: no save, no cache to follow.
+    Invoice.objects.filter(pk=invoice_id).update(native_checked_at=None, check_requested_at=now)
     if not cache.add(check_pending_key(invoice_id), True, timeout=CHECK_PENDING_SECONDS):
         # A check of this invoice is already queued or retrying: another press starts no second chain of retries.
         invoice.check_requested_at = now

@@ -78,8 +78,9 @@ class Invoice(models.Model):
     # What the chain says, recomputed by every scan from the Transfer rows.
     amount_confirmed_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
     amount_pending_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
-    # When the native balance was last reconciled with the credits (coin paid by a contract has no transaction
-    # of its own to read); "I've paid" clears it, to be read first.
+    # When the balance was last reconciled with the credits (payments/balances.py): the native coin's (coin paid by
+    # a contract has no transaction of its own to read), or the token's after "I've paid" (a transfer the scan's
+    # log reading missed). "I've paid" clears it, to be read first.
     native_checked_at = models.DateTimeField(null=True, blank=True)
 
     # BTCPay Server's exception flags.

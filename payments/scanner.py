@@ -24,13 +24,13 @@ from django.utils import timezone
 
 from booking import services as booking
 from booking.models import OrderStatus
-from payments import config
+from payments import balances, config
 from payments.chain import ChainClient, ChainUnavailable
 from payments.chain_answers import TransferLog
 from payments.invoices import lock_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.settlement import invoice_apply_chain_state
-from payments.transfers import WatchedAddress, apply_logs, native_balance_checks
+from payments.transfers import WatchedAddress, apply_logs
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class ScanResult:
     failed_invoices: int = 0
     rpc_calls: int = 0
     unread: int = 0  # (block, contract, address) left unread in blocks crowded beyond the provider's cap
-    balance_checks: int = 0  # native balances read for payments no transaction explains
+    balance_checks: int = 0  # balances read for payments the cursor's reading did not show (payments/balances.py)
     not_ready_from: int | None = None  # the first block no URL could serve logs for yet: read again next cycle
     settled: list[int] = field(default_factory=list)
 
@@ -207,7 +207,7 @@ def _scan(
         result.ranges += 1
     result.unread = len(client.unread)
     result.not_ready_from = client.not_ready_from
-    result.balance_checks = native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now)
+    result.balance_checks = balances.balance_checks(chain=chain, client=client, confirmed=confirmed, now=now)
     invoices = _invoices_to_review(chain.chain_id, now)
     result.settled = _move_invoices(invoices=invoices, head=head, result=result, now=now)
     _mark_checked(cursor=cursor, invoices=invoices, head=head, now=now)

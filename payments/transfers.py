@@ -1,9 +1,8 @@
 """The `Transfer` rows a scan writes: what one block range shows (credits recorded, confirmed once their block is
-final and canonical, removed when a reorganisation replaced their block) and the native coin that reached a
-deposit address without a transaction to it, found by reading balances. The chain is hostile input: every credit
-comes from a parsed log or transaction (`payments/chain_answers.py`) or a balance read at a confirmed block, each
-is stored in its own savepoint, and a credit, once confirmed, is never revisited. `payments/scanner.py` decides
-what to read and commits each range with its cursor.
+final and canonical, removed when a reorganisation replaced their block). The chain is hostile input: every credit
+comes from a parsed log or transaction (`payments/chain_answers.py`), each is stored in its own savepoint, and a
+credit, once confirmed, is never revisited. `payments/scanner.py` decides what to read and commits each range
+with its cursor; what balances show beyond it is `payments/balances.py`.
 """
 
 import logging
@@ -11,12 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import DatabaseError, transaction
-from django.db.models import F, Sum
 
 from payments import config
-from payments.chain import ChainClient
-from payments.chain_answers import MAX_TRANSFER_UNITS, TransferLog, parse_timestamp
-from payments.models import Invoice, Transfer
+from payments.chain_answers import TransferLog, parse_timestamp
+from payments.models import Transfer
 
 logger = logging.getLogger(__name__)
 
@@ -113,64 +110,3 @@ def _record_transfer(
         changed = True
     if changed:
         transfer.save()
-
-
-# Native-coin invoices whose balance is read in one cycle, for coin that no transaction explains.
-NATIVE_BALANCE_CHECKS_PER_CYCLE = 50
-
-
-def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
-    """Native coin can arrive without a transaction to the address: a contract pays it on (an exchange's batch
-    payout, a smart-contract wallet). Each cycle reads, at the confirmed block, the balance and nonce of at most
-    NATIVE_BALANCE_CHECKS_PER_CYCLE open native-coin invoices: those whose customer said "I've paid" since their
-    last check first (the click clears it), then those checked longest ago. Where the address never sent a
-    transaction (nonce 0: no sweep, no fee, nothing left it), its balance is exactly what it received; what
-    exceeds the credits already recorded up to that block is credited, bound to that block. An address that has
-    sent a transaction (swept while a payment was awaited) is not reconciled this way: its direct payments still
-    count. Returns how many balances were read."""
-    invoices = list(
-        Invoice.objects.filter(
-            chain_id=chain.chain_id,
-            asset_contract="",
-            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
-            monitor_until__gt=now,
-        )
-        .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
-        .only("pk", "deposit_address")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
-    )
-    if not invoices:
-        return 0
-    addresses = [invoice.deposit_address for invoice in invoices]
-    (block_hash, block_time), readings = client.native_balances(addresses, block=confirmed)
-    credited = dict(
-        Transfer.objects.filter(
-            chain_id=chain.chain_id, token_contract="", to_address__in=addresses, block_number__lte=confirmed
-        )
-        .exclude(status=Transfer.Status.REMOVED)
-        .values("to_address")
-        .annotate(total=Sum("amount_units"))
-        .values_list("to_address", "total")
-    )
-    with transaction.atomic():
-        for invoice, (balance, nonce) in zip(invoices, readings, strict=True):
-            unexplained = balance - int(credited.get(invoice.deposit_address) or 0)
-            if nonce or unexplained <= 0 or not block_hash:
-                continue
-            Transfer.objects.get_or_create(
-                chain_id=chain.chain_id,
-                tx_hash=f"balance:{invoice.deposit_address}:{confirmed}",
-                log_index=-1,
-                defaults={
-                    "block_number": confirmed,
-                    "block_hash": block_hash,
-                    "block_time": parse_timestamp(block_time) if block_time else None,
-                    "to_address": invoice.deposit_address,
-                    "amount_units": min(unexplained, MAX_TRANSFER_UNITS),
-                    "invoice": invoice,
-                    "status": Transfer.Status.CONFIRMED,
-                    "first_seen_at": now,
-                    "confirmed_at": now,
-                },
-            )
-        Invoice.objects.filter(pk__in=[invoice.pk for invoice in invoices]).update(native_checked_at=now)
-    return len(invoices)

@@ -41,6 +41,7 @@ def test_rpc_urls_take_provider_keys_from_the_environment(monkeypatch):
         (("decimals = 6", "decimals = 99"), "decimals must be an integer"),
         (("[[chains]]", "[[chains]"), "not valid TOML"),
         (("${DEMO_RPC_URL:-http://127.0.0.1:8545}", "ftp://node"), r"rpc_urls must list http\(s\) URLs"),
+        (("confirmations = 3", 'confirmations = 3\nmulticall3 = "0xcA11"'), "multicall3 '0xcA11' is not an address"),
     ],
 )
 def test_mistakes_stop_with_a_message(change, message):

@@ -6,7 +6,7 @@ import time
 from django.conf import settings
 
 from booking.models import OrderStatus
-from payments import invoices, scanner, transfers
+from payments import balances, invoices, scanner
 from payments.addresses import deposit_addresses
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice
@@ -43,7 +43,7 @@ def test_an_honest_payment_among_10000_open_invoices_is_credited_within_the_targ
     crowd, _ = place(client, booking_data(lots="1", contact_email="crowd@example.org"))
     in_coin, _ = place(client, booking_data(lots="1", contact_email="coin@example.org"))
     native = invoices.invoice_change_asset(order=in_coin, asset_key="31337:ETH")
-    crowd_invoices(native, transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE)
+    crowd_invoices(native, balances.NATIVE_BALANCE_CHECKS_PER_CYCLE)
     scanner.chain_scan(chain_id=31337)
     waiting = current_invoice(crowd)  # as it is before its payment: the model of the crowd
     pay_invoice(chain, waiting)
@@ -53,7 +53,7 @@ def test_an_honest_payment_among_10000_open_invoices_is_credited_within_the_targ
     alone = (strict.requests, strict.largest_request)
 
     crowd_invoices(waiting, OPEN_INVOICES // 2)
-    crowd_invoices(native, OPEN_INVOICES // 2 - transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE - 3)
+    crowd_invoices(native, OPEN_INVOICES // 2 - balances.NATIVE_BALANCE_CHECKS_PER_CYCLE - 3)
     order, _ = place(client, booking_data(lots="1"))
     pay_invoice(chain, current_invoice(order))
     chain.mine(2)
@@ -66,6 +66,6 @@ def test_an_honest_payment_among_10000_open_invoices_is_credited_within_the_targ
     order.refresh_from_db()
     assert result.invoices >= OPEN_INVOICES and order.status == OrderStatus.PAID
     assert elapsed < 2, f"a scan of {result.invoices} open invoices took {elapsed:.2f} s"
-    assert result.balance_checks == alone_result.balance_checks == transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE
+    assert result.balance_checks == alone_result.balance_checks == balances.NATIVE_BALANCE_CHECKS_PER_CYCLE
     # The same calls; the largest request (the balances batch) the same but for longer block numbers in hex.
     assert strict.requests == alone[0] and strict.largest_request <= alone[1] + 4 * result.balance_checks

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from booking.models import OrderStatus
-from payments import invoices, scanner, transfers
+from payments import balances, invoices, scanner
 from payments.addresses import deposit_address
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice, Transfer
@@ -135,8 +135,8 @@ def test_a_payment_by_an_internal_transaction_from_a_contract_is_credited(client
 def test_a_payment_by_a_contract_is_found_at_once_among_many_after_i_have_paid(client, chain, booking_data):
     """Balances are reconciled a bounded number a cycle; the customer's "I've paid" puts theirs first."""
     order, invoice = pay_in_eth(client, booking_data)
-    crowd_invoices(invoice, 3 * transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE)
-    assert scan().balance_checks == transfers.NATIVE_BALANCE_CHECKS_PER_CYCLE
+    crowd_invoices(invoice, 3 * balances.NATIVE_BALANCE_CHECKS_PER_CYCLE)
+    assert scan().balance_checks == balances.NATIVE_BALANCE_CHECKS_PER_CYCLE
     payer = chain.accounts()[2]
     forwarder = chain.deploy("PaymentForwarder", sender=payer)
     chain.call(

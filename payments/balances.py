@@ -1,0 +1,296 @@
+"""The balance safety net: payments that the cursor's reading of logs and blocks cannot show, found by reading
+what the deposit addresses hold, independently of the cursor.
+
+- Native coin can reach an address without a transaction to it: a contract pays it on (a smart-contract wallet,
+  an exchange's batch payout). The balances of open native-coin invoices, and of those expired within their
+  monitoring window (such a payment near expiry is confirmed only after the scan expired the invoice), are read
+  at the last block the scan has read; a rise that no recorded credit explains is credited, dated by the block
+  where the balance rose (a bounded binary search), so that a payment made in time is judged in time; a direct
+  transfer found in that block (its block passed by the cursor) is credited under its own hash instead.
+- A token payment can be missed by the scan's log reading (a lagging node that answered less than asked). For
+  open token invoices whose customer said "I've paid" (or that an admin re-checked), the token balance is read at
+  the confirmed block (one batch, or one call through the chain's Multicall3); when it is higher than the
+  recorded credits explain, the token's Transfer logs to that address alone are read over the invoice's life and
+  recorded like the scan's own (their (chain, transaction, log index) key: never counted twice).
+
+Every read is bounded per cycle, in invoices and in round trips; the chain is hostile input: a credit comes from a
+parsed log, or from balances read at blocks the scan has read. `payments/scanner.py` calls `balance_checks` once a
+cycle, after its ranges are committed.
+"""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F, Q, Sum
+
+from payments import config
+from payments.chain import ChainClient, ChainUnavailable, RangeNotReady, RangeRefused
+from payments.chain_answers import MAX_TRANSFER_UNITS, BlockRange, parse_timestamp
+from payments.models import ChainCursor, Invoice, Transfer
+from payments.transfers import WatchedAddress, apply_logs
+
+logger = logging.getLogger(__name__)
+
+# Native-coin invoices whose balance is read in one cycle, for coin that no transaction explains.
+NATIVE_BALANCE_CHECKS_PER_CYCLE = 50
+# Rises dated in one cycle (each a binary search of at most RISE_SEARCH_CALLS balance reads): the others wait
+# for the next cycle, first in line.
+RISES_DATED_PER_CYCLE = 5
+RISE_SEARCH_CALLS = 20  # 2**20 blocks: months on Ethereum, weeks on a 2-second chain
+# Token invoices whose customer said "I've paid", balance read in one cycle; each again at most this often.
+TOKEN_BALANCE_CHECKS_PER_CYCLE = 50
+TOKEN_RECHECK_AFTER = timedelta(minutes=10)
+# Address-filtered log reads in one cycle, each over at most LOG_SEARCH_CALLS ranges back from the confirmed
+# block, until a range starts before the invoice was created (less this margin for clocks that disagree).
+LOG_SEARCHES_PER_CYCLE = 5
+LOG_SEARCH_CALLS = 10
+CLOCK_MARGIN = timedelta(minutes=5)
+
+
+def balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
+    """One cycle of the safety net. Returns how many balances were read."""
+    return native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now) + token_balance_checks(
+        chain=chain, client=client, confirmed=confirmed, now=now
+    )
+
+
+# --- native coin ---------------------------------------------------------------------------------------------
+def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
+    """Read, at the last block the scan has read (the cursor, at most `confirmed`: below it every transaction to
+    the address is recorded already), the balance and nonce of at most NATIVE_BALANCE_CHECKS_PER_CYCLE native-coin
+    invoices, open or expired within their monitoring window: those whose customer said "I've paid" since their
+    last check first (the click clears it), then those checked longest ago. Where the address never sent a
+    transaction (nonce 0: no sweep, no fee, nothing left it), its balance is exactly what it received; what
+    exceeds the credits recorded up to that block is credited, at the block where the balance rose. An address
+    that has sent a transaction (swept while a payment was awaited) is not reconciled this way: its direct
+    payments still count. Returns how many balances were read."""
+    invoices = list(
+        Invoice.objects.filter(chain_id=chain.chain_id, asset_contract="", monitor_until__gt=now)
+        .filter(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED])
+        .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
+        .only("pk", "deposit_address")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
+    )
+    if not invoices:
+        return 0
+    read_to = _read_up_to(chain_id=chain.chain_id, confirmed=confirmed)
+    addresses = [invoice.deposit_address for invoice in invoices]
+    (block_hash, _time), readings = client.native_balances(addresses, block=read_to)
+    credits: dict[str, list[tuple[int, int]]] = {}
+    for address, block_number, amount in (
+        Transfer.objects.filter(
+            chain_id=chain.chain_id, token_contract="", to_address__in=addresses, block_number__lte=read_to
+        )
+        .exclude(status=Transfer.Status.REMOVED)
+        .values_list("to_address", "block_number", "amount_units")
+    ):
+        credits.setdefault(address, []).append((block_number, int(amount)))
+    checked, dated = [], 0
+    for invoice, (balance, nonce) in zip(invoices, readings, strict=True):
+        address = invoice.deposit_address
+        unexplained = balance - sum(amount for _block, amount in credits.get(address, []))
+        if nonce or unexplained <= 0 or not block_hash:
+            checked.append(invoice.pk)
+            continue
+        if dated >= RISES_DATED_PER_CYCLE:
+            continue  # not marked checked: first in line next cycle
+        dated += 1
+        try:
+            rise = _block_of_rise(
+                client=client, address=address, credits=credits.get(address, []), unexplained=unexplained, block=read_to
+            )
+            rise_block = client.block_range(start=rise, end=rise, recipients=frozenset({address}))
+        except ChainUnavailable as exc:
+            logger.warning("chain %s: the rise of %s's balance could not be dated: %s", chain.chain_id, address, exc)
+            continue
+        if not rise_block.blocks.get(rise, ("", 0))[0]:
+            continue
+        _credit_rise(chain=chain, invoice=invoice, rise=rise, rise_block=rise_block, unexplained=unexplained, now=now)
+        checked.append(invoice.pk)
+    Invoice.objects.filter(pk__in=checked).update(native_checked_at=now)
+    return len(invoices)
+
+
+def _credit_rise(
+    *, chain: config.Chain, invoice: Invoice, rise: int, rise_block: BlockRange, unexplained: int, now: datetime
+) -> None:
+    """Credit the `unexplained` coin that reached the invoice's address in block `rise`. A successful transaction
+    of that block paying the address (a direct payment the scan did not record: its cursor was moved past it) is
+    credited under its own hash, as the scan or a pasted hash would: never twice. What remains came from a
+    contract and is credited as "balance:<address>:<block>", dated by that block."""
+    address = invoice.deposit_address
+    rise_hash, rise_time = rise_block.blocks[rise]
+    recorded = set(
+        Transfer.objects.filter(
+            chain_id=chain.chain_id, log_index=-1, tx_hash__in=[direct.tx_hash for direct in rise_block.transfers]
+        ).values_list("tx_hash", flat=True)
+    )
+    direct = [
+        payment
+        for payment in rise_block.transfers
+        if payment.recipient == address and payment.tx_hash not in recorded and payment.block_hash == rise_hash
+    ]
+    with transaction.atomic():
+        if direct:
+            apply_logs(
+                chain=chain,
+                logs=direct,
+                by_address={address: WatchedAddress(invoice_id=invoice.pk, asset_contract="")},
+                seen=[],
+                confirmed=rise,
+                canonical={rise: rise_hash},
+                block_times={rise: rise_time},
+                now=now,
+            )
+        remainder = unexplained - sum(payment.amount for payment in direct)
+        if remainder <= 0:
+            return
+        Transfer.objects.get_or_create(
+            chain_id=chain.chain_id,
+            tx_hash=f"balance:{address}:{rise}",
+            log_index=-1,
+            defaults={
+                "block_number": rise,
+                "block_hash": rise_hash,
+                "block_time": parse_timestamp(rise_time) if rise_time else None,
+                "to_address": address,
+                "amount_units": min(remainder, MAX_TRANSFER_UNITS),
+                "invoice": invoice,
+                "status": Transfer.Status.CONFIRMED,
+                "first_seen_at": now,
+                "confirmed_at": now,
+            },
+        )
+
+
+def _read_up_to(*, chain_id: int, confirmed: int) -> int:
+    """The last block whose transactions the scan has recorded: the cursor's, at most the confirmed block. A balance
+    read beyond it would take a direct payment not recorded yet for coin no transaction explains."""
+    cursor_block = ChainCursor.objects.filter(chain_id=chain_id).values_list("confirmed_block", flat=True).first()
+    return min(confirmed, cursor_block or 0)
+
+
+def _block_of_rise(
+    *, client: ChainClient, address: str, credits: list[tuple[int, int]], unexplained: int, block: int
+) -> int:
+    """The first block at which the address held the whole `unexplained` amount beyond the credits recorded up to
+    that block, by binary search over at most 2**RISE_SEARCH_CALLS blocks before `block` (one balance read a
+    step). Before the address was handed out it held nothing; a rise older than the searched span is dated at
+    the span's start, later than it was: never earlier."""
+
+    def unexplained_at(number: int) -> int:
+        explained = sum(amount for credit_block, amount in credits if credit_block <= number)
+        return client.native_balance_at(address, block=number) - explained
+
+    below, at_or_after = max(-1, block - 2**RISE_SEARCH_CALLS), block
+    while at_or_after - below > 1:
+        middle = (below + at_or_after) // 2
+        if unexplained_at(middle) >= unexplained:
+            at_or_after = middle
+        else:
+            below = middle
+    return at_or_after
+
+
+# --- tokens --------------------------------------------------------------------------------------------------
+def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
+    """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE open token
+    invoices whose customer said "I've paid", or for which an admin asked a re-check (each again at most every
+    TOKEN_RECHECK_AFTER, or at once after another request); where it exceeds the credits in that token recorded
+    up to that block, read that token's transfers to that address over the invoice's life and record them.
+    Returns how many balances were read."""
+    tokens = chain.token_contracts
+    if not tokens:
+        return 0
+    invoices = list(
+        Invoice.objects.filter(
+            chain_id=chain.chain_id,
+            asset_contract__in=list(tokens),
+            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
+            monitor_until__gt=now,
+        )
+        .filter(Q(customer_paid_at__isnull=False) | Q(check_requested_at__isnull=False))
+        .filter(Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER))
+        .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
+        .only("pk", "deposit_address", "asset_contract", "created_at")[:TOKEN_BALANCE_CHECKS_PER_CYCLE]
+    )
+    if not invoices:
+        return 0
+    balances = client.token_balances(
+        [(invoice.asset_contract, invoice.deposit_address) for invoice in invoices], block=confirmed
+    )
+    credited = {
+        (address, token): int(total or 0)
+        for address, token, total in Transfer.objects.filter(
+            chain_id=chain.chain_id,
+            to_address__in=[invoice.deposit_address for invoice in invoices],
+            block_number__lte=confirmed,
+        )
+        .exclude(status=Transfer.Status.REMOVED)
+        .values("to_address", "token_contract")
+        .annotate(total=Sum("amount_units"))
+        .values_list("to_address", "token_contract", "total")
+    }
+    checked, searched = [], 0
+    for invoice, balance in zip(invoices, balances, strict=True):
+        explained = credited.get((invoice.deposit_address, invoice.asset_contract), 0)
+        if balance is None or balance <= explained:
+            checked.append(invoice.pk)
+            continue
+        if searched >= LOG_SEARCHES_PER_CYCLE:
+            continue  # not marked checked: first in line next cycle
+        searched += 1
+        if _search_token_transfers(chain=chain, client=client, invoice=invoice, confirmed=confirmed, now=now):
+            checked.append(invoice.pk)  # else read again next cycle, first in line
+    Invoice.objects.filter(pk__in=checked).update(native_checked_at=now)
+    return len(invoices)
+
+
+def _search_token_transfers(
+    *, chain: config.Chain, client: ChainClient, invoice: Invoice, confirmed: int, now: datetime
+) -> bool:
+    """Read the transfers of the invoice's token to its address, range by range back from the confirmed block,
+    until a range starts before the invoice was created (at most LOG_SEARCH_CALLS round trips; a range the
+    provider refuses is halved), and record them as the scan does. False when no URL could serve a range yet
+    (lagging behind the confirmed block): what was read is recorded, the search runs again next cycle."""
+    token, address = invoice.asset_contract, invoice.deposit_address
+    end, span, logs, complete = confirmed, max(1, chain.max_block_range), [], True
+    born = invoice.created_at - CLOCK_MARGIN
+    for _call in range(LOG_SEARCH_CALLS):
+        start = max(0, end - span + 1)
+        try:
+            found, start_time = client.token_transfers_to(token=token, address=address, start=start, end=end)
+        except RangeRefused:
+            span = max(1, span // 2)
+            continue
+        except (RangeNotReady, ChainUnavailable) as exc:
+            logger.warning("chain %s: transfers to %s not read this cycle: %s", chain.chain_id, address, exc)
+            complete = False
+            break
+        logs += found
+        started = parse_timestamp(start_time) if start_time else None
+        if start == 0 or (started is not None and started < born):
+            break
+        end = start - 1
+    if not logs:
+        if complete:  # a token that moves balances without a Transfer log, or a transfer older than the search
+            logger.warning(
+                "chain %s: %s holds more %s than its credits explain, and no transfer to it was found",
+                chain.chain_id,
+                address,
+                token,
+            )
+        return complete
+    read = client.blocks(sorted({log.block_number for log in logs}))
+    with transaction.atomic():
+        apply_logs(
+            chain=chain,
+            logs=logs,
+            by_address={address: WatchedAddress(invoice_id=invoice.pk, asset_contract=invoice.asset_contract)},
+            seen=[],
+            confirmed=confirmed,
+            canonical={number: block_hash for number, (block_hash, _time) in read.items() if block_hash},
+            block_times={number: block_time for number, (block_hash, block_time) in read.items() if block_hash},
+            now=now,
+        )
+    return complete
