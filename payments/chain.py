@@ -379,13 +379,23 @@ class ChainClient:
             return min(number, head)
         return max(0, head - self.chain.confirmations + 1)
 
-    def log_ranges(self, *, from_block: int, to_block: int, tokens: frozenset[str], recipients: frozenset[str]):
-        """Transfer logs of the allow-listed `tokens` in [from_block, to_block], one range at a time, as
-        `LogRange`s: the request filters by contract address and the Transfer topic only, so its size does not
-        depend on how many deposit addresses are watched; the caller matches recipients. A range refused by the
-        provider is halved and asked again, and widens again (doubling) once a range is answered. A single block
-        that is still refused is read per contract, then by recipient (`_crowded_block`). Without tokens the ranges
-        are still yielded, empty, for the caller to read their blocks."""
+    def log_ranges(
+        self,
+        *,
+        from_block: int,
+        to_block: int,
+        tokens: frozenset[str],
+        recipients: frozenset[str],
+        ready_to: int | None = None,
+    ):
+        """Transfer logs of the allow-listed `tokens` in [from_block, to_block], one range at a time, as `LogRange`s:
+        the request filters by contract address and the Transfer topic only, so its size does not depend on how many
+        deposit addresses are watched; the caller matches recipients. A range not served yet (its backend a few
+        blocks behind the head) is asked again up to `ready_to` (the confirmed block) when it reaches beyond it: the
+        confirmed part is read and committed, only the tail waits for the next scan. A range refused by the provider
+        is halved and asked again, and widens again (doubling) once a range is answered. A single block that is still
+        refused is read per contract, then by recipient (`_crowded_block`). Without tokens the ranges are still
+        yielded, empty, for the caller to read their blocks."""
         if from_block > to_block:
             return
         widest = max(1, self.chain.max_block_range)
@@ -401,6 +411,12 @@ class ChainClient:
                         continue
                     raw = self._crowded_block(start, tokens=tokens, recipients=recipients)
             except RangeNotReady:
+                if ready_to is not None and start <= ready_to < end:
+                    # A backend a few blocks behind the head still holds the confirmed part: read that (its end
+                    # header proves it), leave the tail to the next scan.
+                    self.not_ready_from = ready_to + 1
+                    to_block, span = ready_to, ready_to - start + 1
+                    continue
                 # The node answering is behind this range: what was read so far stands, the rest waits for the
                 # next scan (narrowing the range would pass its blocks as read).
                 self.not_ready_from = start

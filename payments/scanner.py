@@ -176,7 +176,11 @@ def _scan(
     reads_blocks = any(asset.is_native for asset in chain.assets)
     start = _first_block_to_read(chain=chain, cursor=cursor, confirmed=confirmed, watched=watched)
     ranges = client.log_ranges(
-        from_block=start, to_block=head, tokens=frozenset(chain.token_contracts), recipients=recipients
+        from_block=start,
+        to_block=head,
+        tokens=frozenset(chain.token_contracts),
+        recipients=recipients,
+        ready_to=confirmed,
     )
     # The blocks read by earlier cycles and not final yet: checked by header, read again only when replaced. A new
     # deposit address (a newer invoice) may have been paid in a block read before it was watched: all in full then.
