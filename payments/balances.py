@@ -38,6 +38,9 @@ NATIVE_BALANCE_CHECKS_PER_CYCLE = 50
 # for the next cycle, first in line.
 RISES_DATED_PER_CYCLE = 5
 RISE_SEARCH_CALLS = 20  # 2**20 blocks: months on Ethereum, weeks on a 2-second chain
+# The state every full node keeps (geth keeps 128 blocks unless it is an archive node): a balance read within it
+# that fails is an outage; beyond it, pruned state.
+RECENT_STATE_BLOCKS = 128
 # Token invoices whose customer said "I've paid", balance read in one cycle; each again at most this often.
 TOKEN_BALANCE_CHECKS_PER_CYCLE = 50
 TOKEN_RECHECK_AFTER = timedelta(minutes=10)
@@ -49,10 +52,16 @@ CLOCK_MARGIN = timedelta(minutes=5)
 
 
 def balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
-    """One cycle of the safety net. Returns how many balances were read."""
-    return native_balance_checks(chain=chain, client=client, confirmed=confirmed, now=now) + token_balance_checks(
-        chain=chain, client=client, confirmed=confirmed, now=now
-    )
+    """One cycle of the safety net. Returns how many balances were read. A net that cannot read what it needs (a
+    node that no longer serves an old block's state, an outage) skips this cycle: it never stops the scan that
+    called it, whose ranges are committed and whose invoices still move."""
+    read = 0
+    for check in (native_balance_checks, token_balance_checks):
+        try:
+            read += check(chain=chain, client=client, confirmed=confirmed, now=now)
+        except (ChainUnavailable, RangeNotReady, RangeRefused, ValueError) as exc:
+            logger.warning("chain %s: %s skipped this cycle: %s", chain.chain_id, check.__name__, exc)
+    return read
 
 
 # --- native coin ---------------------------------------------------------------------------------------------
@@ -182,10 +191,34 @@ def _block_of_rise(
         explained = sum(amount for credit_block, amount in credits if credit_block <= number)
         return client.native_balance_at(address, block=number) - explained
 
-    below, at_or_after = max(-1, block - 2**RISE_SEARCH_CALLS), block
+    # Back from `block` in doubling steps (a payment near expiry is found in a few reads, and a node that keeps
+    # only recent state, as most do, is never asked for state it pruned), then a binary search between the last
+    # block that held it and the first that did not.
+    at_or_after, below, step = block, None, 1
+    for _ in range(RISE_SEARCH_CALLS):
+        probe = block - step
+        if probe < 0:
+            below = -1
+            break
+        try:
+            held = unexplained_at(probe) >= unexplained
+        except ChainUnavailable:
+            if step <= RECENT_STATE_BLOCKS:
+                raise  # every node keeps that much state: an outage, tried again next cycle
+            return at_or_after  # state this old is pruned on this node: dated later than it was, never earlier
+        if not held:
+            below = probe
+            break
+        at_or_after, step = probe, step * 2
+    if below is None:
+        return at_or_after  # older than the searched span
     while at_or_after - below > 1:
         middle = (below + at_or_after) // 2
-        if unexplained_at(middle) >= unexplained:
+        try:
+            held = unexplained_at(middle) >= unexplained
+        except ChainUnavailable:
+            return at_or_after
+        if held:
             at_or_after = middle
         else:
             below = middle
@@ -194,11 +227,11 @@ def _block_of_rise(
 
 # --- tokens --------------------------------------------------------------------------------------------------
 def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
-    """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE open token
-    invoices whose customer said "I've paid", or for which an admin asked a re-check (each again at most every
-    TOKEN_RECHECK_AFTER, or at once after another request); where it exceeds the credits in that token recorded
-    up to that block, read that token's transfers to that address over the invoice's life and record them.
-    Returns how many balances were read."""
+    """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE token invoices, open or
+    expired within their monitoring window, whose customer said "I've paid", or for which an admin asked a re-check
+    (each again at most every TOKEN_RECHECK_AFTER, or at once after another request); where it exceeds the credits in
+    that token recorded up to that block, read that token's transfers to that address over the invoice's life and
+    record them. Returns how many balances were read."""
     tokens = chain.token_contracts
     if not tokens:
         return 0
@@ -206,7 +239,9 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
         Invoice.objects.filter(
             chain_id=chain.chain_id,
             asset_contract__in=list(tokens),
-            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING],
+            # Expired ones too, within their monitoring window: a payment the scan missed while the quote was
+            # open is found after "I've paid" even once the quote has run out (the late-payment policy applies).
+            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED],
             monitor_until__gt=now,
         )
         .filter(Q(customer_paid_at__isnull=False) | Q(check_requested_at__isnull=False))

@@ -21,7 +21,7 @@ from django.utils import timezone
 from payments import config
 from payments.chain import ChainClient
 from payments.chain_answers import MAX_TRANSFER_UNITS, TransferLog, parse_quantity, parse_transfer_log
-from payments.models import Invoice, Transfer
+from payments.models import ChainCursor, Invoice, Transfer
 from payments.settlement import invoice_apply_chain_state
 from payments.transfers import WatchedAddress, apply_logs
 
@@ -97,7 +97,10 @@ def invoice_check_tx_hint(*, invoice: Invoice, client: ChainClient | None = None
     )
     if credits:
         head = client.head()
-        confirmed = min(head, client.confirmed_block(head))
+        # Confirmed only as far as the scanner has proven the chain (its cursor: end headers read with the logs,
+        # heads of several URLs compared): a single URL's far-ahead head must not make a credit final.
+        proven = ChainCursor.objects.filter(chain_id=chain.chain_id).values_list("confirmed_block", flat=True).first()
+        confirmed = min(head, client.confirmed_block(head), proven or 0)
         block = credits[0].block_number
         (block_hash, block_time) = client.blocks([block])[block]
         watched = WatchedAddress(invoice_id=invoice.pk, asset_contract=invoice.asset_contract)

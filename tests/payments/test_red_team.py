@@ -1,0 +1,167 @@
+"""Attacks of the money red team on issue 23 (an unreliable provider behind a load balancer, a pruned node, a
+lagging logs backend, a lying head), kept as regressions: each failed before its fix."""
+
+from booking.models import OrderStatus
+from payments import scanner
+from payments.models import ChainCursor, Invoice
+from tests.payments.test_native import pay_in_eth
+
+
+def _hint_setup(client, booking_data):
+    from payments.selectors import current_invoice
+    from tests.booking.test_pages import place
+
+    order, token = place(client, booking_data(lots="1"))
+    return order, token, current_invoice(order)
+
+
+def test_a_pasted_hash_is_not_made_final_by_one_far_ahead_head(client, chain, booking_data, proxies, use_chains_file):
+    from payments import invoices
+    from payments.demo import pay_invoice
+
+    proxy = proxies()
+    orig_one = proxy._one
+
+    def one(call, lag=0):
+        answer = orig_one(call, lag)
+        if call.get("method") == "eth_blockNumber" and proxy.ahead:
+            answer = {**answer, "result": hex(int(answer["result"], 16) + proxy.ahead)}
+        return answer
+
+    proxy._one, proxy._plain, proxy.ahead = one, (lambda calls: False), 0
+    use_chains_file(proxy.url)
+    order, _token, invoice = _hint_setup(client, booking_data)
+    scanner.chain_scan(chain_id=31337)
+    snap = chain.snapshot()
+    tx = pay_invoice(chain, invoice)
+    proxy.ahead = 50  # one bad answer for the head, as a load balancer's odd backend
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx)
+    proxy.ahead = 0
+    chain.revert(snap)
+    chain.mine(6)
+    for _ in range(2):
+        scanner.chain_scan(chain_id=31337)
+    Invoice.objects.get(pk=invoice.pk)
+    order.refresh_from_db()
+    assert order.status != OrderStatus.PAID
+
+
+def test_a_logs_backend_one_block_behind_still_lets_confirmed_payments_through(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    from payments.demo import pay_invoice
+
+    balanced = proxies(logs_lag=1, logs_lag_error=None)
+    use_chains_file(balanced.url)
+    order, _token, invoice = _hint_setup(client, booking_data)
+    scanner.chain_scan(chain_id=31337)
+    pay_invoice(chain, invoice)
+    for _ in range(5):
+        chain.mine(2)
+        scanner.chain_scan(chain_id=31337)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+def test_a_token_payment_missed_before_expiry_is_found_after_i_ve_paid(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    from datetime import timedelta
+
+    from payments import invoices
+    from payments.demo import pay_invoice
+
+    balanced = proxies(logs_lag=1, logs_lag_error=None)
+    use_chains_file(balanced.url)
+    order, _token, invoice = _hint_setup(client, booking_data)
+    scanner.chain_scan(chain_id=31337)
+    pay_invoice(chain, invoice)  # paid in time
+    chain.mine(4)
+    after = invoice.expires_at + timedelta(seconds=30)
+    scanner.chain_scan(chain_id=31337, now=after)
+    inv = Invoice.objects.get(pk=invoice.pk)
+    invoices.invoice_customer_paid(invoice=inv, now=after + timedelta(seconds=5))
+    scanner.chain_scan(chain_id=31337, now=after + timedelta(seconds=10))
+    inv = Invoice.objects.get(pk=invoice.pk)
+    order.refresh_from_db()
+    assert inv.status == Invoice.Status.SETTLED
+
+
+def test_a_contract_payment_is_credited_on_a_node_that_prunes_old_state(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    proxy = proxies()
+    orig_one = proxy._one
+
+    def one(call, lag=0):
+        old_state = call.get("method") in ("eth_getBalance", "eth_getTransactionCount") and call["params"][
+            1
+        ].startswith("0x")
+        if (
+            old_state and int(call["params"][1], 16) < proxy._head() - 16
+        ):  # a full (non-archive) node keeps recent states only
+            return {
+                "jsonrpc": "2.0",
+                "id": call.get("id"),
+                "error": {
+                    "code": -32000,
+                    "message": "missing trie node 0xabc (path ) state 0xdef is not available",
+                },
+            }
+        return orig_one(call, lag)
+
+    proxy._one, proxy._plain = one, (lambda calls: False)
+    use_chains_file(proxy.url)
+    chain.mine(40)
+    order, invoice = pay_in_eth(client, booking_data)
+    scanner.chain_scan(chain_id=31337)
+    payer = chain.accounts()[2]
+    forwarder = chain.deploy("PaymentForwarder", sender=payer)
+    chain.call(
+        "PaymentForwarder",
+        forwarder,
+        "forward",
+        invoice.deposit_address,
+        sender=payer,
+        value=int(invoice.amount_due_units),
+    )
+    chain.mine(3)
+    for _ in range(3):
+        scanner.chain_scan(chain_id=31337)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+def test_a_balance_read_the_node_cannot_serve_never_fails_the_scan(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    from payments.chain import ChainUnavailable
+
+    proxy = proxies(logs_lag=1, logs_lag_error=None)
+    orig_one = proxy._one
+
+    def one(call, lag=0):
+        old_state = call.get("method") in ("eth_getBalance", "eth_getTransactionCount") and call["params"][
+            1
+        ].startswith("0x")
+        if old_state and int(call["params"][1], 16) < proxy._head() - 16:
+            return {
+                "jsonrpc": "2.0",
+                "id": call.get("id"),
+                "error": {"code": -32000, "message": "missing trie node"},
+            }
+        return orig_one(call, lag)
+
+    proxy._one = one
+    use_chains_file(proxy.url)
+    _order, _invoice = pay_in_eth(client, booking_data)
+    scanner.chain_scan(chain_id=31337)
+    out = []
+    for _ in range(4):
+        chain.mine(10)
+        try:
+            r = scanner.chain_scan(chain_id=31337)
+            out.append(("ok", r.confirmed, ChainCursor.objects.get(chain_id=31337).confirmed_block))
+        except ChainUnavailable as exc:
+            out.append(("unavailable", str(exc)[:80]))
+    assert all(o[0] == "ok" for o in out)
