@@ -110,3 +110,39 @@ def _record_transfer(
         changed = True
     if changed:
         transfer.save()
+    if created and not log.token and not log.tx_hash.startswith(BALANCE_CREDIT_PREFIX):
+        _balance_credits_explained(
+            chain_id=chain.chain_id, address=log.recipient, block=log.block_number, amount=log.amount
+        )
+
+
+# Coin the balance safety net credited without a transaction of its own (payments/balances.py, models.Transfer).
+BALANCE_CREDIT_PREFIX = "balance:"
+
+
+def _balance_credits_explained(*, chain_id: int, address: str, block: int, amount: int) -> None:
+    """A direct payment recorded after the balance safety net credited its coin as unexplained (a block the cursor
+    passed, found later by a pasted hash or a rescan): the balance credits at or after its block counted it
+    already, so they shrink by its amount, oldest first. Never counted twice."""
+    left = amount
+    credits = (
+        Transfer.objects.select_for_update()
+        .filter(
+            chain_id=chain_id,
+            to_address=address,
+            token_contract="",
+            tx_hash__startswith=BALANCE_CREDIT_PREFIX,
+            block_number__gte=block,
+        )
+        .exclude(status=Transfer.Status.REMOVED)
+        .order_by("block_number", "pk")
+    )
+    for credit in credits:
+        if left <= 0:
+            break
+        taken = min(left, int(credit.amount_units))
+        left -= taken
+        credit.amount_units = int(credit.amount_units) - taken
+        if not credit.amount_units:
+            credit.status = Transfer.Status.REMOVED
+        credit.save(update_fields=["amount_units", "status"])

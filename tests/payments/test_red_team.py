@@ -165,3 +165,21 @@ def test_a_balance_read_the_node_cannot_serve_never_fails_the_scan(
         except ChainUnavailable as exc:
             out.append(("unavailable", str(exc)[:80]))
     assert all(o[0] == "ok" for o in out)
+
+
+def test_two_missed_direct_payments_then_a_pasted_hash_are_counted_once(client, chain, booking_data):
+    from payments import invoices
+    from tests.payments.test_safety_net import cursor_past_the_head
+
+    _order, invoice = pay_in_eth(client, booking_data)
+    half = int(invoice.amount_due_units) // 2
+    payer = chain.accounts()[2]
+    first = chain.send_native(invoice.deposit_address, half, sender=payer)["transactionHash"]
+    chain.mine(2)
+    chain.send_native(invoice.deposit_address, int(invoice.amount_due_units) - half, sender=payer)
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    scanner.chain_scan(chain_id=31337)
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=first)
+    inv = Invoice.objects.get(pk=invoice.pk)
+    assert inv.amount_confirmed_units == inv.amount_due_units and not inv.paid_over
