@@ -128,7 +128,7 @@ def test_a_researcher_books_pays_and_an_operator_runs_the_order_to_its_end(
     assert access.ssh_command in status and "You land in a container of" in status
     assert access.known_hosts_line in status  # the container's host key, to pin
     assert "Pre-flight report: FAIL" in status  # no GPU on the test machine: a report with reasons, not a crash
-    assert "gpu_visible" in status
+    assert "GPUs visible" in status  # the check, named in the page's language
     assert "The operator's note: Test bench without GPUs: the check cannot pass here" in status
     shot(page, "researcher-ready")
 
