@@ -74,8 +74,7 @@ def access_keys_change(*, order: Order, add: list[SshPublicKey], remove_ids: lis
 
 
 def keys_changed_email_send(*, order: Order, added: list, removed: list, applied: bool) -> None:
-    fingerprints = [str(value)[:80] for value in [*added, *removed] if isinstance(value, str)]
-    if len(fingerprints) != len(added) + len(removed):  # task arguments are input too
+    if not all(isinstance(value, str) for value in [*added, *removed]):  # task arguments are input too
         return
     notices.send(Notice.KEYS_CHANGED, order=order, added=added, removed=removed, applied=bool(applied))
 

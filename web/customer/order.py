@@ -89,18 +89,6 @@ def _order_context(order: Order, token: str) -> dict:
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
         else []
     )
-    for trial in split_trials:  # written in the page's language, beside the hypothesis written at booking
-        trial.conclusion = split_trial_report.split_trial_conclusion(
-            report=trial.report, hypothesis=order.hypothesis, sharing=order.sharing
-        )
-        trial.runs = [
-            dict(
-                run,
-                label=split_trial_report.STRATEGY_LABELS[run["strategy"]],
-                status_label=split_trial_report.STATUS_LABELS[run["status"]],
-            )
-            for run in trial.report.get("runs", [])
-        ]
     now = timezone.now()
     accesses = order.accesses.select_related("host")
     if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
@@ -120,6 +108,22 @@ def _order_context(order: Order, token: str) -> dict:
         "extension": _extension_payment(order),
         "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
     }
+
+
+def _split_trials_explain(order: Order, split_trials: list) -> None:
+    """Each report's conclusion, written in the page's language beside the hypothesis written at booking."""
+    for trial in split_trials:
+        trial.conclusion = split_trial_report.split_trial_conclusion(
+            report=trial.report, hypothesis=order.hypothesis, sharing=order.sharing
+        )
+        trial.runs = [
+            dict(
+                run,
+                label=split_trial_report.STRATEGY_LABELS[run["strategy"]],
+                status_label=split_trial_report.STATUS_LABELS[run["status"]],
+            )
+            for run in trial.report.get("runs", [])
+        ]
 
 
 def _extension_offers(order: Order) -> list[dict]:
@@ -181,7 +185,9 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
         if order.is_settled:
             response = HttpResponseStopPolling(response.content)
         return mark_private(response)
-    context["extension_offers"] = _extension_offers(order)  # the window's forms sit outside the polled block
+    # What sits outside the polled status block is drawn for the whole page only, never for a poll.
+    _split_trials_explain(order, context["split_trials"])
+    context["extension_offers"] = _extension_offers(order)
     if order.status in ACCESS_SHOWN:
         context["readings"] = provisioning_selectors.readings_chart(order)
     return mark_private(render(request, "customer/order.html", context))
