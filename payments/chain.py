@@ -44,6 +44,7 @@ from payments.chain_answers import (
     parse_quantity,
     parse_transfer_log,
     parse_uint256,
+    says_behind_head,
     successful_transactions,
 )
 from payments.config import Chain
@@ -659,12 +660,17 @@ class ChainClient:
         return facts
 
     def _batch_tolerant(self, requests_: list[tuple[str, list]]) -> list:
-        """A batch whose calls may each fail (a call to an address without code reverts): a failed call is None."""
+        """A batch whose calls may each fail (a call to an address without code reverts): a failed call is None.
+        A call the URL cannot answer yet (a backend behind the block asked: "header not found") is that URL's
+        failure, not a failed call: the next URL is asked, and ChainUnavailable when none holds the block."""
 
         def send(provider):
             responses = provider.make_batch_request(requests_)
             if not isinstance(responses, list) or len(responses) != len(requests_):
                 raise RpcError(responses.get("error") if isinstance(responses, dict) else {"message": "bad batch"})
+            for response in responses:
+                if isinstance(response, dict) and says_behind_head(response.get("error")):
+                    raise RpcError(response["error"])
             return [response.get("result") if isinstance(response, dict) else None for response in responses]
 
         return self._send(send, "eth_call")

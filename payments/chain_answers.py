@@ -85,6 +85,12 @@ def classify_error(error: dict, method: str) -> str:
     return "error"
 
 
+def says_behind_head(error: object) -> bool:
+    """Whether a JSON-RPC error says the node does not hold the block asked for (a read at an explicit block by a
+    backend behind it): no answer yet, never "nothing there"."""
+    return isinstance(error, dict) and any(word in str(error.get("message", "")).lower() for word in _BEHIND_HEAD_WORDS)
+
+
 def is_unknown_method(error: object) -> bool:
     """Whether a JSON-RPC error says the node does not offer the method (-32601, or providers' wordings)."""
     if not isinstance(error, dict):
