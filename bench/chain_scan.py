@@ -253,8 +253,10 @@ def realistic_blocks(processes: list, env: dict, grow_to) -> None:
 
     from django.conf import settings
     from django.core.cache import cache
+    from django.utils import timezone
 
-    from payments.models import ChainCursor
+    from payments import balances
+    from payments.models import ChainCursor, Invoice
     from payments.scanner import chain_scan
 
     folder = Path(tempfile.mkdtemp())
@@ -328,7 +330,7 @@ def realistic_blocks(processes: list, env: dict, grow_to) -> None:
     print()
     print(
         f"{'open invoices':>14} {'nothing new':>22} {'one new block':>22} {'all re-read in full':>22} "
-        f"{'3-block reorg':>22} {'MB a day at 10 s':>17}"
+        f"{'3-block reorg':>22} {'token balance sweep':>22} {'MB a day at 10 s':>17}"
     )
     for target in LEVELS[:2]:
         grow_to(target)
@@ -344,11 +346,22 @@ def realistic_blocks(processes: list, env: dict, grow_to) -> None:
             moving.append(cycle())
         control("bench_reorg", head - 2)
         reorg = cycle()
+        # A cycle of the token balance sweep (every open token invoice read every 30 minutes, at most
+        # TOKEN_SWEEPS_PER_CYCLE a cycle): made due at once by dating the quotes 31 minutes back.
+        tokens = Invoice.objects.exclude(asset_contract="").filter(status__in=balances.OPEN)
+        token_open = tokens.count()
+        tokens.update(
+            created_at=timezone.now() - balances.TOKEN_SWEEP_AFTER - timedelta(minutes=1), native_checked_at=None
+        )
+        sweep = cycle()
         idle_bytes = statistics.median(run[0] for run in idle)
         moving_bytes = statistics.median(run[0] for run in moving)
         per_day = 86400 / PRODUCTION_SCAN_SECONDS
         new_blocks = 86400 / BLOCK_SECONDS
-        daily = (new_blocks * moving_bytes + (per_day - new_blocks) * idle_bytes) / 1e6
+        sweeps = token_open * (86400 / balances.TOKEN_SWEEP_AFTER.total_seconds()) / balances.TOKEN_SWEEPS_PER_CYCLE
+        daily = (
+            new_blocks * moving_bytes + (per_day - new_blocks) * idle_bytes + sweeps * max(0, sweep[0] - idle_bytes)
+        ) / 1e6
 
         def shown(bytes_: float, requests: int, ms: float) -> str:
             return f"{bytes_ / 1000:.1f} kB/{requests} rt/{ms:.0f} ms"
@@ -356,12 +369,14 @@ def realistic_blocks(processes: list, env: dict, grow_to) -> None:
         print(
             f"{target:>14} {shown(idle_bytes, idle[1][1], statistics.median(run[2] for run in idle)):>22} "
             f"{shown(moving_bytes, moving[1][1], statistics.median(run[2] for run in moving)):>22} "
-            f"{shown(*fresh):>22} {shown(*reorg):>22} {daily:>17.0f}"
+            f"{shown(*fresh):>22} {shown(*reorg):>22} {shown(*sweep):>22} {daily:>17.0f}"
         )
     print(
         f"(nothing new: target <= 50 kB; a day at the production scan period: {86400 // PRODUCTION_SCAN_SECONDS} "
         f"cycles, {86400 // BLOCK_SECONDS} of them with a new block; 'all re-read in full' is a cycle after new "
-        "invoices, and what every cycle cost before issue 23)"
+        "invoices, and what every cycle cost before issue 23; 'token balance sweep' reads at most "
+        f"{balances.TOKEN_SWEEPS_PER_CYCLE} open token invoices' balances, each every "
+        f"{balances.TOKEN_SWEEP_AFTER.seconds // 60} minutes, counted in the day)"
     )
     print()
     # Back to anvil: its cursor starts again from its own head.
@@ -375,6 +390,7 @@ def catch_up() -> None:
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     django.setup()
+
     from payments.models import ChainCursor
     from payments.scanner import chain_scan
 

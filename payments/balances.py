@@ -7,11 +7,15 @@ what the deposit addresses hold, independently of the cursor.
   at the last block the scan has read; a rise that no recorded credit explains is credited, dated by the block
   where the balance rose (a bounded binary search), so that a payment made in time is judged in time; a direct
   transfer found in that block (its block passed by the cursor) is credited under its own hash instead.
-- A token payment can be missed by the scan's log reading (a lagging node that answered less than asked). For
-  open token invoices whose customer said "I've paid" (or that an admin re-checked), the token balance is read at
-  the confirmed block (one batch, or one call through the chain's Multicall3); when it is higher than the
-  recorded credits explain, the token's Transfer logs to that address alone are read over the invoice's life and
-  recorded like the scan's own (their (chain, transaction, log index) key: never counted twice).
+- A token payment can be missed by the scan's log reading (a lagging node that answered less than asked, behind a
+  load balancer that sent the range's end header to another backend). The token balance of every open token
+  invoice (and of those expired within their monitoring window) is read at the confirmed block (one batch, or one
+  call through the chain's Multicall3): every 10 minutes once its customer said "I've paid" (or an admin
+  re-checked), otherwise every 30 minutes while the quote is open and every 6 hours once it has expired. A read
+  at an explicit block proves its own coverage: a backend without that block answers an error, never an older
+  balance. When the balance is higher than the recorded credits explain, the token's Transfer logs to that
+  address alone are read over the invoice's life and recorded like the scan's own (their (chain, transaction,
+  log index) key: never counted twice); what they still leave unexplained is looked for again at the next read.
 
 Every read is bounded per cycle, in invoices and in round trips; the chain is hostile input: a credit comes from a
 parsed log, or from balances read at blocks the scan has read. `payments/scanner.py` calls `balance_checks` once a
@@ -41,9 +45,18 @@ RISE_SEARCH_CALLS = 20  # 2**20 blocks: months on Ethereum, weeks on a 2-second 
 # The state every full node keeps (geth keeps 128 blocks unless it is an archive node): a balance read within it
 # that fails is an outage; beyond it, pruned state.
 RECENT_STATE_BLOCKS = 128
-# Token invoices whose customer said "I've paid", balance read in one cycle; each again at most this often.
+# Token invoices whose balance is read in one cycle: those whose customer said "I've paid" (or an admin asked a
+# re-check) first, each again at most every TOKEN_RECHECK_AFTER; every other open one (or expired within its
+# monitoring window) at most every TOKEN_SWEEP_AFTER, so that a payment the log reading missed with nobody saying so
+# is still found (a load balancer that splits a batch defeats the range's end-header proof).
 TOKEN_BALANCE_CHECKS_PER_CYCLE = 50
 TOKEN_RECHECK_AFTER = timedelta(minutes=10)
+TOKEN_SWEEP_AFTER = timedelta(minutes=30)
+TOKEN_SWEEP_EXPIRED_AFTER = timedelta(hours=6)
+# Unasked balances read in one cycle: a cycle when nothing changed stays within its byte budget (bench/chain_scan.py),
+# and 20 a cycle at the 10 s scan period sweeps 3,600 open token invoices every 30 minutes (more stretch the period).
+TOKEN_SWEEPS_PER_CYCLE = 20
+OPEN = [Invoice.Status.NEW, Invoice.Status.PROCESSING]
 # Address-filtered log reads in one cycle, each over at most LOG_SEARCH_CALLS ranges back from the confirmed
 # block, until a range starts before the invoice was created (less this margin for clocks that disagree).
 LOG_SEARCHES_PER_CYCLE = 5
@@ -227,15 +240,16 @@ def _block_of_rise(
 
 # --- tokens --------------------------------------------------------------------------------------------------
 def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
-    """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE token invoices, open or
-    expired within their monitoring window, whose customer said "I've paid", or for which an admin asked a re-check
-    (each again at most every TOKEN_RECHECK_AFTER, or at once after another request); where it exceeds the credits in
-    that token recorded up to that block, read that token's transfers to that address over the invoice's life and
-    record them. Returns how many balances were read."""
+    """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE token invoices,
+    open or expired within their monitoring window: those whose customer said "I've paid", or for which an admin
+    asked a re-check, first (each again at most every TOKEN_RECHECK_AFTER, or at once after another request),
+    then the others not read for TOKEN_SWEEP_AFTER (TOKEN_SWEEP_EXPIRED_AFTER once expired), longest unread
+    first; where a balance exceeds the credits in that token recorded up to that block, read that token's
+    transfers to that address over the invoice's life and record them. Returns how many balances were read."""
     tokens = chain.token_contracts
     if not tokens:
         return 0
-    invoices = list(
+    watched = (
         Invoice.objects.filter(
             chain_id=chain.chain_id,
             asset_contract__in=list(tokens),
@@ -244,11 +258,26 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
             status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED],
             monitor_until__gt=now,
         )
-        .filter(Q(customer_paid_at__isnull=False) | Q(check_requested_at__isnull=False))
-        .filter(Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER))
+        .annotate(prompted=Q(customer_paid_at__isnull=False) | Q(check_requested_at__isnull=False))
         .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
-        .only("pk", "deposit_address", "asset_contract", "created_at")[:TOKEN_BALANCE_CHECKS_PER_CYCLE]
+        .only("pk", "deposit_address", "asset_contract", "created_at")
     )
+    # Asked for: at once, then every TOKEN_RECHECK_AFTER.
+    invoices = list(
+        watched.filter(prompted=True).filter(
+            Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER)
+        )[:TOKEN_BALANCE_CHECKS_PER_CYCLE]
+    )
+    # The sweep, in what is left of the cycle's reads: an open quote TOKEN_SWEEP_AFTER after it was made (an
+    # address handed out a moment ago holds nothing yet) and as often after; an expired one every
+    # TOKEN_SWEEP_EXPIRED_AFTER.
+    room = min(TOKEN_SWEEPS_PER_CYCLE, TOKEN_BALANCE_CHECKS_PER_CYCLE - len(invoices))
+    if room > 0:
+        invoices += watched.filter(prompted=False).filter(
+            Q(native_checked_at__isnull=True, created_at__lte=now - TOKEN_SWEEP_AFTER)
+            | Q(status__in=OPEN, native_checked_at__lte=now - TOKEN_SWEEP_AFTER)
+            | Q(status=Invoice.Status.EXPIRED, native_checked_at__lte=now - TOKEN_SWEEP_EXPIRED_AFTER)
+        )[:room]
     if not invoices:
         return 0
     balances = client.token_balances(

@@ -35,7 +35,9 @@ class LimitingProxy:
         unknown_methods: frozenset[str] = frozenset(),  # answered -32601 "method not found", like an older node
         logs_lag: int = 0,  # requests with eth_getLogs reach a backend this many blocks behind (load balancing)
         logs_lag_error: str | None = None,  # how that backend refuses a range beyond its head (None: clamps it)
+        split_batches: bool = False,  # a batch's calls are spread over backends: only its logs reach the lagging one
     ) -> None:
+        self.split_batches = split_batches
         self.logs_lag, self.logs_lag_error = logs_lag, logs_lag_error
         self.unknown_methods = unknown_methods
         self.stale_log_hashes = stale_log_hashes
@@ -117,6 +119,8 @@ class LimitingProxy:
                 return 200, json.dumps(_error(None, -32600, f"batch too large (max {self.max_batch})")).encode()
             if self._plain(payload):  # nothing to check or change call by call: one round trip upstream
                 return 200, json.dumps(self._upstream_batch(payload)).encode()
+            if self.split_batches:
+                return 200, json.dumps([self._one(call, self._lag_for([call])) for call in payload]).encode()
             lag = self._lag_for(payload)
             return 200, json.dumps([self._one(call, lag) for call in payload]).encode()
         return 200, json.dumps(self._one(payload, self._lag_for([payload]))).encode()
@@ -176,9 +180,10 @@ class LimitingProxy:
             head = max(0, self._head() - lag)
             if method == "eth_blockNumber":
                 return {"jsonrpc": "2.0", "id": request_id, "result": hex(head)}
-            if method in ("eth_getBlockByNumber", "eth_getBalance", "eth_getTransactionCount"):
+            if method in ("eth_getBlockByNumber", "eth_getBalance", "eth_getTransactionCount", "eth_call"):
                 position = 0 if method == "eth_getBlockByNumber" else 1
-                if params[position].startswith("0x") and int(params[position], 16) > head:
+                at = params[position] if len(params) > position else "latest"
+                if isinstance(at, str) and at.startswith("0x") and int(at, 16) > head:
                     if method != "eth_getBlockByNumber":
                         return _error(request_id, -32000, "header not found")
                     return {"jsonrpc": "2.0", "id": request_id, "result": None}  # a block it does not have

@@ -183,3 +183,70 @@ def test_two_missed_direct_payments_then_a_pasted_hash_are_counted_once(client, 
     invoices.invoice_customer_paid(invoice=invoice, tx_hint=first)
     inv = Invoice.objects.get(pk=invoice.pk)
     assert inv.amount_confirmed_units == inv.amount_due_units and not inv.paid_over
+
+
+def test_a_load_balancer_splitting_a_batch_still_lets_the_balance_net_find_a_token_payment(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """Finding 1: the range's last header asked in the same batch as its logs proves nothing when the balancer sends
+    the header to an up-to-date backend and the logs to one that lags by more than the confirmations and clamps the
+    range to its head. The cursor passes the payment's block as read. Without any "I've paid", the periodic sweep of
+    open token invoices reads the deposit address's balance at an explicit block (a backend without that block
+    answers an error, never an older balance), finds the rise and the transfer, and settles the order, dated by the
+    transfer's own block: on time."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments import balances
+    from payments.demo import pay_invoice
+
+    balancer = proxies(logs_lag=6, logs_lag_error=None, split_batches=True)
+    use_chains_file(balancer.url)
+    order, _token, invoice = _hint_setup(client, booking_data)
+    now = timezone.now()
+    scanner.chain_scan(chain_id=31337, now=now)
+    pay_invoice(chain, invoice)
+    for step in range(1, 5):
+        chain.mine(2)
+        scanner.chain_scan(chain_id=31337, now=now + timedelta(seconds=10 * step))
+    order.refresh_from_db()
+    assert order.status != OrderStatus.PAID, "the split batch should have defeated the end-header proof"
+    assert balancer.refused["clamped"] > 0
+    chain.mine(8)  # the lagging backend now holds the payment's block
+    balancer.reset_counts()
+    later = now + balances.TOKEN_SWEEP_AFTER + timedelta(seconds=60)
+    scanner.chain_scan(chain_id=31337, now=later)
+    order.refresh_from_db()
+    inv = Invoice.objects.get(pk=invoice.pk)
+    assert inv.status == Invoice.Status.SETTLED
+    assert order.status == OrderStatus.PAID
+    assert inv.customer_paid_at is None  # nobody said "I've paid"
+    assert sum(balancer.calls.values()) < 50
+
+
+def test_a_balance_a_backend_cannot_serve_yet_is_read_again_next_cycle(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """A backend behind the confirmed block answers "header not found" to a balance read at that block: that is no
+    balance (not a token that answers nothing), so the invoice is not marked checked and is read again next cycle."""
+    import pytest
+    from django.utils import timezone
+
+    from payments import balances, config
+    from payments.chain import ChainClient, ChainUnavailable
+
+    lagging = proxies(lag=20)
+    use_chains_file(lagging.url)
+    _order, _token, invoice = _hint_setup(client, booking_data)
+    Invoice.objects.filter(pk=invoice.pk).update(created_at=timezone.now() - balances.TOKEN_SWEEP_AFTER)
+    chain.mine(30)
+    head = lagging._head()
+    with pytest.raises(ChainUnavailable):
+        balances.token_balance_checks(
+            chain=config.chain(31337),
+            client=ChainClient(config.chain(31337), backoff=0.01),
+            confirmed=head - 3,
+            now=timezone.now(),
+        )
+    assert Invoice.objects.get(pk=invoice.pk).native_checked_at is None
