@@ -25,6 +25,7 @@ cycle, after its ranges are committed.
 import logging
 from datetime import datetime, timedelta
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q, Sum
 
@@ -62,6 +63,9 @@ OPEN = [Invoice.Status.NEW, Invoice.Status.PROCESSING]
 LOG_SEARCHES_PER_CYCLE = 5
 LOG_SEARCH_CALLS = 10
 CLOCK_MARGIN = timedelta(minutes=5)
+# How long a search that ran out of round trips is remembered, to go on below where it stopped: the invoice is not
+# marked checked, so it is searched again within a few cycles.
+RESUME_SECONDS = 600
 
 
 def balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
@@ -316,9 +320,15 @@ def _search_token_transfers(
     """Read the transfers of the invoice's token to its address, range by range back from the confirmed block,
     until a range starts before the invoice was created (at most LOG_SEARCH_CALLS round trips; a range the
     provider refuses is halved), and record them as the scan does. False when no URL could serve a range yet
-    (lagging behind the confirmed block): what was read is recorded, the search runs again next cycle."""
+    (lagging behind the confirmed block), or when the round trips ran out before the invoice's creation: what was
+    read is recorded, and the search runs again next cycle (from where it stopped, in the second case)."""
     token, address = invoice.asset_contract, invoice.deposit_address
-    end, span, logs, complete = confirmed, max(1, chain.max_block_range), [], True
+    # A search that ran out of round trips before reaching the invoice's creation (an old invoice on a fast chain)
+    # goes on next cycle below where it stopped, instead of reading the same recent ranges again.
+    resume_key = f"token-search:{chain.chain_id}:{invoice.pk}"
+    resumed = cache.get(resume_key)
+    end = resumed if isinstance(resumed, int) and 0 <= resumed < confirmed else confirmed
+    span, logs, complete, reached = max(1, chain.max_block_range), [], True, False
     born = invoice.created_at - CLOCK_MARGIN
     for _call in range(LOG_SEARCH_CALLS):
         start = max(0, end - span + 1)
@@ -334,8 +344,14 @@ def _search_token_transfers(
         logs += found
         started = parse_timestamp(start_time) if start_time else None
         if start == 0 or (started is not None and started < born):
+            reached = True
             break
         end = start - 1
+    if complete and not reached:
+        cache.set(resume_key, end, timeout=RESUME_SECONDS)
+        complete = False  # not checked: read on next cycle, from there
+    elif reached:
+        cache.delete(resume_key)
     if not logs:
         if complete:  # a token that moves balances without a Transfer log, or a transfer older than the search
             logger.warning(

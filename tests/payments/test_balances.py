@@ -276,3 +276,30 @@ def test_a_direct_payment_the_cursor_missed_is_credited_under_its_own_hash_once(
     assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID
     assert invoice.amount_confirmed_units == invoice.amount_due_units and not invoice.paid_over
     assert list(Transfer.objects.filter(invoice=invoice).values_list("tx_hash", "log_index")) == [(tx_hash, -1)]
+
+
+def test_a_search_that_runs_out_of_round_trips_goes_on_below_where_it_stopped(
+    client, chain, booking_data, anvil, settings, tmp_path
+):
+    """An old invoice on a fast chain: its payment lies further back than one search's round trips reach. The
+    search is not marked done; the next cycles go on below where it stopped (never the same recent ranges again)
+    until the payment is found, and the order settles dated by the payment's own block."""
+    path = tmp_path / "narrow.toml"
+    path.write_text(chains_toml(anvil.url).replace("max_block_range = 2000", "max_block_range = 8"))
+    settings.PAYMENTS_CHAINS_FILE = str(path)
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    tx_hash = pay_invoice(chain, invoice)
+    paid_block = int(chain.request("eth_getTransactionReceipt", [tx_hash])["blockNumber"], 16)
+    chain.mine(balances.LOG_SEARCH_CALLS * 8 * 2 + 5)  # two searches' worth of ranges above the payment
+    cursor_past_the_head(chain)
+    invoices.invoice_customer_paid(invoice=invoice)  # the first search: ten ranges of 8 blocks, none reaching it
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.NEW and invoice.native_checked_at is None  # not done: read again
+
+    for _cycle in range(3):
+        scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    credit = Transfer.objects.get(invoice=invoice)
+    assert credit.tx_hash == tx_hash.lower() and credit.block_number == paid_block
