@@ -189,12 +189,22 @@ def invoice_customer_paid(*, invoice: Invoice, tx_hint: str = "", now: datetime 
     invoice_request_check(invoice_id=invoice.pk, now=now)
 
 
+def tx_hint_pending_key(invoice_id: int) -> str:
+    return f"invoice-tx-hint-pending:{invoice_id}"
+
+
 def _request_tx_hint_check(*, invoice_id: int) -> None:
+    """Queue the reading of the invoice's pasted hash, unless a chain of readings is already queued or retrying:
+    that one reads the invoice's current hash at its next attempt, with a full count of retries for a new hash
+    (payments/tasks.py). Ten pastes an hour start at most one chain, not ten."""
     from payments.tasks import check_tx_hint
 
+    if not cache.add(tx_hint_pending_key(invoice_id), {}, timeout=CHECK_PENDING_SECONDS):
+        return
     try:
         check_tx_hint.apply_async(args=[invoice_id], retry=False)
     except Exception as exc:  # not queued: the scan still finds the payment; the next paste asks again
+        cache.delete(tx_hint_pending_key(invoice_id))
         logger.warning("could not queue the check of the transaction hash of invoice %s: %s", invoice_id, exc)
 
 

@@ -61,24 +61,47 @@ def check_invoice(self, invoice_id: int) -> str:
     return invoice.status
 
 
-# A pasted hash not mined yet, or mined and not yet confirmed, is read again this many times (CHECK_DELAYS apart).
+# A pasted hash not mined yet, or mined and not yet confirmed, is read again this many times (CHECK_DELAYS apart);
+# a chain follows the invoice's current hash, each new one with a full count, up to TX_HINT_CHAIN_RETRIES in all.
 TX_HINT_RETRIES = 30
+TX_HINT_CHAIN_RETRIES = 200
 
 
-@shared_task(name="payments.check_tx_hint", bind=True, acks_late=True, max_retries=TX_HINT_RETRIES)
+@shared_task(name="payments.check_tx_hint", bind=True, acks_late=True, max_retries=TX_HINT_CHAIN_RETRIES)
 def check_tx_hint(self, invoice_id: int) -> str:
-    """Read the transaction hash the customer pasted, and credit what it paid (payments/tx_hints.py)."""
+    """Read the transaction hash the customer pasted, and credit what it paid (payments/tx_hints.py). One chain per
+    invoice at a time (invoices._request_tx_hint_check): its key, renewed each attempt, remembers which hash it
+    follows and from which retry, so that a hash pasted while it runs gets TX_HINT_RETRIES readings of its own."""
     invoice = Invoice.objects.filter(pk=invoice_id).first() if isinstance(invoice_id, int) else None
+    pending_key = invoices.tx_hint_pending_key(invoice_id) if isinstance(invoice_id, int) else ""
     if invoice is None or not invoice.customer_tx_hint:
+        if pending_key:
+            cache.delete(pending_key)
         return "unknown"
+    followed = cache.get(pending_key)
+    if not isinstance(followed, dict) or followed.get("hash") != invoice.customer_tx_hint:
+        followed = {"hash": invoice.customer_tx_hint, "from": self.request.retries}
+    cache.set(pending_key, followed, timeout=invoices.CHECK_PENDING_SECONDS)
     delay = CHECK_DELAYS[min(self.request.retries, len(CHECK_DELAYS) - 1)]
+    retry_possible = (
+        not self.request.is_eager
+        and self.request.retries < self.max_retries
+        and self.request.retries - followed["from"] < TX_HINT_RETRIES
+        and timezone.now() < invoice.monitor_until
+    )
     try:
         outcome = tx_hints.invoice_check_tx_hint(invoice=invoice)
     except ChainUnavailable as exc:
+        if not retry_possible:
+            cache.delete(pending_key)
+            raise
         raise self.retry(exc=exc, countdown=delay) from exc
     waiting = outcome in (Invoice.TxHintOutcome.NOT_FOUND, Invoice.TxHintOutcome.CONFIRMING)
-    if waiting and not self.request.is_eager and timezone.now() < invoice.monitor_until:
-        raise self.retry(countdown=delay)
+    # A hash pasted during this attempt found the chain's key held and queued nothing: it is read next.
+    replaced = Invoice.objects.filter(pk=invoice_id).exclude(customer_tx_hint=invoice.customer_tx_hint).exists()
+    if (waiting or replaced) and retry_possible:
+        raise self.retry(countdown=1 if replaced else delay)
+    cache.delete(pending_key)
     return outcome
 
 

@@ -318,3 +318,50 @@ def test_a_pasted_hash_of_a_reverted_native_transfer_credits_nothing(client, cha
     invoice.refresh_from_db()
     assert invoice.customer_tx_outcome == Invoice.TxHintOutcome.FAILED
     assert not Transfer.objects.filter(invoice=invoice, tx_hash=tx_hash).exists()
+
+
+def test_pasted_hashes_share_one_chain_of_readings_and_a_new_hash_gets_its_own_count(
+    client, chain, booking_data, monkeypatch
+):
+    """Each paste used to start its own chain of up to 30 readings: ten pastes an hour, three hundred readings. One
+    chain per invoice now follows the invoice's current hash, and a hash pasted while it runs is read with a full
+    count of its own (not what the previous hash left)."""
+    from celery.exceptions import Retry
+    from django.core.cache import cache
+
+    from payments import invoices, tasks
+
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    task = tasks.check_tx_hint
+    queued = []
+    monkeypatch.setattr(task, "apply_async", lambda args, **kwargs: queued.append(args))
+    for attempt in range(3):
+        client.post(paid_url(order, token), {"tx_hint": "0x" + f"{attempt + 1:064x}"})
+    assert queued == [[invoice.pk]]  # three pastes, one chain
+
+    retries = []
+    monkeypatch.setattr(task, "retry", lambda **kwargs: retries.append(kwargs.get("countdown")) or Retry())
+
+    def attempt(number: int) -> str:
+        task.push_request(retries=number, is_eager=False)
+        try:
+            return task.run(invoice.pk)
+        finally:
+            task.pop_request()
+
+    # Hash 3 (unknown on the chain) is followed from retry 0: at its 30th reading the chain gives up.
+    with pytest.raises(Retry):
+        attempt(0)
+    assert attempt(tasks.TX_HINT_RETRIES) == Invoice.TxHintOutcome.NOT_FOUND
+    assert cache.get(invoices.tx_hint_pending_key(invoice.pk)) is None  # free for the next paste
+
+    # A new hash pasted while a chain is at its 29th reading gets 30 readings of its own.
+    with pytest.raises(Retry):
+        attempt(tasks.TX_HINT_RETRIES - 1)
+    Invoice.objects.filter(pk=invoice.pk).update(customer_tx_hint="0x" + "ab" * 32)
+    with pytest.raises(Retry):
+        attempt(tasks.TX_HINT_RETRIES)  # the first reading of the new hash, not the old one's last
+    with pytest.raises(Retry):
+        attempt(2 * tasks.TX_HINT_RETRIES - 1)
+    assert attempt(2 * tasks.TX_HINT_RETRIES) == Invoice.TxHintOutcome.NOT_FOUND
