@@ -19,9 +19,10 @@ from booking.tokens import new_access_token, token_hash
 MAX_LIVE_LINKS = 5
 
 
-def issue_token(*, order: Order) -> str:
+def issue_token(*, order: Order, mailed: bool = False) -> str:
+    """A new secret link to the order; `mailed` for one that goes to the contact's address by e-mail."""
     token = new_access_token()
-    OrderAccessToken.objects.create(order=order, token_hash=token_hash(token))
+    OrderAccessToken.objects.create(order=order, token_hash=token_hash(token), mailed=mailed)
     keep = order.access_tokens.order_by("-created_at", "-pk").values_list("pk", flat=True)[:MAX_LIVE_LINKS]
     order.access_tokens.exclude(pk__in=list(keep)).delete()
     return token
@@ -33,16 +34,30 @@ def order_link(*, order: Order, token: str) -> str:
 
 def order_send_link(*, order: Order) -> None:
     """E-mail a fresh secret link to the order's contact (a new token, so no secret travels through the broker)."""
-    token = issue_token(order=order)
+    token = issue_token(order=order, mailed=True)
     notices.send(Notice.ORDER_LINK, order=order, link=order_link(order=order, token=token))
 
 
+def link_opened(*, order: Order, token: str, now: datetime | None = None) -> None:
+    """A link was opened. The first time one that was sent by e-mail is, the order's contact address is confirmed
+    (one UPDATE; nothing once confirmed)."""
+    if order.email_verified_at is not None:
+        return
+    if order.access_tokens.filter(token_hash=token_hash(token), mailed=True).exists():
+        now = now or timezone.now()
+        Order.objects.filter(pk=order.pk, email_verified_at__isnull=True).update(email_verified_at=now)
+        order.email_verified_at = now
+
+
 @transaction.atomic
-def order_links_revoke(*, order: Order) -> int:
+def order_links_revoke(*, order: Order, token: str) -> int:
     """Every secret link of the order stops working at once (the one used included); a new one is mailed to the
     order's contact, minted by the task so that no secret travels through the broker. Returns how many links
-    were revoked."""
+    were revoked: 0, and no e-mail, when the link used was revoked meanwhile (parallel presses, checked under the
+    order's lock: one revocation, one e-mail)."""
     order = lock_order(order.pk)
+    if not order.access_tokens.filter(token_hash=token_hash(token)).exists():
+        return 0
     revoked, _by_model = order.access_tokens.all().delete()  # post_delete: the status polls of old links stop
     order_note(order=order, reason="links revoked", actor_kind=OrderEvent.Actor.CUSTOMER, evidence={"links": revoked})
     from booking.tasks import send_order_link
@@ -57,7 +72,7 @@ def orders_send_links(*, email: str, language: str, now: datetime | None = None)
     orders = list(selectors.orders_for_email(email=email, since=now - timedelta(days=400))[:20])
     if not orders:
         return 0
-    links = [(order, order_link(order=order, token=issue_token(order=order))) for order in orders]
+    links = [(order, order_link(order=order, token=issue_token(order=order, mailed=True))) for order in orders]
     notices.send(Notice.ORDER_LINKS, to=orders[0].contact_email, language=language, links=links)
     return len(orders)
 

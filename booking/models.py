@@ -375,6 +375,9 @@ class Order(models.Model):
     # A keyed digest of the client address the order was placed from (portal.client.client_key), for the limit
     # on unpaid lots; the address itself is not kept.
     client_key = models.CharField(_("client key"), max_length=64, blank=True, editable=False)
+    # When a link sent to the contact's address was first opened: from then on the order counts toward that
+    # address's limit of unpaid lots (a stranger cannot spend a researcher's limit by typing their address).
+    email_verified_at = models.DateTimeField(_("e-mail address confirmed"), null=True, blank=True, editable=False)
     # The terms the customer accepted when booking; null only for orders placed before terms were versioned.
     terms_version = models.ForeignKey(
         TermsVersion,
@@ -465,6 +468,9 @@ class OrderAccessToken(models.Model):
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="access_tokens")
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Sent by e-mail (not the one shown in the browser at booking): opening it proves the order's contact reads
+    # that mailbox (Order.email_verified_at).
+    mailed = models.BooleanField(default=False)
 
     class Meta:
         verbose_name = _("access token")

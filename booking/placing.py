@@ -15,7 +15,7 @@ from django.utils.translation import ngettext
 
 from booking import availability, selectors
 from booking.links import issue_token
-from booking.locks import lock_capacity
+from booking.locks import lock_capacity, lock_client
 from booking.models import (
     Allocation,
     BookingPolicy,
@@ -219,6 +219,7 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
     constraint on allocations (PostgreSQL) is the guarantee behind it. Raises SoldOutUnderLock when the lots
     are gone. Returns the order and its secret token (shown once)."""
     request = plan.request
+    lock_client(email=request.contact.email, client_key=request.client_key)
     lock_capacity(request.hardware_class.pk)
     _check_unpaid_lots(request=request, policy=plan.policy, now=plan.now)
     lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=plan.window, limit=request.lot_count)
@@ -256,9 +257,9 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
 
 
 def _check_unpaid_lots(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
-    """Holding lots costs nothing until paid: one e-mail address or one client address holds at most the policy's
-    number of unpaid lots at a time. Checked under the class lock (two bookings of different classes at the same
-    instant may both pass; the hold then ends with the quote anyway)."""
+    """Holding lots costs nothing until paid: one e-mail address (once its owner confirmed it) or one client
+    address holds at most the policy's number of unpaid lots at a time, across classes. Checked under the
+    client's lock (booking/locks.py)."""
     held = selectors.unpaid_lots_of(email=request.contact.email, client_key=request.client_key)
     limit = policy.max_unpaid_lots_per_client
     if held.lots + request.lot_count <= limit:

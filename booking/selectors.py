@@ -202,8 +202,9 @@ class UnpaidLots:
 
 
 def unpaid_lots_of(*, email: str, client_key: str) -> UnpaidLots:
-    """The lots held, unpaid, by orders of this e-mail address or placed from this client address (one query)."""
-    same_client = Q(contact_email__iexact=email.strip())
+    """The lots held, unpaid, by orders of this e-mail address whose contact confirmed it (opened a link sent
+    there: anyone can type someone else's address), or placed from this client address (one query)."""
+    same_client = Q(contact_email__iexact=email.strip(), email_verified_at__isnull=False)
     if client_key:
         same_client |= Q(client_key=client_key)
     held = Order.objects.filter(same_client, status=OrderStatus.AWAITING_PAYMENT).aggregate(

@@ -283,18 +283,20 @@ def resend_link(request: HttpRequest) -> HttpResponse:
     sent = False
     if request.method == "POST" and form.is_valid():  # only a well-formed address counts against the limits
         email = form.cleaned_data["email"].strip().lower()
-        limited = is_ratelimited(
+        if is_ratelimited(
             request, group="resend-link-ip", key="ip", rate=settings.RATELIMIT_RESEND_LINK, increment=True
-        ) | is_ratelimited(
+        ):
+            return render(request, "429.html", status=429)
+        # The address's own limit keeps its mailbox from being flooded. Reaching it is no error to show: whoever
+        # asked, the links went to that mailbox a moment ago (a stranger spending the limit locks no one out).
+        if not is_ratelimited(
             request,
             group="resend-link-email",
             key=lambda group, request: email,
             rate=settings.RATELIMIT_RESEND_LINK,
             increment=True,
-        )
-        if limited:
-            return render(request, "429.html", status=429)
-        links.orders_request_links(email=email, language=get_language())
+        ):
+            links.orders_request_links(email=email, language=get_language())
         sent = True
     return render(request, "customer/resend_link.html", {"form": form, "sent": sent})
 

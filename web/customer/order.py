@@ -62,7 +62,9 @@ def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     """The order page, or its polled status block for htmx. A poll whose block is still current never gets
     here: web.poll answers it "unchanged"."""
     versions = status_cache.current_versions(public_id)  # before the order is read (web/status_cache.py)
-    return order_page(request, _order_or_404(public_id, token), token, versions=versions)
+    order = _order_or_404(public_id, token)
+    links.link_opened(order=order, token=token)
+    return order_page(request, order, token, versions=versions)
 
 
 END_WARNING = timedelta(hours=48)  # the order page warns this long before an active window ends
@@ -222,7 +224,7 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     """Revoke every link to the order (this one included) and mail a new one to the order's contact."""
     order = _order_or_404(public_id, token)
-    links.order_links_revoke(order=order)
+    links.order_links_revoke(order=order, token=token)
     context = {
         "order": order,
         "masked_email": _masked_email(order.contact_email),
