@@ -220,6 +220,21 @@ class Host(models.Model):
         verbose_name=_("exclusive lot"),
         help_text=_("In the exclusive mode, the host's one lot: no other lot of the host is offered."),
     )
+
+    # "Check host" runs on the provisioning queue (the worker holds the SSH key, the web process does not): where
+    # the operator's request stands, shown on the console's host page while it runs.
+    class CheckState(models.TextChoices):
+        IDLE = "", _("no check asked")
+        QUEUED = "queued", _("queued")
+        RUNNING = "running", _("running")
+        DONE = "done", _("done")
+        FAILED = "failed", _("failed")
+
+    check_state = models.CharField(
+        _("check"), max_length=8, choices=CheckState.choices, default=CheckState.IDLE, blank=True, editable=False
+    )
+    check_requested_at = models.DateTimeField(_("check asked at"), null=True, blank=True, editable=False)
+    check_error = models.TextField(_("why the last check failed"), blank=True, editable=False)
     # What the last health check found while the host had running windows (provisioning/health.py): SSH reachable,
     # the lots' GPUs present, disk space. Operators are alerted when it turns to failing, once per failure.
     health_status = models.CharField(

@@ -3,39 +3,27 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from booking.rules import BookingError
 from inventory.models import Host, MaintenanceWindow
 from portal.singleton import SingletonAdmin
 from provisioning import hosts
 from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep
 
 
-def report_host_check(request: HttpRequest, host: Host) -> None:
-    """Check the host's isolation and tell the operator what was found (console and admin action)."""
-    try:
-        check = hosts.host_check(host=host, actor=request.user)
-    except BookingError as exc:
-        messages.error(request, exc.message)
-        return
-    mode = Host.Isolation(check.finding.mode)
-    values = {"host": host.name, "mode": mode.label}
-    if mode == Host.Isolation.NOT_ISOLATED:
-        message = _(
-            "%(host)s is not isolated: its lots are not offered to customers. Install podman or docker on it, "
-            "remove world access to its GPU device nodes, or keep a single lot on it, then check it again."
+def request_host_checks(request: HttpRequest, hosts_: list[Host]) -> None:
+    """Queue "check host" for each host and tell the operator where to read the results (console and admin)."""
+    queued = [host.name for host in hosts_ if hosts.host_check_request(host=host, actor=request.user)]
+    already = [host.name for host in hosts_ if host.name not in queued]
+    if queued:
+        messages.info(
+            request,
+            _(
+                "Check queued for %(hosts)s: a worker runs it over SSH, and each host's page in the console shows "
+                "where it stands and what it found."
+            )
+            % {"hosts": ", ".join(queued)},
         )
-        messages.warning(request, message % values)
-    elif mode == Host.Isolation.DRY_RUN:
-        messages.info(request, _("%(host)s uses the dry-run driver: nothing was probed.") % values)
-    else:
-        messages.success(request, _("%(host)s: %(mode)s; its lots are offered.") % values)
-    if check.orders_left_unisolated:
-        orders = ", ".join(order.public_id for order in check.orders_left_unisolated)
-        message = _(
-            "Booked orders stay on %(host)s and are not cancelled: %(orders)s. Reassign their lots or restore "
-            "isolation before their window."
-        )
-        messages.warning(request, message % {"host": host.name, "orders": orders})
+    if already:
+        messages.info(request, _("A check is already under way for %(hosts)s.") % {"hosts": ", ".join(already)})
 
 
 class MaintenanceWindowInline(admin.TabularInline):
@@ -100,8 +88,7 @@ class HostAdmin(admin.ModelAdmin):
 
     @admin.action(description=gettext_lazy("Check the selected hosts' isolation"), permissions=["change"])
     def check_hosts(self, request: HttpRequest, queryset) -> None:
-        for host in queryset[:50]:  # each check is an SSH session: a bounded batch per click
-            report_host_check(request, host)
+        request_host_checks(request, list(queryset[:50]))  # each check is an SSH session: a bounded batch
 
 
 @admin.register(OperatorSettings)

@@ -108,6 +108,63 @@ def host_check(
     return HostCheck(finding=finding, orders_left_unisolated=left)
 
 
+# A check asked this long ago and still queued or running was lost with its worker: it may be asked again.
+CHECK_STALE_AFTER = timedelta(minutes=10)
+
+
+def host_check_request(*, host: Host, actor: AbstractBaseUser | None = None, now: datetime | None = None) -> bool:
+    """Queue "check host" on the provisioning queue, whose worker holds the SSH key (the web process has none and
+    must not wait on SSH): the host's `check_state` says where it stands, for the console. False, and nothing
+    queued, when a check of the host is already queued or running (parallel clicks: one check)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        in_flight = host.check_state in (Host.CheckState.QUEUED, Host.CheckState.RUNNING)
+        if in_flight and host.check_requested_at and host.check_requested_at > now - CHECK_STALE_AFTER:
+            return False
+        host.check_state, host.check_requested_at, host.check_error = Host.CheckState.QUEUED, now, ""
+        host.save(update_fields=["check_state", "check_requested_at", "check_error"])
+        actor_id = actor.pk if actor is not None and actor.is_authenticated else None
+        transaction.on_commit(lambda: _queue_check(host_id=host.pk, actor_id=actor_id))
+    return True
+
+
+def _queue_check(*, host_id: int, actor_id: int | None) -> None:
+    from provisioning.tasks import check_host
+
+    try:
+        check_host.apply_async(args=[host_id, actor_id], retry=False)
+    except Exception as exc:  # kombu and redis raise many types; any of them means "not queued"
+        logger.warning("the check of host %s could not be queued: %s", host_id, exc)
+        Host.objects.filter(pk=host_id, check_state=Host.CheckState.QUEUED).update(
+            check_state=Host.CheckState.FAILED, check_error=_("The task queue could not be reached: try again.")
+        )
+
+
+def host_check_run(*, host_id: int, actor_id: int | None = None) -> str:
+    """The worker's side of "check host": run it and record where it stands. Returns the mode found, "failed" or
+    "unknown" (no such host)."""
+    from django.contrib.auth import get_user_model
+
+    host = Host.objects.filter(pk=host_id).first()
+    if host is None:
+        return "unknown"
+    Host.objects.filter(pk=host_id).update(check_state=Host.CheckState.RUNNING)
+    actor = get_user_model().objects.filter(pk=actor_id, is_active=True).first() if actor_id else None
+    try:
+        check = host_check(host=host, actor=actor)
+    except ProvisioningError as exc:
+        error = exc.message
+    except Exception as exc:  # an unknown failure is this check's, recorded for the operator; the worker goes on
+        logger.exception("host %s: the check failed", host.name)
+        error = _("The check failed unexpectedly (%(error)s): see the worker's log.") % {"error": type(exc).__name__}
+    else:
+        Host.objects.filter(pk=host_id).update(check_state=Host.CheckState.DONE, check_error="")
+        return check.finding.mode
+    Host.objects.filter(pk=host_id).update(check_state=Host.CheckState.FAILED, check_error=error[:2000])
+    return "failed"
+
+
 HOST_CHECK_INTERVAL = timedelta(hours=6)
 
 

@@ -63,6 +63,14 @@ def sample_readings() -> int:
     return readings.readings_sample()
 
 
+@shared_task(name="provisioning.check_host")
+def check_host(host_id: int, actor_id: int | None = None) -> str:
+    """An operator's "check host" (provisioning/hosts.py host_check_request)."""
+    if not isinstance(host_id, int) or not (actor_id is None or isinstance(actor_id, int)):
+        return "unknown"
+    return hosts.host_check_run(host_id=host_id, actor_id=actor_id)
+
+
 @shared_task(name="provisioning.check_hosts")
 def check_hosts() -> dict:
     return hosts.hosts_check_due()

@@ -38,17 +38,16 @@ def test_only_operators_reach_the_hosts_pages_and_the_check(client, catalog, dja
 
 
 def test_checking_a_shared_host_without_runtime_refuses_its_lots_and_says_what_to_do(
-    client,
-    operator,
-    probed_host,
+    client, operator, probed_host, django_capture_on_commit_callbacks
 ):
     # No runtime, two active lots, and this machine has no /dev/nvidia* nodes: nothing keeps customers apart.
     Host.objects.filter(pk=probed_host.pk).update(container_runtime=NO_RUNTIME)
     client.force_login(operator)
 
-    response = client.post(reverse("console:host-check", kwargs={"name": "probed"}), follow=True)
+    with django_capture_on_commit_callbacks(execute=True):  # the queued check runs (eager worker)
+        client.post(reverse("console:host-check", kwargs={"name": "probed"}))
 
-    page = response.content.decode()
+    page = client.get(reverse("console:host", kwargs={"name": "probed"})).content.decode()
     assert "probed is not isolated: its lots are not offered to customers" in page
     assert "Install podman or docker on it" in page
     assert "/dev/nvidia0: missing" in page  # the report, on the host's page
@@ -86,19 +85,78 @@ def test_the_lot_admin_says_why_an_active_lot_is_not_offered(
     )
 
 
-def test_the_admin_action_checks_the_selected_hosts(client, admin_user, catalog):
+def test_the_admin_action_queues_checks_of_the_selected_hosts(
+    client, admin_user, catalog, django_capture_on_commit_callbacks
+):
     host = Host.objects.get(name="b200-node-01")
     client.force_login(admin_user)
 
-    response = client.post(
-        reverse("admin:inventory_host_changelist"),
-        {"action": "check_hosts", "_selected_action": [host.pk]},
-        follow=True,
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            reverse("admin:inventory_host_changelist"),
+            {"action": "check_hosts", "_selected_action": [host.pk]},
+            follow=True,
+        )
 
     host.refresh_from_db()
+    assert "Check queued for b200-node-01: a worker runs it over SSH" in response.content.decode()
+    assert host.check_state == Host.CheckState.DONE
     assert host.isolation_checked_at is not None and "nothing was probed" in host.isolation_report
-    assert "B200-node-01 uses the dry-run driver: nothing was probed." in response.content.decode()
+
+
+def test_check_host_runs_on_the_provisioning_queue_and_the_page_follows_it(
+    client, operator, probed_host, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The web process has no SSH key and must not wait on SSH: the click queues the check, the host's page shows
+    it queued and polls, a second click queues nothing, and the worker's result is on the page when it ends."""
+    from provisioning import tasks
+
+    queued = []
+    monkeypatch.setattr(tasks.check_host, "apply_async", lambda args, **kwargs: queued.append(args))
+    client.force_login(operator)
+    check_url = reverse("console:host-check", kwargs={"name": "probed"})
+    host_url = reverse("console:host", kwargs={"name": "probed"})
+
+    with django_capture_on_commit_callbacks(execute=True):
+        first = client.post(check_url, follow=True).content.decode()
+        again = client.post(check_url, follow=True).content.decode()
+
+    assert queued == [[probed_host.pk, operator.pk]]  # one check for two clicks
+    assert "Check queued at" in first and 'hx-trigger="every 2s"' in first
+    assert "A check is already under way for probed." in again
+    assert Host.objects.get(pk=probed_host.pk).isolation_checked_at is None  # nothing probed by the web process
+    poll = client.get(host_url, headers={"HX-Request": "true"})
+    assert poll.status_code == 200 and "Check queued at" in poll.content.decode()
+
+    assert tasks.check_host.run(*queued[0]) == Host.Isolation.CONTAINER  # the worker's side
+
+    host = Host.objects.get(pk=probed_host.pk)
+    assert host.check_state == Host.CheckState.DONE and host.isolation_mode == Host.Isolation.CONTAINER
+    assert client.get(host_url, headers={"HX-Request": "true"}).headers.get("HX-Refresh") == "true"
+    assert "probed: Container per order; its lots are offered." in client.get(host_url).content.decode()
+
+
+def test_a_check_that_cannot_reach_the_host_says_why_and_keeps_the_previous_finding(
+    client, operator, probed_host, django_capture_on_commit_callbacks
+):
+    Host.objects.filter(pk=probed_host.pk).update(address="127.0.0.1", ssh_port=1)  # nothing listens there
+    client.force_login(operator)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("console:host-check", kwargs={"name": "probed"}))
+
+    host = Host.objects.get(pk=probed_host.pk)
+    page = client.get(reverse("console:host", kwargs={"name": "probed"})).content.decode()
+    assert host.check_state == Host.CheckState.FAILED and host.isolation_checked_at is None
+    assert "failed: Could not check probed:" in page and "The host keeps its previous finding." in page
+
+
+def test_a_check_task_with_hostile_arguments_does_nothing(catalog):
+    from provisioning import tasks
+
+    assert tasks.check_host.run("1; rm -rf /", None) == "unknown"
+    assert tasks.check_host.run(10**9, None) == "unknown"
+    assert tasks.check_host.run(Host.objects.first().pk, "admin") == "unknown"
 
 
 @pytest.mark.parametrize(
@@ -174,12 +232,14 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
     assert not host.offers_lots
 
 
-def test_the_hosts_pages_speak_french(client, operator, catalog):
+def test_the_hosts_pages_speak_french(client, operator, catalog, django_capture_on_commit_callbacks):
     client.force_login(operator)
     client.cookies["django_language"] = "fr"
 
     hosts = client.get(reverse("console:hosts")).content.decode()
-    response = client.post(reverse("console:host-check", kwargs={"name": "b200-node-01"}), follow=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("console:host-check", kwargs={"name": "b200-node-01"}))
+    response = client.get(reverse("console:host", kwargs={"name": "b200-node-01"}))
 
     assert "Hôtes" in hosts and "Simulation (démo, non sondé)" in hosts and "Pourquoi" in hosts
     page = response.content.decode()

@@ -25,7 +25,7 @@ from payments.models import Invoice
 from payments.selectors import revenue_by_month
 from portal.numbers import whole_number
 from provisioning import rules, runs, selectors, services
-from provisioning.admin import report_host_check
+from provisioning.admin import request_host_checks
 
 OPERATE = "booking.operate_orders"
 
@@ -266,8 +266,14 @@ def hosts(request: HttpRequest) -> HttpResponse:
 @operator_required
 def host_detail(request: HttpRequest, name: str) -> HttpResponse:
     host = get_object_or_404(Host.objects.select_related("exclusive_lot"), name=name)
+    check_in_flight = host.check_state in (Host.CheckState.QUEUED, Host.CheckState.RUNNING)
+    if request.htmx:  # the check's block, polled while the check is queued or running
+        if not check_in_flight:
+            return HttpResponseClientRefresh()  # done: the whole page, with the finding and the report
+        return render(request, "console/host.html#host-check", {"host": host, "check_in_flight": True})
     context = {
         "host": host,
+        "check_in_flight": check_in_flight,
         "limits": selectors.container_limits(host),
         "lots": list(host.lots.select_related("hardware_class").order_by("name")),
         "booked_orders": list(selectors.orders_booked_on(host=host)[:100]),
@@ -280,5 +286,5 @@ def host_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @operator_required
 def host_check(request: HttpRequest, name: str) -> HttpResponse:
-    report_host_check(request, get_object_or_404(Host, name=name))
+    request_host_checks(request, [get_object_or_404(Host, name=name)])
     return redirect("console:host", name=name)
