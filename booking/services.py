@@ -2,10 +2,11 @@
 
 import logging
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -30,6 +31,7 @@ from booking.rules import (
 )
 from booking.signals import send_order_status_changed_on_commit
 from booking.ssh_keys import SshPublicKey
+from inventory.models import MaintenanceWindow
 
 logger = logging.getLogger(__name__)
 
@@ -182,20 +184,53 @@ def order_reassign_lot(
     )
 
 
+def _lots_busy_from(*, order: Order, after: datetime) -> tuple[datetime | None, datetime | None]:
+    """When the order's lots are next taken after `after`: the earliest start of another live allocation of them,
+    and of a maintenance window of their hosts, still running at `after` (either None when there is none)."""
+    lot_ids = list(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
+    booked = (
+        Allocation.objects.filter(lot_id__in=lot_ids, released_at__isnull=True, ends_at__gt=after)
+        .exclude(order=order)
+        .aggregate(first=Min("starts_at"))["first"]
+    )
+    maintenance = MaintenanceWindow.objects.filter(host__lots__id__in=lot_ids, ends_at__gt=after).aggregate(
+        first=Min("starts_at")
+    )["first"]
+    return booked, maintenance
+
+
+def days_to_next_booking(*, order: Order) -> int | None:
+    """The whole days the order's lots stay free after its window, when they are taken again (another booking, a
+    host's maintenance) before the longest window on sale would end, and that is not already one of the windows
+    on sale: an extension of exactly those days is offered. None otherwise, or with less than a day left."""
+    turnaround = BookingPolicy.current().turnaround
+    booked, maintenance = _lots_busy_from(order=order, after=order.ends_at + turnaround)
+    starts = [moment for moment in (booked, maintenance) if moment is not None]
+    if not starts:
+        return None
+    days = (min(starts) - turnaround - order.ends_at) // timedelta(days=1)
+    if days < 1 or days >= max(WindowDays.values) or days in WindowDays.values:
+        return None
+    return days
+
+
 def extension_check(*, order: Order, days: int) -> selectors.Window:
-    """The extension window right after the order's end if the same lots are free for it, else BookingError."""
+    """The extension window right after the order's end if the same lots are free for it (no other booking, no
+    maintenance of their hosts), else BookingError. `days` is one of the windows on sale, or the days left to the
+    lots' next booking."""
     if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
         raise BookingError(_("Only a ready or active window can be extended."))
-    if days not in WindowDays.values:
-        raise BookingError(_("Choose an extension of 3, 7 or 30 days."), field="days")
+    if days not in WindowDays.values and (not isinstance(days, int) or days != days_to_next_booking(order=order)):
+        raise BookingError(
+            _("Choose an extension of 3, 7 or 30 days, or the days left before the next booking."), field="days"
+        )
     policy = BookingPolicy.current()
     held_from, held_until = order.ends_at + policy.turnaround, order.ends_at + timedelta(days=days) + policy.turnaround
-    lot_ids = list(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
-    taken = Allocation.objects.filter(
-        lot_id__in=lot_ids, released_at__isnull=True, starts_at__lt=held_until, ends_at__gt=held_from
-    ).exclude(order=order)
-    if taken.exists():
+    booked, maintenance = _lots_busy_from(order=order, after=held_from)
+    if booked is not None and booked < held_until:
         raise BookingError(_("The same lots are booked after this window: it cannot be extended."))
+    if maintenance is not None and maintenance < held_until:
+        raise BookingError(_("The cards' host is in maintenance after this window: it cannot be extended that long."))
     return selectors.Window(
         starts_at=order.ends_at,
         ends_at=order.ends_at + timedelta(days=days),
@@ -205,12 +240,19 @@ def extension_check(*, order: Order, days: int) -> selectors.Window:
 
 
 def extension_price(*, order: Order, days: int) -> Decimal:
-    """What extending the order by `days` costs, if the extension is possible now (else BookingError)."""
+    """What extending the order by `days` costs, if the extension is possible now (else BookingError): the
+    catalog's price for a window on sale; for the days left to the next booking, that many days at the daily rate
+    of the longest window on sale not longer than them (of the shortest when they are fewer), to the cent."""
     extension_check(order=order, days=days)
-    price = order.hardware_class.prices.filter(days=days).values_list("amount_per_lot", flat=True).first()
-    if price is None:
+    prices = dict(order.hardware_class.prices.values_list("days", "amount_per_lot"))
+    if days in prices:
+        return prices[days] * order.lot_count
+    shorter = [window for window in prices if window <= days]
+    base = max(shorter) if shorter else min(prices, default=None)
+    if base is None or days in WindowDays.values:
         raise BookingError(_("This window is not on sale for this hardware class."), field="days")
-    return price * order.lot_count
+    per_lot = (prices[base] * days / base).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    return per_lot * order.lot_count
 
 
 # A payment sent just before an extension's quote expires still has its lots when it confirms.

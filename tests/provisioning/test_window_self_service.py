@@ -1,6 +1,7 @@
 """The window is the customer's: extending it from the order page (the lots held while the extension is paid) and
 ending it early (access torn down, the cards back on sale)."""
 
+import html
 from datetime import timedelta
 
 import pytest
@@ -87,9 +88,61 @@ def test_a_hostile_extension_request_is_answered_and_changes_nothing(client, rea
     before = held_until(order)
     response = client.post(urls(order, token)["order-extend"], {"days": days}, follow=True)
     assert response.status_code == 200
-    assert "Choose an extension of 3, 7 or 30 days." in response.content.decode()
+    assert "Choose an extension of 3, 7 or 30 days, or the days left before the next booking." in (
+        response.content.decode()
+    )
     assert not Invoice.objects.filter(order=order, purpose="extension").exists()
     assert held_until(order) == before
+
+
+def test_the_days_left_before_the_host_s_maintenance_are_offered_at_the_daily_rate(client, ready_order, admin_user):
+    from decimal import Decimal
+
+    from inventory.models import MaintenanceWindow
+
+    order, token = ready_order
+    end = order.ends_at
+    host = order.allocations.first().lot.host
+    starts = end + TURNAROUND + timedelta(days=1, hours=1)
+    MaintenanceWindow.objects.create(host=host, starts_at=starts, ends_at=starts + timedelta(days=1), reason="BIOS")
+
+    page = " ".join(client.get(urls(order, token)["order"]).content.decode().split())
+    assert "1 more day: 966.66 EUR" in page  # 2 lots × 1,450 / 3, to the cent
+    assert "the days left before these cards are booked again, priced per day" in page
+    assert "The cards’ host is in maintenance after this window" in html.unescape(page).replace("'", "’")
+
+    refused = client.post(urls(order, token)["order-extend"], {"days": "3"}, follow=True).content.decode()
+    assert "in maintenance after this window: it cannot be extended that long" in html.unescape(refused)
+    assert client.post(urls(order, token)["order-extend"], {"days": "2"}, follow=True).status_code == 200
+    assert not Invoice.objects.filter(order=order, purpose="extension").exists()
+
+    client.post(urls(order, token)["order-extend"], {"days": "1"})
+    extension = Invoice.objects.get(order=order, purpose="extension")
+    assert extension.extension_days == 1 and extension.fiat_amount == Decimal("966.66")
+    invoice_mark_paid(invoice=extension, user=admin_user, reason="test")
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(days=1)
+    assert held_until(order) == {order.ends_at + TURNAROUND}
+
+
+def test_the_days_left_before_another_booking_of_the_same_cards_are_offered(client, ready_order):
+    from booking.models import Allocation
+
+    order, token = ready_order
+    end = order.ends_at
+    lot = order.allocations.first().lot
+    # The next researcher (an order of their own) has one of these cards from 5 days and 2 hours after this
+    # window's turnaround.
+    other = Order.objects.get(pk=order.pk)
+    other.pk, other.public_id = None, "BN-NEXTNEXT"
+    other.save()
+    starts = end + TURNAROUND + timedelta(days=5, hours=2)
+    Allocation.objects.create(order=other, lot=lot, starts_at=starts, ends_at=starts + timedelta(days=3))
+
+    page = " ".join(client.get(urls(order, token)["order"]).content.decode().split())
+    assert "5 more days: 4833.34 EUR" in page  # 2 × round(1,450 × 5 / 3, 2) = 2 × 2,416.67
+    assert "7 more days (The same lots are booked after this window" in page
+    assert booking_services.days_to_next_booking(order=order) == 5
 
 
 def test_ending_early_needs_a_confirmation_then_frees_the_cards_and_tears_down(

@@ -141,6 +141,14 @@ def _extension_offers(order: Order) -> list[dict]:
             offers.append({"days": days, "price": services.extension_price(order=order, days=days)})
         except BookingError as exc:
             offers.append({"days": days, "price": None, "why": exc.message})
+    left = services.days_to_next_booking(order=order)
+    if left is not None:  # the cards are taken again sooner than some window on sale would end: up to then
+        try:
+            price = services.extension_price(order=order, days=left)
+        except BookingError:
+            pass
+        else:
+            offers.append({"days": left, "price": price, "until_next_booking": True})
     return offers
 
 
