@@ -96,3 +96,28 @@ def test_the_check_sees_the_undeclared_import_of_requests_in_the_chain_adapter()
     """The check itself: without its line in pyproject.toml, requests would be reported."""
     declared = _declared("runtime") - {"requests"}
     assert "requests" in _undeclared([ROOT / "payments" / "chain.py"], declared)
+
+
+CSP_PUBLIC = {  # what django-csp 4.0 documents: the middleware and its extension point, the constants, decorators
+    "csp.middleware": {"CSPMiddleware", "PolicyParts"},
+    "csp.constants": None,  # every name
+    "csp.decorators": {"csp", "csp_exempt", "csp_replace", "csp_update"},
+}
+
+
+def test_the_portal_uses_only_django_csp_s_documented_names():
+    """The CSP is built through django-csp's public interface: a private name (a response's `_csp_update`, the
+    middleware's `_csp_nonce_post_response`, an undocumented helper) would break silently on an upgrade."""
+    found = []
+    for path in _python_files("portal", "inventory", "booking", "payments", "provisioning", "web"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "csp":
+                allowed = CSP_PUBLIC.get(node.module, set())
+                names = {alias.name for alias in node.names}
+                if allowed is not None and not names <= allowed:
+                    found.append(f"{path.relative_to(ROOT)}: from {node.module} import {sorted(names - allowed)}")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_csp"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_csp"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert found == []
