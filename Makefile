@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev,trial]"
+	$(BIN)/pip install --quiet -e ".[dev,trial,embedded]"
 	touch $@
 
 # npm packages: anvil (the local chain) and solc (compiles payments/contracts/*.sol).

@@ -6,6 +6,7 @@ see docs/operations.md.
 """
 
 from datetime import timedelta
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -173,6 +174,13 @@ else:
     CELERY_RESULT_BACKEND = env.str(
         "CELERY_RESULT_BACKEND", default=f"db+sqlite:///{VAR_DIR / 'celery-results.sqlite3'}"
     )
+    _on_sqlalchemy = CELERY_BROKER_URL.startswith("sqla+") or CELERY_RESULT_BACKEND.startswith("db+")
+    if _on_sqlalchemy and find_spec("sqlalchemy") is None:
+        raise ImproperlyConfigured(
+            "Without REDIS_URL the portal runs on its embedded default, which needs the `embedded` extra "
+            "(pip install -e '.[embedded]', as make run does). The production image has no such packages: "
+            'set REDIS_URL (docs/operations.md, "Redis").'
+        )
 
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_DEFAULT_QUEUE = "default"
