@@ -321,6 +321,7 @@ def test_check_deploy_is_clean_with_production_settings(production_chains):
         PAYMENTS_XPUB=NOT_DEMO_XPUB,
         PAYMENTS_CHAINS_FILE=str(production_chains),
         ALLOWED_HOSTS="book.example.org",
+        CELERY_BROKER_URL="redis://127.0.0.1:6380/0",  # a server of its own, as docker-compose.yml runs it
     )
     output = result.stdout + result.stderr
     assert "System check identified 1 issue" in output, output
