@@ -23,7 +23,9 @@ RUN groupadd --system binome \
 
 WORKDIR /app
 
-# Runtime dependencies first (cached while pyproject.toml is unchanged), then the project itself.
+# Runtime dependencies first (cached while pyproject.toml is unchanged), then the project itself. Only
+# `project.dependencies`: the extras (`embedded`: SQLAlchemy and honcho for `make run`; `dev`: the tests; `trial`:
+# PyTorch for the GPU-node tools) stay out of the image (tests/portal/test_dependencies.py runs the portal so).
 COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \

@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev,trial]"
+	$(BIN)/pip install --quiet -e ".[dev,trial,embedded]"
 	touch $@
 
 # npm packages: anvil (the local chain) and solc (compiles payments/contracts/*.sol).
@@ -33,7 +33,8 @@ node_modules/.installed: package.json package-lock.json
 # and start a Redis of their own), wrk (the C load generator of `make bench`: a Python client saturates first),
 # podman with runc (crun fails on this kernel's cgroup layout), mmdebstrap (bin/test-image builds the
 # containers' test image from Debian packages: no registry is reachable), e2fsprogs (each order's data volume is an
-# ext4 file system), curl (the forward tests) and a docker client (its own parser checks the docker commands; the
+# ext4 file system), curl (the forward tests), nginx (tests/portal/test_nginx.py runs deploy/nginx.conf; its
+# service is never started) and a docker client (its own parser checks the docker commands; the
 # machine image may ship one, else Debian's docker.io, whose daemon the tests never start).
 system-deps:
 	@missing=""; \
@@ -51,6 +52,7 @@ system-deps:
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	command -v mkfs.ext4 >/dev/null || missing="$$missing e2fsprogs"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v docker >/dev/null || missing="$$missing docker.io"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 

@@ -160,8 +160,13 @@ def _availability_hint(
             return free, free, []
         return free, *_elsewhen(request=request, policy=policy, now=now)
 
+    def compute_json() -> list:  # the shared cache holds JSON: dates as ISO text
+        free, total, next_dates = compute()
+        return [free, total, [day.isoformat() for day in next_dates]]
+
     key = f"booking:availability:{request.hardware_class.pk}:{request.start_date}:{request.days}:{request.lot_count}"
-    return availability.remember(key, compute)
+    free, total, next_dates = availability.remember(key, compute_json)
+    return free, total, [date.fromisoformat(day) for day in next_dates]
 
 
 def _price_per_lot(*, hardware_class: HardwareClass, days: int) -> Decimal | None:

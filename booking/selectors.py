@@ -8,7 +8,16 @@ from decimal import Decimal
 from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
-from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, OrderAccessToken, OrderStatus, Price
+from booking.models import (
+    Allocation,
+    BookingPolicy,
+    EnvironmentImage,
+    Order,
+    OrderAccessToken,
+    OrderEvent,
+    OrderStatus,
+    Price,
+)
 from booking.tokens import token_hash
 from inventory.models import HardwareClass, Lot, MaintenanceWindow
 
@@ -179,6 +188,45 @@ def next_start_dates(
             found.append(day)
         day += timedelta(days=1)
     return found
+
+
+EVENTS_PER_PAGE = 50
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    """Some of an order's events, oldest first, and the id to ask for the page before them (None: these are the
+    first)."""
+
+    events: list[OrderEvent]
+    older_than: int | None
+
+
+def order_events_page(
+    *, order: Order, before: int | None = None, transitions_only: bool = False, per_page: int = EVENTS_PER_PAGE
+) -> EventsPage:
+    """The `per_page` latest events of `order`, or the latest before the event `before` (one of this order's: any
+    other id gives an empty page). An order's trail has no bound (a transfer reorganised back and forth, links
+    revoked, notes): pages read at most `per_page` + 1 rows. `transitions_only`: the status changes, without the
+    notes (what a customer is shown)."""
+    events = order.events.select_related("actor")
+    if transitions_only:
+        events = events.exclude(from_status=F("to_status"))
+    if before is not None:
+        anchor = order.events.filter(pk=before).values_list("created_at", flat=True).first()
+        if anchor is None:
+            return EventsPage(events=[], older_than=None)
+        events = events.filter(Q(created_at__lt=anchor) | Q(created_at=anchor, pk__lt=before))
+    newest_first = list(events.order_by("-created_at", "-pk")[: per_page + 1])
+    older_than = newest_first[per_page - 1].pk if len(newest_first) > per_page else None
+    return EventsPage(events=newest_first[:per_page][::-1], older_than=older_than)
+
+
+def order_rejection(order: Order) -> OrderEvent | None:
+    """The event that rejected the order (its reason is shown to the customer), if it was rejected."""
+    if order.status != OrderStatus.REJECTED:
+        return None
+    return order.events.filter(to_status=OrderStatus.REJECTED).exclude(from_status=F("to_status")).last()
 
 
 def order_for_link(*, public_id: str, token: str) -> Order | None:

@@ -13,8 +13,9 @@ _COPIED_FIELDS = (*FIRST_VERSION, "full_refund_days_before", "cancellation_fee",
 
 
 def terms_current() -> TermsVersion | None:
-    """The published version with the highest number, kept in the shared cache until a version is saved."""
-    return availability.remember("booking:terms:current", _read_current)
+    """The published version with the highest number, kept in memory until a version is saved (the shared
+    generation)."""
+    return availability.remember_in_process("booking:terms:current", _read_current)
 
 
 def _read_current() -> TermsVersion | None:

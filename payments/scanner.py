@@ -318,7 +318,10 @@ def _blocks_remembered(chain_id: int, newest_invoice: int) -> dict[int, tuple[st
     if not isinstance(remembered, dict) or remembered.get("newest_invoice") != newest_invoice:
         return {}
     blocks = remembered.get("blocks")
-    return dict(blocks) if isinstance(blocks, dict) else {}
+    if not isinstance(blocks, dict):
+        return {}
+    # Stored as JSON: block numbers come back as text keys, the (hash, timestamp, parent) tuples as lists.
+    return {int(number): tuple(link) for number, link in blocks.items()}
 
 
 def _blocks_remember(chain_id: int, newest_invoice: int, memory: dict, *, above: int) -> None:

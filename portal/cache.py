@@ -8,9 +8,15 @@ django-ratelimit fails open: a counter that cannot be kept limits no one) and "m
 
 Only connection-level failures are absorbed; anything else (a wrong type, a bad argument) still raises.
 `/healthz` still reports the cache down: it writes a probe and reads it back.
+
+Values are stored as JSON (`JSONSerializer`), never as pickles: Django's default would make write access to Redis
+code execution in every process that reads the cache, the worker holding the provisioning key among them. What
+the portal caches is therefore plain data (text, numbers, lists, string-keyed dicts): a tuple comes back as a
+list, and anything JSON cannot write (bytes, a model instance, a date) is refused at `set`, not stored.
 """
 
 import functools
+import json
 import logging
 import time
 
@@ -48,6 +54,28 @@ def _degrade(on_failure):
         return wrapper
 
     return decorate
+
+
+class JSONSerializer:
+    """Django's RedisSerializer without pickle: integers are stored as Redis integers (so that INCR works on them,
+    as Django's does), everything else as compact JSON text. `dumps` raises TypeError on what JSON cannot hold."""
+
+    def dumps(self, obj) -> bytes | int:
+        # `type() is int`: a bool must come back as a bool, so it goes through JSON like any other value.
+        if type(obj) is int:
+            return obj
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+    def loads(self, data: bytes | int):
+        try:
+            return int(data)
+        except ValueError:
+            pass
+        try:
+            return json.loads(data)
+        except ValueError:  # not written by the portal (a planted pickle, say): read as a miss, never run
+            logger.warning("cache entry that is not JSON read as a miss (%d bytes)", len(data))
+            return None
 
 
 def _missing_counter(key, *args, **kwargs):
@@ -94,6 +122,8 @@ class ResilientRedisCache(RedisCache):
     def __init__(self, server, params):
         super().__init__(server, params)
         self._class = ReusedClientRedisCacheClient
+        # JSON unless the settings name another serializer: never Django's pickle by omission.
+        self._options = {"serializer": JSONSerializer, **self._options}
 
     get = _degrade(lambda key, default=None, version=None: default)(RedisCache.get)
     get_many = _degrade(lambda keys, version=None: {})(RedisCache.get_many)

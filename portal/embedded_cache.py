@@ -12,8 +12,8 @@ This backend gives them one cache instead, with what the portal relies on holdin
   processes adding the same key wins;
 - `set_many` writes in one `BEGIN IMMEDIATE` transaction and `get_many` reads in one statement, so a reader sees
   all of a `set_many` or none of it (the order versions one commit replaces);
-- integers are stored as SQLite integers (so `incr` can add to them in SQL), everything else pickled, as
-  Django's Redis cache does.
+- integers are stored as SQLite integers (so `incr` can add to them in SQL), everything else as JSON, as the
+  Redis cache does (portal/cache.py `JSONSerializer`): the development cache refuses what production's would.
 
 The file is in WAL mode (readers never wait for the writer), `synchronous=NORMAL` (a cache may lose its last
 writes on a power cut, never its consistency) and a busy timeout: a writer waits for another's lock instead of
@@ -25,8 +25,8 @@ Not for production: the file is local to one machine, and SQLite serialises writ
 """
 
 import fcntl
+import json
 import os
-import pickle
 import sqlite3
 import threading
 import time
@@ -51,16 +51,16 @@ _UPSERT = (
 
 
 def _encode(value):
-    # `type() is int`: a bool must come back as a bool, so it is pickled like any other object.
+    # `type() is int`: a bool must come back as a bool, so it goes through JSON like any other value.
     if type(value) is int and value in _INT64:
         return value
-    return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _decode(stored):
     if isinstance(stored, int):
         return stored
-    return pickle.loads(stored)  # noqa: S301 (written by this backend only, in the portal's own file)
+    return json.loads(stored)
 
 
 class SQLiteCache(BaseCache):

@@ -1,5 +1,6 @@
 """Checks behind /healthz: each answers (ok, detail) and never raises."""
 
+import threading
 import time
 
 from django.core.cache import cache
@@ -30,7 +31,27 @@ def check_cache() -> tuple[bool, str]:
     return True, cache.__class__.__name__
 
 
+# A probe may ask every second, from every load balancer: the broker is asked at most once per BROKER_CHECK_SECONDS
+# per process, and by one request at a time (the others wait for its answer). Keyed by the broker's URL, so a
+# process that changes broker asks the new one at once.
+BROKER_CHECK_SECONDS = 5.0
+_broker_answer: dict[str, tuple[float, tuple[bool, str]]] = {}
+_broker_lock = threading.Lock()
+
+
 def check_broker() -> tuple[bool, str]:
+    url = str(celery_app.conf.broker_url)
+    with _broker_lock:
+        kept = _broker_answer.get(url)
+        if kept is not None and time.monotonic() - kept[0] < BROKER_CHECK_SECONDS:
+            return kept[1]
+        answer = _connect_to_broker()
+        _broker_answer.clear()  # one URL at a time: the map never grows
+        _broker_answer[url] = (time.monotonic(), answer)
+        return answer
+
+
+def _connect_to_broker() -> tuple[bool, str]:
     try:
         with celery_app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)

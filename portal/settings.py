@@ -6,6 +6,7 @@ see docs/operations.md.
 """
 
 from datetime import timedelta
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -129,11 +130,14 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: cache, Celery broker and results (or server-free defaults) ----------------------------------------
+# REDIS_URL is the cache; CELERY_BROKER_URL the broker and results. Keep them apart in production (docker-compose.yml
+# runs two Redis servers): the cache evicts under its memory limit, the broker must never lose a queued task, and
+# anyone can make the portal write cache entries. The broker defaults to REDIS_URL for a single-Redis development.
 REDIS_URL = env.str("REDIS_URL", default="")
-# The cache keeps pickles of the code's classes (the booking page's catalog, model instances). Bump this whenever a
-# cached class or model moves or changes shape: the entries of the earlier code become invisible at the deploy,
-# instead of failing to unpickle (ModuleNotFoundError) on every page until they expire. 2: web/ and inventory/.
-CACHE_LAYOUT_VERSION = 2
+# The cache holds JSON (portal/cache.py JSONSerializer), never pickles. Bump this whenever the shape of a cached
+# value changes: the entries of the earlier code become invisible at the deploy instead of being read as the new
+# shape. 2: web/ and inventory/; 3: JSON instead of pickles.
+CACHE_LAYOUT_VERSION = 3
 if REDIS_URL:
     CACHES = {
         "default": {
@@ -143,11 +147,15 @@ if REDIS_URL:
             "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
             "VERSION": CACHE_LAYOUT_VERSION,
             # Fail fast: a cache that does not answer must not hold a request.
-            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
+            "OPTIONS": {
+                "serializer": "portal.cache.JSONSerializer",
+                "socket_connect_timeout": 1,
+                "socket_timeout": 2,
+            },
         }
     }
-    CELERY_BROKER_URL = REDIS_URL
-    CELERY_RESULT_BACKEND = REDIS_URL
+    CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+    CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
 else:
     CACHES = {
         "default": {
@@ -166,6 +174,13 @@ else:
     CELERY_RESULT_BACKEND = env.str(
         "CELERY_RESULT_BACKEND", default=f"db+sqlite:///{VAR_DIR / 'celery-results.sqlite3'}"
     )
+    _on_sqlalchemy = CELERY_BROKER_URL.startswith("sqla+") or CELERY_RESULT_BACKEND.startswith("db+")
+    if _on_sqlalchemy and find_spec("sqlalchemy") is None:
+        raise ImproperlyConfigured(
+            "Without REDIS_URL the portal runs on its embedded default, which needs the `embedded` extra "
+            "(pip install -e '.[embedded]', as make run does). The production image has no such packages: "
+            'set REDIS_URL (docs/operations.md, "Redis").'
+        )
 
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_DEFAULT_QUEUE = "default"

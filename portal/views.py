@@ -1,22 +1,43 @@
+import ipaddress
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from portal.client import client_address
 from portal.health import CHECKS
 
 
 @require_GET
 @never_cache
-def healthz(request: HttpRequest) -> JsonResponse:
-    """The state of each dependency; 503 when any is down, so a load balancer can act on the status alone."""
+def healthz(request: HttpRequest) -> HttpResponse:
+    """200 when every dependency answers, 503 when one does not, so a load balancer can act on the status alone.
+    Which one, and what it runs on, only to operators (a staff session) and to the machine itself (a probe on
+    loopback, not through a proxy): to anyone else the body is one word. The broker is asked at most every few
+    seconds (portal/health.py), however often this is called."""
     results = {}
     for name, check in CHECKS.items():
         ok, detail = check()
         results[name] = {"ok": ok, "detail": detail}
     healthy = all(result["ok"] for result in results.values())
-    return JsonResponse({"status": "ok" if healthy else "degraded", "checks": results}, status=200 if healthy else 503)
+    status = 200 if healthy else 503
+    if not _may_see_health_details(request):
+        return HttpResponse("ok" if healthy else "unavailable", content_type="text/plain", status=status)
+    return JsonResponse({"status": "ok" if healthy else "degraded", "checks": results}, status=status)
+
+
+def _may_see_health_details(request: HttpRequest) -> bool:
+    if request.user.is_active and request.user.is_staff:
+        return True
+    # Loopback, and not relayed: a proxy on the same machine connects from loopback for every client.
+    if "HTTP_X_FORWARDED_FOR" in request.META:
+        return False
+    try:
+        return ipaddress.ip_address(client_address(request)).is_loopback
+    except ValueError:
+        return False
 
 
 @require_GET

@@ -11,6 +11,7 @@ The CSRF token differs per visitor: pages are rendered with a placeholder that i
 from collections.abc import Callable
 from types import MappingProxyType
 
+from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
@@ -39,13 +40,16 @@ def cached_page(request: HttpRequest, *, key: str, render: Callable[[dict], Http
     fetched together.
     """
     page_key = f"booking:page:{request.LANGUAGE_CODE}:{key}"
-    current, body = lookup(page_key)
-    if body is None:
+    current, text = lookup(page_key)
+    if text is None:
         response = render(dict(SHARED_CONTEXT))
         if response.status_code != 200:
             return response
         body = response.content
-        cache.set(page_key, (current, body), timeout=PAGE_TTL)
+        # The shared cache holds JSON: the page as text (the portal's pages are UTF-8).
+        cache.set(page_key, [current, body.decode(response.charset)], timeout=PAGE_TTL)
+    else:
+        body = text.encode(settings.DEFAULT_CHARSET)
     response = HttpResponse(for_visitor(request, body))
     response["Vary"] = "Cookie, Accept-Language"
     return response

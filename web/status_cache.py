@@ -105,7 +105,7 @@ def remember_rendering(
         return
     timeout = int(min(RECORD_TTL, fresh_for))
     if timeout >= 1:
-        cache.set(shown_key(rendering_id), (_link(public_id, token), versions), timeout=timeout)
+        cache.set(shown_key(rendering_id), [_link(public_id, token), versions], timeout=timeout)
 
 
 def unchanged(*, public_id: str, token: str, rendering_id: str) -> bool:
@@ -115,4 +115,4 @@ def unchanged(*, public_id: str, token: str, rendering_id: str) -> bool:
         return False
     found = cache.get_many([shown_key(rendering_id), order_key(public_id), CHAINS_KEY])
     shown = found.pop(shown_key(rendering_id), None)
-    return shown == (_link(public_id, token), found)
+    return shown == [_link(public_id, token), found]  # JSON: the record comes back as a list

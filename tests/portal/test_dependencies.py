@@ -64,13 +64,14 @@ def _undeclared(paths: list[Path], declared: set[str]) -> dict[str, str]:
     found = {}
     for path in paths:
         modules = _imported_modules(path)
-        if path.name == "settings.py":
-            modules |= _named_modules(path, distributions)
-        for module in modules:
+        named = _named_modules(path, distributions) if path.name == "settings.py" else set()
+        for module in modules | named:
             providers = {_normalised(name) for name in distributions.get(module, [])}
+            # The settings may name what the embedded default alone uses (they check it is installed).
+            allowed = declared | _declared("embedded") if module in named - modules else declared
             if not providers:
                 found[module] = f"imported by {path.relative_to(ROOT)}, provided by no installed distribution"
-            elif not providers & declared:
+            elif not providers & allowed:
                 found[module] = f"imported by {path.relative_to(ROOT)}, from {sorted(providers)}: not declared"
     return found
 
@@ -96,3 +97,126 @@ def test_the_check_sees_the_undeclared_import_of_requests_in_the_chain_adapter()
     """The check itself: without its line in pyproject.toml, requests would be reported."""
     declared = _declared("runtime") - {"requests"}
     assert "requests" in _undeclared([ROOT / "payments" / "chain.py"], declared)
+
+
+CSP_PUBLIC = {  # what django-csp 4.0 documents: the middleware and its extension point, the constants, decorators
+    "csp.middleware": {"CSPMiddleware", "PolicyParts"},
+    "csp.constants": None,  # every name
+    "csp.decorators": {"csp", "csp_exempt", "csp_replace", "csp_update"},
+}
+
+
+def test_the_portal_uses_only_django_csp_s_documented_names():
+    """The CSP is built through django-csp's public interface: a private name (a response's `_csp_update`, the
+    middleware's `_csp_nonce_post_response`, an undocumented helper) would break silently on an upgrade."""
+    found = []
+    for path in _python_files("portal", "inventory", "booking", "payments", "provisioning", "web"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "csp":
+                allowed = CSP_PUBLIC.get(node.module, set())
+                names = {alias.name for alias in node.names}
+                if allowed is not None and not names <= allowed:
+                    found.append(f"{path.relative_to(ROOT)}: from {node.module} import {sorted(names - allowed)}")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_csp"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_csp"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert found == []
+
+
+# --- the production image's packages ----------------------------------------------------------------------------
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The normalised names of the installed distributions `requirements` need, with the extras they ask for."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    pending = [Requirement(requirement) for requirement in requirements]
+    while pending:
+        requirement = pending.pop()
+        name = _normalised(requirement.name)
+        if name in seen:
+            continue
+        try:
+            needs = importlib.metadata.requires(requirement.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not for this platform or Python (a marker said so)
+        seen.add(name)
+        for text in needs:
+            need = Requirement(text)
+            wanted = need.marker is None or any(
+                need.marker.evaluate({"extra": extra}) for extra in {"", *requirement.extras}
+            )
+            if wanted:
+                pending.append(need)
+    return seen
+
+
+def _only_in_extras() -> set[str]:
+    """Top-level modules that only the extras' distributions (and what they alone need) provide."""
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    runtime = _closure(PYPROJECT["project"]["dependencies"])
+    extras_only = _closure([requirement for group in optional.values() for requirement in group]) - runtime
+    return {
+        module
+        for module, providers in importlib.metadata.packages_distributions().items()
+        if providers and {_normalised(provider) for provider in providers} <= extras_only
+    }
+
+
+# Runs in a fresh interpreter: the extras' modules cannot be imported, as in the Dockerfile's image.
+WITHOUT_EXTRAS = """
+import importlib, pkgutil, sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # `import name` fails; importlib.util.find_spec(name) is None
+sys.argv = ["manage.py", *{argv!r}]
+if sys.argv[1:] == ["import-everything"]:
+    import django
+    django.setup()
+    for package in ("portal", "inventory", "booking", "payments", "provisioning", "web"):
+        for module in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+            importlib.import_module(module.name)
+    print("imported")
+else:
+    import runpy
+    runpy.run_path("manage.py", run_name="__main__")
+"""
+
+
+def _without_extras(*argv: str, **env: str | None):
+    from tests.portal.test_security import _production
+
+    script = WITHOUT_EXTRAS.format(blocked=sorted(_only_in_extras()), argv=list(argv))
+    return _production(command=(sys.executable, "-c", script), **env)
+
+
+def test_the_extras_hold_the_embedded_default_the_tests_and_the_gpu_tools():
+    blocked = _only_in_extras()
+    assert {"sqlalchemy", "honcho", "pytest", "hypothesis", "playwright", "torch", "yaml"} <= blocked
+    assert not {"django", "celery", "kombu", "redis", "web3", "requests", "csp"} & blocked
+
+
+def test_the_portal_runs_on_the_production_image_s_packages_alone(tmp_path):
+    """Every module of the portal imports, and `check --deploy` passes, with no package of the extras."""
+    from tests.portal.test_security import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY
+
+    chains = tmp_path / "chains.toml"
+    chains.write_text(PRODUCTION_CHAINS)
+    production = {
+        "SECRET_KEY": PRODUCTION_SECRET_KEY,
+        "PAYMENTS_XPUB": NOT_DEMO_XPUB,
+        "PAYMENTS_CHAINS_FILE": str(chains),
+        "ALLOWED_HOSTS": "book.example.org",
+    }
+
+    imported = _without_extras("import-everything", **production)
+    assert imported.returncode == 0 and "imported" in imported.stdout, imported.stderr[-3000:]
+    checked = _without_extras("check", "--deploy", "--fail-level", "ERROR", **production)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+
+
+def test_the_embedded_default_without_its_extra_says_what_to_install():
+    result = _without_extras("check", DEBUG="1", REDIS_URL="", CELERY_BROKER_URL=None, CELERY_RESULT_BACKEND=None)
+    assert result.returncode != 0
+    assert "needs the `embedded` extra" in result.stderr and "set REDIS_URL" in result.stderr

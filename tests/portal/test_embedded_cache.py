@@ -41,8 +41,10 @@ def in_processes(target, *args) -> list:
 def test_it_answers_as_a_django_cache(cache_file):
     cache = SQLiteCache(str(cache_file), {"OPTIONS": {"MAX_ENTRIES": 10_000}})
     assert cache.get("missing", "default") == "default"
-    cache.set("entry", {"body": b"<p>", "versions": ("a", "b")})
-    assert cache.get("entry") == {"body": b"<p>", "versions": ("a", "b")}
+    cache.set("entry", {"body": "<p>", "versions": ["a", "b"]})
+    assert cache.get("entry") == {"body": "<p>", "versions": ["a", "b"]}
+    with pytest.raises(TypeError):  # JSON, as the Redis cache of production: no pickle, no bytes
+        cache.set("bytes", b"<p>")
     cache.set("flag", True)
     assert cache.get("flag") is True  # not the integer 1
 

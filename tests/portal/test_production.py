@@ -67,3 +67,20 @@ def test_smtp_is_accepted():
 )
 def test_the_https_only_settings_follow_the_scheme_however_it_is_written(url, https):
     assert served_over_https(url) is https
+
+
+@pytest.mark.parametrize(
+    ("cache", "broker", "warned"),
+    [
+        ("redis://:pw@redis:6379/0", "redis://:pw@redis:6379/0", True),  # one URL for both, as before
+        ("redis://:pw@redis:6379/0", "redis://:pw@redis/1", True),  # another database of the same server
+        ("redis://:pw@cache:6379/0", "redis://:pw@broker:6379/0", False),  # docker-compose.yml
+        ("redis://:pw@127.0.0.1:6379/0", "redis://:pw@127.0.0.1:6380/0", False),
+    ],
+)
+def test_check_deploy_warns_when_the_cache_and_the_broker_share_a_redis_server(settings, cache, broker, warned):
+    from django.core.checks import run_checks
+
+    settings.REDIS_URL, settings.CELERY_BROKER_URL = cache, broker
+    found = [message.id for message in run_checks(include_deployment_checks=True, tags=["portal"])]
+    assert ("portal.W001" in found) is warned

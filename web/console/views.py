@@ -18,7 +18,7 @@ from django_htmx.http import HttpResponseClientRefresh
 from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Order, OrderStatus
 from booking.rules import BookingError
-from booking.selectors import free_lot_ids, utilisation_by_week, window_for
+from booking.selectors import free_lot_ids, order_events_page, utilisation_by_week, window_for
 from inventory.models import Host, Lot
 from payments import checkout
 from payments.models import Invoice
@@ -85,6 +85,15 @@ def queue(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @operator_required
+def order_events(request: HttpRequest, public_id: str) -> HttpResponse:
+    """The order's history before `?before=<event id>`, a page at a time (the order page shows the latest)."""
+    order = get_object_or_404(Order, public_id=public_id)
+    page = order_events_page(order=order, before=whole_number(request.GET.get("before")))
+    return render(request, "console/order_events.html", {"order": order, "page": page})
+
+
+@require_GET
+@operator_required
 def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     order = get_object_or_404(Order.objects.select_related("hardware_class", "environment"), public_id=public_id)
     seen = f"{order.status}-{int(order.ends_at.timestamp())}"
@@ -102,7 +111,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "order": order,
         "seen": seen,
         "runs": runs,
-        "events": list(order.events.select_related("actor")),
+        "events_page": order_events_page(order=order),  # the latest; older ones on order_events' pages
         "accesses": list(order.accesses.select_related("host")),
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),

@@ -99,8 +99,8 @@ def book(request: HttpRequest) -> HttpResponse:
 
 
 def _catalog_and_policy() -> tuple[Catalog, BookingPolicy]:
-    """The classes on offer and the booking rules, from the shared cache until the catalog changes."""
-    return availability.remember(
+    """The classes on offer and the booking rules (model instances), kept in memory until the catalog changes."""
+    return availability.remember_in_process(
         "booking:catalog", lambda: (Catalog(classes=list(selectors.offered_classes())), BookingPolicy.current())
     )
 

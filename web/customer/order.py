@@ -67,6 +67,16 @@ def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     return order_page(request, order, token, versions=versions)
 
 
+@require_http_methods(["GET"])
+@never_cache
+def order_events(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """The order's status changes before `?before=<event id>`, a page at a time (the order page shows the latest)."""
+    order = _order_or_404(public_id, token)
+    before = whole_number(request.GET.get("before"))
+    page = selectors.order_events_page(order=order, before=before, transitions_only=True)
+    return mark_private(render(request, "customer/order_events.html", {"order": order, "token": token, "page": page}))
+
+
 END_WARNING = timedelta(hours=48)  # the order page warns this long before an active window ends
 
 
@@ -98,7 +108,9 @@ def _order_context(order: Order, token: str) -> dict:
     return {
         "order": order,
         "token": token,
-        "events": list(order.events.all()),
+        # The latest status changes; older ones on their own pages (order_events).
+        "events_page": selectors.order_events_page(order=order, transitions_only=True),
+        "rejection": selectors.order_rejection(order),
         "ssh_keys": list(order.ssh_keys.all()),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
