@@ -116,7 +116,7 @@ def enter_hash(client, refund: Refund, tx_hash: str, capture) -> str:
 
 
 def test_a_cancelled_paid_order_is_refunded_through_the_consoles_link_and_proven_by_its_transaction(
-    client, chain, booking_data, operator, mailoutbox, django_capture_on_commit_callbacks
+    client, chain, booking_data, operator, admin_user, mailoutbox, django_capture_on_commit_callbacks
 ):
     order, token, invoice = paid_on_chain(client, chain, booking_data)
     payer = checksum(chain.accounts()[1])
@@ -172,6 +172,12 @@ def test_a_cancelled_paid_order_is_refunded_through_the_consoles_link_and_proven
     refund.refresh_from_db()
     assert int(refund.amount_paid_units) == expected_units and refund.payments.count() == 1
     assert len([message for message in mailoutbox if "is sent" in message.subject]) == 1
+
+    # The admin shows it, read only, with its transaction.
+    client.force_login(admin_user)
+    assert order.public_id in page(client, reverse("admin:payments_refund_changelist"))
+    change = client.get(reverse("admin:payments_refund_change", args=[refund.pk]))
+    assert change.status_code == 200 and tx_hash in change.content.decode() and "Save" not in change.content.decode()
 
 
 def test_a_short_payment_leaves_the_remainder_open_and_a_transfer_elsewhere_closes_nothing(
