@@ -86,7 +86,7 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 )
                 invoice.save()
                 return False
-            _settle(
+            taken = _settle(
                 order=order,
                 invoice=invoice,
                 actor_kind=OrderEvent.Actor.SYSTEM,
@@ -94,7 +94,7 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 evidence=evidence,
                 now=now,
             )
-            if invoice.paid_over:
+            if taken and invoice.paid_over:  # not taken: the whole payment is owed back already
                 refunds.refund_open(
                     order=order,
                     invoice=invoice,
@@ -208,12 +208,13 @@ def _settle(
     evidence: dict,
     now: datetime,
     actor: AbstractBaseUser | None = None,
-) -> None:
+) -> bool:
     """Settle a locked invoice and carry it to its order: the one way an invoice is paid, seen on chain by the
     scanner or marked by an admin. An extension moves the window's end; a first payment makes the order paid
     (what follows, such as auto-approval, reacts to that transition), or holds its lots again when it came after
     the hold expired. When the order cannot take the payment any more (cancelled meanwhile, lots taken), the
-    invoice is flagged for an operator: a refund or a new date is owed."""
+    invoice is flagged for an operator: a refund or a new date is owed. An order that will never be served (cancelled,
+    rejected) owes back the whole payment received: a refund opens. Returns whether the order took the payment."""
     invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
     try:
         if invoice.purpose == Invoice.Purpose.EXTENSION:
@@ -233,6 +234,7 @@ def _settle(
         else:
             raise BookingError(_("This order can no longer take a payment."))
     except BookingError as exc:
+        taken = False
         invoice.needs_operator = True
         booking.order_note(
             order=order,
@@ -241,9 +243,20 @@ def _settle(
             actor=actor,
             evidence=evidence,
         )
+        if order.status in refunds.REFUND_REASON_BY_STATUS:
+            refunds.refund_open(
+                order=order,
+                invoice=invoice,
+                reason=Refund.Reason.LATE_PAYMENT,
+                amount_units=int(invoice.amount_confirmed_units),
+                evidence=evidence,
+            )
+    else:
+        taken = True
     invoice.save()
     invoice_id = invoice.pk
     transaction.on_commit(lambda: _send_payment_received(invoice_id))
+    return taken
 
 
 def _send_payment_received(invoice_id: int) -> None:

@@ -336,3 +336,60 @@ def test_an_overpayment_opens_a_refund_of_the_excess_only(
     assert int(late.amount_units) == 3_000000
     scanner.chain_scan(chain_id=CHAIN_ID)  # scanned again: nothing counted twice
     assert order.refunds.count() == 2
+
+
+def test_a_payment_to_an_order_cancelled_before_it_arrived_is_refunded_in_full(
+    client, chain, booking_data, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED and not order.refunds.exists()
+
+    pay_invoice(chain, invoice)  # sent anyway, after the cancellation
+    with django_capture_on_commit_callbacks(execute=True):
+        confirm(chain)
+
+    refund = order.refunds.get()
+    assert refund.reason == Refund.Reason.LATE_PAYMENT and refund.amount_units == invoice.amount_due_units
+
+
+# --- the native coin ------------------------------------------------------------------------------------------------
+
+
+def test_a_refund_in_the_native_coin_is_paid_by_the_value_of_a_transaction(
+    client, chain, booking_data, operator, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data(lots="1"))
+    client.post(
+        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        {"asset": f"{CHAIN_ID}:ETH"},
+    )
+    invoice = current_invoice(order)
+    assert invoice.asset_symbol == "ETH" and not invoice.asset_contract
+    pay_invoice(chain, invoice)
+    confirm(chain)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    refund = cancel(client, order, token, django_capture_on_commit_callbacks)
+    wallet = checksum(chain.accounts()[CUSTOMER_WALLET])
+    give_address(client, order, token, refund, wallet)
+    client.force_login(operator)
+
+    uri = console_uri(client, refund)
+    assert uri == f"ethereum:{wallet}@{CHAIN_ID}?value={int(refund.amount_units)}"
+    operator_wallet = chain.accounts()[OPERATOR_WALLET]
+    # A token transfer to the right address pays nothing of a native refund; the coin sent does.
+    token = chain.chain.asset("dEURC").contract
+    chain.mint(token, operator_wallet, 10**6, sender=operator_wallet)
+    wrong_asset = chain.send_token(token, wallet.lower(), 10**6, sender=operator_wallet)["transactionHash"]
+    paid = chain.send_native(wallet.lower(), int(parse_qs(urlparse(uri).query)["value"][0]), sender=operator_wallet)
+    confirm(chain)
+    console = enter_hash(client, refund, wrong_asset, django_capture_on_commit_callbacks)
+    assert "pays nothing in the refund's asset" in console
+    enter_hash(client, refund, paid["transactionHash"], django_capture_on_commit_callbacks)
+
+    refund.refresh_from_db()
+    assert refund.status == Refund.Status.PAID
+    assert refund.payments.get().log_index == -1 and refund.payments.get().tx_hash == paid["transactionHash"]
