@@ -161,6 +161,8 @@ def test_a_cancelled_paid_order_is_refunded_through_the_consoles_link_and_proven
     (payment,) = refund.payments.all()
     assert payment.tx_hash == tx_hash and payment.status == RefundPayment.Status.CONFIRMED
     assert "paid in full" in console and f'id="refund-{refund.pk}"' not in console  # the queue empties
+    order_console = page(client, reverse("console:order", kwargs={"public_id": order.public_id}))
+    assert "Refunded" in order_console and tx_hash in order_console
     (sent,) = [message for message in mailoutbox if "is sent" in message.subject]
     assert sent.to == [order.contact_email] and tx_hash in sent.body and customer_wallet in sent.body
     shown = page(client, order_url(order, token))
@@ -393,3 +395,39 @@ def test_a_refund_in_the_native_coin_is_paid_by_the_value_of_a_transaction(
     refund.refresh_from_db()
     assert refund.status == Refund.Status.PAID
     assert refund.payments.get().log_index == -1 and refund.payments.get().tx_hash == paid["transactionHash"]
+
+
+# --- the queue's cost ---------------------------------------------------------------------------------------------
+
+
+def test_the_refunds_queue_costs_the_same_queries_for_one_refund_or_many(
+    client, chain, booking_data, operator, admin_user, django_capture_on_commit_callbacks
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from booking.services import order_cancel_by_operator
+    from payments.settlement import invoice_mark_paid
+
+    def refund_owed(number: int) -> None:
+        order, token = place(client, booking_data(lots="1", contact_email=f"lab{number}@example.org"))
+        invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by wire")
+        with django_capture_on_commit_callbacks(execute=True):
+            order_cancel_by_operator(order=order, actor=operator, reason="host lost")
+        give_address(client, order, token, order.refunds.get(), checksum(chain.accounts()[CUSTOMER_WALLET]))
+
+    def queue_queries() -> tuple[int, str]:
+        client.force_login(operator)
+        with CaptureQueriesContext(connection) as queries:
+            answer = client.get(reverse("console:queue"))
+        client.logout()
+        return len(queries), answer.content.decode()
+
+    refund_owed(1)
+    one, _page = queue_queries()
+    for number in range(2, 6):
+        refund_owed(number)
+    many, queue = queue_queries()
+
+    assert queue.count("ethereum:") >= 5 and queue.count("<svg") >= 5
+    assert many == one

@@ -27,7 +27,7 @@ from payments.errors import PaymentError
 from payments.models import Invoice, Refund
 from payments.refund_proofs import MESSAGES as REFUND_TX_MESSAGES
 from payments.refund_proofs import RefundTxOutcome, refund_credit_tx
-from payments.selectors import format_units, open_refunds, revenue_by_month
+from payments.selectors import format_units, open_refunds, order_refunds, revenue_by_month
 from portal.numbers import whole_number
 from provisioning import rules, runs, selectors, services
 from provisioning.admin import report_host_check
@@ -111,6 +111,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "accesses": list(order.accesses.select_related("host")),
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),
+        "refunds": order_refunds(order),
         "free_lots": free_lots,
         "awaits_decision": rules.awaits_preflight_decision(order),
     }
