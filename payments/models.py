@@ -294,6 +294,9 @@ class Refund(models.Model):
     # Given by the customer (never the payer's address: exchanges pay from shared wallets). Stored lowercase.
     address = models.CharField(_("refund address"), max_length=42, blank=True)
     address_set_at = models.DateTimeField(null=True, blank=True)
+    # The scan's watch of a token refund's address (payments/refund_proofs.py, `refunds_detect`): blocks read up to
+    # here, from the proven block when the address was given.
+    scanned_to_block = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     paid_at = models.DateTimeField(null=True, blank=True)
 

@@ -23,7 +23,8 @@ from django.utils.translation import gettext_lazy
 from booking import services as booking
 from booking.models import OrderEvent
 from payments import config
-from payments.chain import ChainClient
+from payments.chain import ChainClient, ChainUnavailable, RangeNotReady, RangeRefused
+from payments.chain_answers import TransferLog
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
 from payments.models import ChainCursor, Refund, RefundPayment
@@ -112,39 +113,49 @@ def refund_credit_tx(
     block = credits[0].block_number
     canonical_hash, _time = client.blocks([block])[block]
     final = block <= confirmed_block and canonical_hash == credits[0].block_hash
-    with transaction.atomic():
-        order, _invoice = lock_invoice(refund.invoice)
-        refund = Refund.objects.select_for_update().get(pk=refund.pk)
-        for credit in credits:
-            payment, _created = RefundPayment.objects.get_or_create(
-                chain_id=refund.chain_id,
-                tx_hash=tx_hash,
-                log_index=credit.log_index,
-                defaults={
-                    "refund": refund,
-                    "block_number": credit.block_number,
-                    "block_hash": credit.block_hash,
-                    "token_contract": credit.token,
-                    "from_address": credit.sender,
-                    "to_address": credit.recipient,
-                    "amount_units": credit.amount,
-                    "entered_by": user,
-                    "first_seen_at": now,
-                },
-            )
-            if payment.refund_id != refund.pk:
-                return RefundTxOutcome.OTHER_REFUND
-            if payment.status == RefundPayment.Status.CONFIRMED:
-                continue  # counted once, for good
-            payment.block_number, payment.block_hash = credit.block_number, credit.block_hash
-            if final:
-                payment.status, payment.confirmed_at = RefundPayment.Status.CONFIRMED, now
-            payment.save()
-        _refund_apply_payments(refund=refund, order=order, tx_hash=tx_hash, user=user, now=now)
+    if _record_credits(refund=refund, credits=credits, final=final, user=user, now=now) is False:
+        return RefundTxOutcome.OTHER_REFUND
     if not final and recheck:
         _request_recheck(refund_id=refund.pk, tx_hash=tx_hash)
-        return RefundTxOutcome.CONFIRMING
-    return RefundTxOutcome.CREDITED
+    return RefundTxOutcome.CREDITED if final else RefundTxOutcome.CONFIRMING
+
+
+@transaction.atomic
+def _record_credits(
+    *, refund: Refund, credits: list[TransferLog], final: bool, user: AbstractBaseUser | None, now: datetime
+) -> bool:
+    """Record the credits of one transaction to a refund (locked: order, invoice, refund) and move it to what its
+    confirmed credits add up to. False, and nothing counted, when a credit is already another refund's."""
+    order, _invoice = lock_invoice(refund.invoice)
+    refund = Refund.objects.select_for_update().get(pk=refund.pk)
+    for credit in credits:
+        payment, _created = RefundPayment.objects.get_or_create(
+            chain_id=refund.chain_id,
+            tx_hash=credit.tx_hash,
+            log_index=credit.log_index,
+            defaults={
+                "refund": refund,
+                "block_number": credit.block_number,
+                "block_hash": credit.block_hash,
+                "token_contract": credit.token,
+                "from_address": credit.sender,
+                "to_address": credit.recipient,
+                "amount_units": credit.amount,
+                "entered_by": user,
+                "first_seen_at": now,
+            },
+        )
+        if payment.refund_id != refund.pk:
+            transaction.set_rollback(True)
+            return False
+        if payment.status == RefundPayment.Status.CONFIRMED:
+            continue  # counted once, for good
+        payment.block_number, payment.block_hash = credit.block_number, credit.block_hash
+        if final:
+            payment.status, payment.confirmed_at = RefundPayment.Status.CONFIRMED, now
+        payment.save()
+    _refund_apply_payments(refund=refund, order=order, tx_hash=credits[0].tx_hash, user=user, now=now)
+    return True
 
 
 def _refund_apply_payments(*, refund: Refund, order, tx_hash: str, user, now: datetime) -> None:
@@ -184,3 +195,54 @@ def _request_recheck(*, refund_id: int, tx_hash: str) -> None:
     from payments.tasks import check_refund_tx
 
     transaction.on_commit(lambda: check_refund_tx.apply_async(args=[refund_id, tx_hash], countdown=5))
+
+
+# --- the scan's watch of token refunds ---------------------------------------------------------------------------
+
+# Refunds read per cycle, and blocks per refund per cycle (an address-filtered log read each).
+DETECT_REFUNDS_PER_CYCLE = 50
+DETECT_BLOCKS_PER_READ = 2_000
+
+
+def refunds_detect(*, chain_id: int, client: ChainClient | None = None, now: datetime | None = None) -> int:
+    """Credit what the console's link paid as is: a Transfer of exactly the amount left, in a token refund's
+    token, to its address, in a block the scanner has proven final, after the address was given. Anything else
+    (part of it, another asset, the native coin) is counted from the hash the operator enters: a transfer of some
+    other amount to a customer's address may be anyone's. Returns how many refund payments were counted. A node
+    that does not answer leaves the refund's watch where it was, to be read next cycle."""
+    now = now or timezone.now()
+    chain = config.chain(chain_id)
+    proven = ChainCursor.objects.filter(chain_id=chain_id).values_list("confirmed_block", flat=True).first()
+    if chain is None or not proven:
+        return 0
+    watched = Refund.objects.filter(
+        chain_id=chain_id, status__in=[Refund.Status.DUE, Refund.Status.PARTLY_PAID]
+    ).exclude(asset_contract="")
+    # An address given before the chain was ever scanned is watched from the first proven block.
+    watched.filter(scanned_to_block__isnull=True).update(scanned_to_block=proven)
+    oldest_first = watched.filter(scanned_to_block__lt=proven).order_by("scanned_to_block", "pk")
+    refunds = list(oldest_first[:DETECT_REFUNDS_PER_CYCLE])
+    client = client or ChainClient(chain)
+    counted = 0
+    for refund in refunds:
+        start = int(refund.scanned_to_block) + 1
+        end = min(proven, start + DETECT_BLOCKS_PER_READ - 1)
+        try:
+            logs, _start_time = client.token_transfers_to(
+                token=refund.asset_contract, address=refund.address, start=start, end=end
+            )
+        except (RangeRefused, RangeNotReady, ChainUnavailable):
+            continue
+        for log in sorted(logs, key=lambda log: (log.block_number, log.log_index)):
+            refund.refresh_from_db()
+            if not refund.is_open or log.amount != refund.amount_left_units:
+                continue
+            if RefundPayment.objects.filter(chain_id=chain_id, tx_hash=log.tx_hash, log_index=log.log_index).exists():
+                continue
+            if _record_credits(refund=refund, credits=[log], final=True, user=None, now=now):
+                counted += 1
+        # Only while the address is still the one read: a changed address starts its own watch.
+        Refund.objects.filter(pk=refund.pk, address=refund.address, scanned_to_block=start - 1).update(
+            scanned_to_block=end
+        )
+    return counted

@@ -28,7 +28,7 @@ from booking.models import Order, OrderEvent, OrderStatus
 from payments.chain import checksum
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
-from payments.models import Invoice, Refund
+from payments.models import ChainCursor, Invoice, Refund
 
 logger = logging.getLogger(__name__)
 
@@ -165,9 +165,13 @@ def refund_set_address(*, refund: Refund, address: str, now: datetime | None = N
             return refund
         previous = refund.address
         refund.address, refund.address_set_at = lowered, now
+        # The scan watches a token refund's address from the chain's proven block (refund_proofs.refunds_detect).
+        refund.scanned_to_block = (
+            ChainCursor.objects.filter(chain_id=refund.chain_id).values_list("confirmed_block", flat=True).first()
+        )
         if refund.status == Refund.Status.AWAITING_ADDRESS:
             refund.status = Refund.Status.DUE
-        refund.save(update_fields=["address", "address_set_at", "status"])
+        refund.save(update_fields=["address", "address_set_at", "scanned_to_block", "status"])
         booking.order_note(
             order=order,
             reason="refund address changed" if previous else "refund address given",

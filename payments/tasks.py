@@ -28,9 +28,11 @@ def scan_chain(chain_id: int) -> int:
     if not isinstance(chain_id, int) or config.chain(chain_id) is None:
         return 0
     try:
-        return len(scanner.chain_scan(chain_id=chain_id).settled)
+        settled = len(scanner.chain_scan(chain_id=chain_id).settled)
     except ChainUnavailable:
         return 0
+    refund_proofs.refunds_detect(chain_id=chain_id)  # what the scan proved, read for the refunds' addresses
+    return settled
 
 
 # After "I've paid": check now, then again with a growing delay until settled or out of monitoring.

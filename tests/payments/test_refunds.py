@@ -431,3 +431,45 @@ def test_the_refunds_queue_costs_the_same_queries_for_one_refund_or_many(
 
     assert queue.count("ethereum:") >= 5 and queue.count("<svg") >= 5
     assert many == one
+
+
+# --- the scan's watch ---------------------------------------------------------------------------------------------
+
+
+def test_the_scan_marks_a_refund_paid_when_the_consoles_link_is_paid_as_is(
+    client, chain, booking_data, operator, mailoutbox, django_capture_on_commit_callbacks
+):
+    from payments.tasks import scan_chain
+
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, django_capture_on_commit_callbacks)
+    wallet = checksum(chain.accounts()[CUSTOMER_WALLET])
+    give_address(client, order, token, refund, wallet)
+    client.force_login(operator)
+    uri = console_uri(client, refund)
+    left = int(refund.amount_units)
+
+    # Not the link's amount, or not to the refund address: the scan counts nothing (only a hash entered would).
+    pay_uri(chain, uri, units=left - 1)
+    pay_uri(chain, uri, to=chain.accounts()[4])
+    chain.mine(3)
+    with django_capture_on_commit_callbacks(execute=True):
+        scan_chain(CHAIN_ID)
+    refund.refresh_from_db()
+    assert refund.status == Refund.Status.DUE and not refund.payments.exists()
+
+    tx_hash = pay_uri(chain, uri)  # the link as is
+    with django_capture_on_commit_callbacks(execute=True):
+        scan_chain(CHAIN_ID)  # not yet confirmed: not counted
+        assert not refund.payments.exists()
+        chain.mine(3)
+        scan_chain(CHAIN_ID)
+        scan_chain(CHAIN_ID)  # read again: counted once
+
+    refund.refresh_from_db()
+    assert refund.status == Refund.Status.PAID and refund.payments.get().tx_hash == tx_hash
+    (sent,) = [message for message in mailoutbox if "is sent" in message.subject]
+    assert tx_hash in sent.body
+    # The operator entering the same hash afterwards changes nothing.
+    enter_hash(client, refund, tx_hash, django_capture_on_commit_callbacks)
+    assert refund.payments.count() == 1
