@@ -222,6 +222,8 @@ def refunds_detect(*, chain_id: int, client: ChainClient | None = None, now: dat
     watched.filter(scanned_to_block__isnull=True).update(scanned_to_block=proven)
     oldest_first = watched.filter(scanned_to_block__lt=proven).order_by("scanned_to_block", "pk")
     refunds = list(oldest_first[:DETECT_REFUNDS_PER_CYCLE])
+    if not refunds:
+        return 0
     client = client or ChainClient(chain)
     counted = 0
     for refund in refunds:
