@@ -23,6 +23,8 @@ class Notice(StrEnum):
     PREFLIGHT_HELD = "preflight_held"  # order=, failed={host name: [check names]}: the hand-over waits
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
     ORDER_CANCELLED = "order_cancelled"  # order=, refund_due=: a paid order cancelled by its customer
+    REFUND_REQUESTED = "refund_requested"  # order=, refund=, link=: money is owed back, give an address
+    REFUND_SENT = "refund_sent"  # order=, refund=, payments=[RefundPayment]: the refund is paid, with its transactions
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
     HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
 

@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from payments import config, invoices, settlement
 from payments.errors import PaymentError
-from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Transfer
+from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Refund, RefundPayment, Transfer
 from payments.selectors import format_units
 from portal.singleton import SingletonAdmin
 
@@ -234,3 +234,38 @@ class ChainCursorAdmin(admin.ModelAdmin):
 @admin.register(PaymentSettings)
 class PaymentSettingsAdmin(SingletonAdmin):
     pass
+
+
+class RefundPaymentInline(admin.TabularInline):
+    model = RefundPayment
+    extra = 0
+    can_delete = False
+    readonly_fields = [field.name for field in RefundPayment._meta.fields]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Refund)
+class RefundAdmin(admin.ModelAdmin):
+    """Read only: a refund moves only through the customer's address form and a transaction read on chain (the
+    console's refunds queue)."""
+
+    list_display = ["pk", "order", "reason", "status", "asset_symbol", "chain_id", "amount", "address", "created_at"]
+    list_filter = ["status", "reason", "chain_id", "asset_symbol"]
+    search_fields = ["order__public_id", "address", "payments__tx_hash"]
+    readonly_fields = [field.name for field in Refund._meta.fields]
+    inlines = [RefundPaymentInline]
+
+    @admin.display(description=_("amount"))
+    def amount(self, refund: Refund) -> str:
+        return f"{format_units(refund.amount_units, refund.asset_decimals)} {refund.asset_symbol}"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -252,3 +252,122 @@ class PaymentSettings(SingletonRow, models.Model):
 
     def __str__(self) -> str:
         return str(_("Payment settings"))
+
+
+class Refund(models.Model):
+    """Money owed back to a customer, in the asset and on the chain of the payment it refunds (BTCPay's pull
+    payment): the customer gives an address, the operator pays it from their own wallet (the portal holds no key),
+    and only a transaction read on chain (`RefundPayment`) moves it towards paid.
+
+    The amount is fixed in base units when the refund is opened, at the original invoice's rate (see
+    `payments/refunds.py` for the rounding), and never follows the market afterwards."""
+
+    class Reason(models.TextChoices):
+        CANCELLATION = "cancellation", _("Cancelled by the customer")
+        REJECTION = "rejection", _("Not accepted by the operators")
+        OVERPAYMENT = "overpayment", _("Paid more than the amount due")
+        LATE_PAYMENT = "late_payment", _("Paid after the invoice was settled or the order closed")
+        PROVIDER_FAULT = "provider_fault", _("Provider fault")
+
+    class Status(models.TextChoices):
+        AWAITING_ADDRESS = "awaiting_address", _("Waiting for your refund address")
+        DUE = "due", _("Refund being sent")
+        PARTLY_PAID = "partly_paid", _("Partly refunded")
+        PAID = "paid", _("Refunded")
+
+    order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="refunds")
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="refunds")
+    reason = models.CharField(_("reason"), max_length=20, choices=Reason.choices)
+    status = models.CharField(_("status"), max_length=20, choices=Status.choices, default=Status.AWAITING_ADDRESS)
+
+    chain_id = models.PositiveBigIntegerField(_("chain id"))
+    asset_symbol = models.CharField(_("asset"), max_length=12)
+    asset_contract = models.CharField(_("token contract"), max_length=42, blank=True)
+    asset_decimals = models.PositiveSmallIntegerField()
+    amount_units = models.DecimalField(_("amount (base units)"), max_digits=UINT256_DIGITS, decimal_places=0)
+    amount_paid_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, default=0)
+    # What the policy owed in the price currency, when a rule set it (cancellation), and the rate it was fixed at.
+    fiat_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    fiat_currency = models.CharField(max_length=3, blank=True)
+    rate = models.DecimalField(max_digits=30, decimal_places=10)
+
+    # Given by the customer (never the payer's address: exchanges pay from shared wallets). Stored lowercase.
+    address = models.CharField(_("refund address"), max_length=42, blank=True)
+    address_set_at = models.DateTimeField(null=True, blank=True)
+    # The scan's watch of a token refund's address (payments/refund_proofs.py, `refunds_detect`): blocks read up to
+    # here, from the proven block when the address was given.
+    scanned_to_block = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        verbose_name = _("refund")
+        verbose_name_plural = _("refunds")
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_units__gt=0), name="refund_amount_positive"),
+            models.CheckConstraint(condition=Q(amount_paid_units__gte=0), name="refund_paid_not_negative"),
+            models.CheckConstraint(
+                condition=Q(status__in=["awaiting_address", "due", "partly_paid", "paid"]), name="refund_status_known"
+            ),
+            models.CheckConstraint(
+                condition=Q(status="awaiting_address") | ~Q(address=""), name="refund_due_has_an_address"
+            ),
+            # One refund of an invoice per cancellation, rejection or overpayment: a reaction run twice opens one.
+            models.UniqueConstraint(
+                fields=["invoice", "reason"],
+                condition=Q(reason__in=["cancellation", "rejection", "overpayment"]),
+                name="refund_once_per_invoice_and_reason",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"refund {self.pk} · {self.order_id} · {self.asset_symbol}"
+
+    @property
+    def amount_left_units(self) -> int:
+        return max(0, int(self.amount_units) - int(self.amount_paid_units))
+
+    @property
+    def is_open(self) -> bool:
+        return self.status != self.Status.PAID
+
+
+class RefundPayment(models.Model):
+    """A transaction that paid (part of) a refund, read on chain by the portal from the hash the operator entered:
+    an ERC-20 Transfer log of the refund's token to its address, or the native coin of the transaction (log_index
+    -1). Counted once: (chain_id, tx_hash, log_index) is unique."""
+
+    class Status(models.TextChoices):
+        SEEN = "seen", _("Seen, confirming")
+        CONFIRMED = "confirmed", _("Confirmed")
+
+    refund = models.ForeignKey(Refund, on_delete=models.PROTECT, related_name="payments")
+    chain_id = models.PositiveBigIntegerField()
+    tx_hash = models.CharField(max_length=66)
+    log_index = models.BigIntegerField()
+    block_number = models.PositiveBigIntegerField()
+    block_hash = models.CharField(max_length=66)
+    token_contract = models.CharField(max_length=42, blank=True)
+    from_address = models.CharField(max_length=42, blank=True)
+    to_address = models.CharField(max_length=42)
+    amount_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SEEN)
+    entered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["block_number", "log_index"]
+        verbose_name = _("refund payment")
+        verbose_name_plural = _("refund payments")
+        constraints = [
+            models.UniqueConstraint(fields=["chain_id", "tx_hash", "log_index"], name="refund_payment_counted_once"),
+            models.CheckConstraint(condition=Q(amount_units__gt=0), name="refund_payment_amount_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tx_hash}#{self.log_index}"

@@ -14,7 +14,8 @@ from django.utils import timezone
 from booking.models import Order
 from payments import config
 from payments.chain import checksum
-from payments.models import ChainCursor, Invoice, Transfer
+from payments.models import ChainCursor, Invoice, Refund, RefundPayment, Transfer
+from payments.refunds import refund_uri
 
 
 def format_units(units: int | Decimal, decimals: int) -> str:
@@ -154,3 +155,54 @@ def revenue_by_month(*, since: date) -> list[MonthRevenue]:
         )
         for row in rows
     ]
+
+
+# --- refunds (payments/refunds.py) ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RefundView:
+    refund: Refund
+    chain: config.Chain | None
+    amount: str
+    amount_paid: str
+    amount_left: str
+    address: str  # checksummed, or "" while the customer has not given one
+    uri: str  # EIP-681 for what is left to pay, "" without an address
+    qr_svg: str
+    payments: list[RefundPayment]
+
+
+def refund_view(refund: Refund, *, with_qr: bool = False) -> RefundView:
+    uri = refund_uri(refund) if refund.is_open else ""
+    return RefundView(
+        refund=refund,
+        chain=config.chain(refund.chain_id),
+        amount=format_units(refund.amount_units, refund.asset_decimals),
+        amount_paid=format_units(refund.amount_paid_units, refund.asset_decimals),
+        amount_left=format_units(refund.amount_left_units, refund.asset_decimals),
+        address=checksum(refund.address) if refund.address else "",
+        uri=uri,
+        qr_svg=qr_svg(uri) if with_qr and uri else "",
+        payments=list(refund.payments.all()),
+    )
+
+
+def order_refunds(order: Order) -> list[RefundView]:
+    """An order's refunds for its page, oldest first, with the transactions that paid them."""
+    return [refund_view(refund) for refund in Refund.objects.filter(order=order).prefetch_related("payments")]
+
+
+REFUNDS_QUEUE_SIZE = 100
+
+
+def open_refunds() -> list[RefundView]:
+    """The console's refunds queue: every refund not paid yet, oldest first, with its EIP-681 link and QR code.
+    A fixed number of queries (refunds, their orders, their payments)."""
+    refunds = (
+        Refund.objects.exclude(status=Refund.Status.PAID)
+        .select_related("order")
+        .prefetch_related("payments")
+        .order_by("created_at")[:REFUNDS_QUEUE_SIZE]
+    )
+    return [refund_view(refund, with_qr=True) for refund in refunds]

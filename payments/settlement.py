@@ -5,7 +5,7 @@ itself only while its lots are free and the rate moved less than the operator's 
 operator with the figures. An admin's `invoice_mark_paid` is the other way in; both settle through one `_settle`
 (an extension, a first payment, a late one, or a flag when the order can no longer take it) and send the
 "payment received" e-mail after the commit. Last, the reaction to the order's transitions: a settled invoice of
-an order cancelled or rejected is flagged for a refund.
+an order cancelled or rejected opens its refunds (payments/refunds.py), as does an overpayment.
 
 Locks: order, then invoice (`lock_invoice`), then allocation rows through booking (conventions.md #4).
 """
@@ -21,10 +21,10 @@ from booking import selectors as booking_selectors
 from booking import services as booking
 from booking.models import Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from payments import config
+from payments import config, refunds
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
-from payments.models import Invoice, PaymentSettings, Transfer
+from payments.models import Invoice, PaymentSettings, Refund, Transfer
 from payments.quotes import quote
 
 
@@ -43,6 +43,7 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
             # confirms: flagging the whole amount would refund a payment that was owed. It never moves the order.
             if confirmed > confirmed_before and confirmed > due:
                 invoice.paid_over = True
+                owed = confirmed - max(due, confirmed_before)
                 booking.order_note(
                     order=order,
                     reason="payment after settlement: refund owed",
@@ -50,8 +51,15 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                     evidence={
                         **evidence,
                         "received_after_settlement_units": str(confirmed - confirmed_before),
-                        "refund_owed_units": str(confirmed - max(due, confirmed_before)),
+                        "refund_owed_units": str(owed),
                     },
+                )
+                refunds.refund_open(
+                    order=order,
+                    invoice=invoice,
+                    reason=Refund.Reason.LATE_PAYMENT,
+                    amount_units=owed,
+                    evidence=evidence,
                 )
             elif confirmed > confirmed_before and invoice.marked:
                 booking.order_note(
@@ -78,7 +86,7 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 )
                 invoice.save()
                 return False
-            _settle(
+            taken = _settle(
                 order=order,
                 invoice=invoice,
                 actor_kind=OrderEvent.Actor.SYSTEM,
@@ -86,6 +94,14 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 evidence=evidence,
                 now=now,
             )
+            if taken and invoice.paid_over:  # not taken: the whole payment is owed back already
+                refunds.refund_open(
+                    order=order,
+                    invoice=invoice,
+                    reason=Refund.Reason.OVERPAYMENT,
+                    amount_units=confirmed - due,
+                    evidence=evidence,
+                )
             return True
         elif pending and now >= invoice.monitor_until:
             # BTCPay's "not confirmed in time": seen, never final within the watch. An operator looks at it.
@@ -192,12 +208,13 @@ def _settle(
     evidence: dict,
     now: datetime,
     actor: AbstractBaseUser | None = None,
-) -> None:
+) -> bool:
     """Settle a locked invoice and carry it to its order: the one way an invoice is paid, seen on chain by the
     scanner or marked by an admin. An extension moves the window's end; a first payment makes the order paid
     (what follows, such as auto-approval, reacts to that transition), or holds its lots again when it came after
     the hold expired. When the order cannot take the payment any more (cancelled meanwhile, lots taken), the
-    invoice is flagged for an operator: a refund or a new date is owed."""
+    invoice is flagged for an operator: a refund or a new date is owed. An order that will never be served (cancelled,
+    rejected) owes back the whole payment received: a refund opens. Returns whether the order took the payment."""
     invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
     try:
         if invoice.purpose == Invoice.Purpose.EXTENSION:
@@ -217,6 +234,7 @@ def _settle(
         else:
             raise BookingError(_("This order can no longer take a payment."))
     except BookingError as exc:
+        taken = False
         invoice.needs_operator = True
         booking.order_note(
             order=order,
@@ -225,9 +243,20 @@ def _settle(
             actor=actor,
             evidence=evidence,
         )
+        if order.status in refunds.REFUND_REASON_BY_STATUS:
+            refunds.refund_open(
+                order=order,
+                invoice=invoice,
+                reason=Refund.Reason.LATE_PAYMENT,
+                amount_units=int(invoice.amount_confirmed_units),
+                evidence=evidence,
+            )
+    else:
+        taken = True
     invoice.save()
     invoice_id = invoice.pk
     transaction.on_commit(lambda: _send_payment_received(invoice_id))
+    return taken
 
 
 def _send_payment_received(invoice_id: int) -> None:
@@ -263,26 +292,8 @@ def invoice_mark_paid(*, invoice: Invoice, user: AbstractBaseUser, reason: str, 
 
 # --- reactions to the order's transitions (connected in payments/apps.py) ------------------------------------
 
-# Paid for and then refused or called off: the money goes back, by an operator's hand.
-REFUND_OWED = frozenset({OrderStatus.CANCELLED, OrderStatus.REJECTED})
-
 
 def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
-    if to_status in REFUND_OWED:
-        invoices_flag_refund(order_id=order_id)
-
-
-def invoices_flag_refund(*, order_id: int) -> int:
-    """Flag the settled invoices of an order that will not be served: a refund is owed (unless the customer
-    cancelled when their terms refund nothing: `Order.refund_due` says how much is owed, when the rules decided)."""
-    if Order.objects.filter(pk=order_id, refund_due=0).exists():
-        return 0
-    flagged = 0
-    with transaction.atomic():
-        for invoice in Invoice.objects.select_for_update().filter(
-            order_id=order_id, status=Invoice.Status.SETTLED, needs_operator=False
-        ):
-            invoice.needs_operator = True
-            invoice.save(update_fields=["needs_operator"])
-            flagged += 1
-    return flagged
+    """Paid for and then refused or called off: what its rules give back is a refund, in the refunds queue."""
+    if to_status in refunds.REFUND_REASON_BY_STATUS:
+        refunds.refunds_open_for_order(order_id=order_id)

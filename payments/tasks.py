@@ -4,11 +4,12 @@ from celery import shared_task
 from django.core.cache import cache
 from django.utils import timezone
 
-from booking import notices
+from booking import links, notices
 from booking.notices import Notice
-from payments import config, invoices, scanner, tx_hints
+from payments import config, invoices, refund_proofs, scanner, tx_hints
 from payments.chain import ChainUnavailable
-from payments.models import Invoice
+from payments.errors import PaymentError
+from payments.models import Invoice, Refund
 
 
 @shared_task(name="payments.scan_chains")
@@ -27,9 +28,11 @@ def scan_chain(chain_id: int) -> int:
     if not isinstance(chain_id, int) or config.chain(chain_id) is None:
         return 0
     try:
-        return len(scanner.chain_scan(chain_id=chain_id).settled)
+        settled = len(scanner.chain_scan(chain_id=chain_id).settled)
     except ChainUnavailable:
         return 0
+    refund_proofs.refunds_detect(chain_id=chain_id)  # what the scan proved, read for the refunds' addresses
+    return settled
 
 
 # After "I've paid": check now, then again with a growing delay until settled or out of monitoring.
@@ -110,3 +113,43 @@ def send_payment_received(invoice_id: int) -> None:
     invoice = Invoice.objects.select_related("order").filter(pk=invoice_id).first()
     if invoice is not None:
         notices.send(Notice.PAYMENT_RECEIVED, order=invoice.order, invoice=invoice)
+
+
+# --- refunds (payments/refunds.py, payments/refund_proofs.py) ----------------------------------------------------
+
+
+@shared_task(name="payments.check_refund_tx", bind=True, acks_late=True, max_retries=TX_HINT_RETRIES)
+def check_refund_tx(self, refund_id: int, tx_hash: str) -> str:
+    """Read again a refund transaction that was still confirming, until it counts (or stays unconfirmed too long:
+    the operator can enter it again)."""
+    refund = Refund.objects.filter(pk=refund_id).first() if isinstance(refund_id, int) else None
+    if refund is None or not isinstance(tx_hash, str):
+        return "unknown"
+    delay = CHECK_DELAYS[min(self.request.retries, len(CHECK_DELAYS) - 1)]
+    try:
+        outcome = refund_proofs.refund_credit_tx(refund=refund, tx_hash=tx_hash, recheck=False)
+    except ChainUnavailable as exc:
+        raise self.retry(exc=exc, countdown=delay) from exc
+    except PaymentError:
+        return "refused"
+    waiting = outcome in (refund_proofs.RefundTxOutcome.NOT_FOUND, refund_proofs.RefundTxOutcome.CONFIRMING)
+    if waiting and not self.request.is_eager:
+        raise self.retry(countdown=delay)
+    return outcome
+
+
+@shared_task(name="payments.send_refund_requested", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_refund_requested(refund_id: int) -> None:
+    """Ask the customer for the address to refund to, with a fresh link to their order page."""
+    refund = Refund.objects.select_related("order").filter(pk=refund_id).first()
+    if refund is not None and refund.status == Refund.Status.AWAITING_ADDRESS:
+        link = links.order_link(order=refund.order, token=links.issue_token(order=refund.order))
+        notices.send(Notice.REFUND_REQUESTED, order=refund.order, refund=refund, link=link)
+
+
+@shared_task(name="payments.send_refund_sent", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_refund_sent(refund_id: int) -> None:
+    refund = Refund.objects.select_related("order").filter(pk=refund_id, status=Refund.Status.PAID).first()
+    if refund is not None:
+        payments = list(refund.payments.filter(status="confirmed"))
+        notices.send(Notice.REFUND_SENT, order=refund.order, refund=refund, payments=payments)

@@ -50,7 +50,8 @@ def order_reject(*, order: Order, actor: AbstractBaseUser, reason: str) -> None:
 
 def order_rejected_email_send(*, order: Order) -> None:
     """Tell the customer that their paid order was refused, why (the operator's words) and that a refund is owed."""
-    event = order.events.filter(to_status=OrderStatus.REJECTED).last()
+    # The transition itself, not a later note at the same status (a refund opened, say).
+    event = order.events.filter(to_status=OrderStatus.REJECTED).exclude(from_status=OrderStatus.REJECTED).last()
     if order.status != OrderStatus.REJECTED or event is None:
         return
     notices.send(Notice.ORDER_REJECTED, order=order, reason=str((event.evidence or {}).get("reason") or ""))

@@ -141,6 +141,43 @@ def _order_cancelled(*, order: Order, refund_due) -> None:
         send_mail(f"[Binôme] {order.public_id} cancelled, refund owed", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])
 
 
+def _refund_requested(*, order: Order, refund, link: str) -> None:
+    from payments.selectors import format_units
+
+    body = send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("A refund is owed to you for your Binôme order %(number)s: give your address"),
+        template="email/refund_requested.txt",
+        context={
+            "refund": refund,
+            "amount": format_units(refund.amount_units, refund.asset_decimals),
+            "link": link,
+        },
+    )
+    if settings.PAYMENTS_NOTIFY_EMAIL:
+        send_mail(f"[Binôme] {order.public_id}: refund opened", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])
+
+
+def _refund_sent(*, order: Order, refund, payments: list) -> None:
+    from payments.chain import checksum
+    from payments.selectors import format_units
+
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your refund for Binôme order %(number)s is sent"),
+        template="email/refund_sent.txt",
+        context={
+            "refund": refund,
+            "address": checksum(refund.address),
+            "amount": format_units(refund.amount_paid_units, refund.asset_decimals),
+            "payments": [
+                {"tx_hash": payment.tx_hash, "amount": format_units(payment.amount_units, refund.asset_decimals)}
+                for payment in payments
+            ],
+        },
+    )
+
+
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
@@ -152,6 +189,8 @@ WRITERS = {
     Notice.KEYS_CHANGED: _keys_changed,
     Notice.HOST_FAILING: _host_failing,
     Notice.ORDER_CANCELLED: _order_cancelled,
+    Notice.REFUND_REQUESTED: _refund_requested,
+    Notice.REFUND_SENT: _refund_sent,
 }
 
 

@@ -108,7 +108,7 @@ def test_rejecting_needs_a_reason_and_flags_the_refund(
         client.post(reject, {"reason": "dual-use research not allowed"})
     order.refresh_from_db()
     assert order.status == OrderStatus.REJECTED
-    assert Invoice.objects.get(order=order).needs_operator
+    assert order.refunds.get().status == "awaiting_address"
     assert not order.allocations.filter(released_at__isnull=True).exists()
 
 
@@ -126,9 +126,10 @@ def test_a_rejected_customer_is_told_why_by_mail_and_on_the_order_page(
         callbacks=django_capture_on_commit_callbacks,
     )
 
-    (message,) = [message for message in mailoutbox if order.public_id in message.subject]
+    (message, refund_request) = [message for message in mailoutbox if order.public_id in message.subject]
     assert message.to == [order.contact_email]
     assert "n'a pas été acceptée" in message.subject
+    assert refund_request.to == [order.contact_email] and "/orders/" in refund_request.body  # asks the address
     assert "dual-use research not allowed" in message.body
     assert "remboursement" in message.body
     client.logout()
@@ -289,7 +290,7 @@ def test_an_operator_cancelling_a_paid_order_flags_its_refund(
 
     order.refresh_from_db()
     assert order.status == OrderStatus.CANCELLED
-    assert Invoice.objects.get(order=order).needs_operator
+    assert order.refunds.get().status == "awaiting_address"
     assert not order.allocations.filter(released_at__isnull=True).exists()
     assert order.events.filter(reason="cancelled by an operator: researcher asked", actor=operator).exists()
 
@@ -317,7 +318,7 @@ def test_an_operator_cancelling_an_order_with_access_tears_it_down(
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED
     assert set(order.accesses.values_list("status", flat=True)) == {Access.Status.REVOKED}
-    assert Invoice.objects.get(order=order).needs_operator  # paid, not served: refund owed
+    assert order.refunds.get().status == "awaiting_address"  # paid, not served: refund owed
 
 
 def test_the_lifecycle_tears_down_a_released_order_whose_teardown_never_started(
@@ -352,7 +353,7 @@ def test_an_exception_in_a_reaction_never_undoes_the_transition(
 
     order.refresh_from_db()
     assert order.status == OrderStatus.CANCELLED
-    assert Invoice.objects.get(order=order).needs_operator  # the other app's reaction still ran
+    assert order.refunds.get().status == "awaiting_address"  # the other app's reaction still ran
     assert "host exploded" in caplog.text
 
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("reports/", views.reports, name="reports"),
     path("hosts/<slug:name>/", views.host_detail, name="host"),
     path("hosts/<slug:name>/check/", views.host_check, name="host-check"),
+    path("refunds/<int:refund_id>/pay/", views.refund_pay, name="refund-pay"),
     path("orders/<str:public_id>/", views.order_detail, name="order"),
     path("orders/<str:public_id>/events/", views.order_events, name="order-events"),
     path("orders/<str:public_id>/<slug:action>/", views.order_action, name="action"),

@@ -9,6 +9,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -21,8 +22,12 @@ from booking.rules import BookingError
 from booking.selectors import free_lot_ids, order_events_page, utilisation_by_week, window_for
 from inventory.models import Host, Lot
 from payments import checkout
-from payments.models import Invoice
-from payments.selectors import revenue_by_month
+from payments.chain import ChainUnavailable
+from payments.errors import PaymentError
+from payments.models import Invoice, Refund
+from payments.refund_proofs import MESSAGES as REFUND_TX_MESSAGES
+from payments.refund_proofs import RefundTxOutcome, refund_credit_tx
+from payments.selectors import format_units, open_refunds, order_refunds, revenue_by_month
 from portal.numbers import whole_number
 from provisioning import rules, runs, selectors, services
 from provisioning.admin import request_host_checks
@@ -66,9 +71,8 @@ def queue(request: HttpRequest) -> HttpResponse:
     ]
     ending = [o for o in orders if o.status == OrderStatus.ACTIVE and o.ends_at - now <= timedelta(hours=48)]
     sections.insert(5, {"key": "ending", "label": _("Ending within 48 h"), "orders": ending})
-    flagged = list(
-        Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100]
-    ) + list(Invoice.objects.filter(paid_over=True, needs_operator=False).select_related("order")[:100])
+    # Money owed back is the refunds queue (below); what else needs a person stays here.
+    flagged = list(Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100])
     unisolated = list(selectors.orders_on_unisolated_hosts())
     failing = list(selectors.failing_release_runs())
     context = {
@@ -79,8 +83,9 @@ def queue(request: HttpRequest) -> HttpResponse:
         "to_move": selectors.orders_to_move(now=now),
         "now": now,
     }
-    template = "console/queue.html#queue" if request.htmx else "console/queue.html"
-    return render(request, template, context)
+    if request.htmx:
+        return render(request, "console/queue.html#queue", context)
+    return render(request, "console/queue.html", {**context, "refunds": open_refunds()})
 
 
 @require_GET
@@ -115,6 +120,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "accesses": list(order.accesses.select_related("host")),
         "allocations": list(order.allocations.select_related("lot__host")),
         "invoices": list(order.invoices.all()),
+        "refunds": order_refunds(order),
         "free_lots": free_lots,
         "awaits_decision": rules.awaits_preflight_decision(order),
     }
@@ -187,6 +193,37 @@ def order_action(request: HttpRequest, public_id: str, action: str) -> HttpRespo
             request, _("%(order)s: %(action)s done.") % {"order": order.public_id, "action": ACTION_NAMES[action]}
         )
     return redirect("console:order", public_id=order.public_id)
+
+
+@require_POST
+@operator_required
+def refund_pay(request: HttpRequest, refund_id: int) -> HttpResponse:
+    """The operator paid a refund from their wallet and enters the transaction's hash: the portal reads it on chain
+    and counts what it paid to the refund address."""
+    refund = get_object_or_404(Refund, pk=refund_id)
+    try:
+        outcome = refund_credit_tx(refund=refund, tx_hash=request.POST.get("tx_hash", "")[:200], user=request.user)
+    except PaymentError as exc:
+        messages.error(request, exc.message)
+    except ChainUnavailable:
+        messages.error(request, _("The network is not answering right now: nothing changed. Enter the hash again."))
+    else:
+        refund.refresh_from_db()
+        text = str(REFUND_TX_MESSAGES[outcome])
+        if outcome in (RefundTxOutcome.CREDITED, RefundTxOutcome.CONFIRMING):
+            if refund.status == Refund.Status.PAID:
+                text += " " + _("Refund %(order)s paid in full: the customer is e-mailed.") % {
+                    "order": refund.order.public_id
+                }
+            elif outcome == RefundTxOutcome.CREDITED:
+                text += " " + _("Still to pay: %(left)s %(asset)s.") % {
+                    "left": format_units(refund.amount_left_units, refund.asset_decimals),
+                    "asset": refund.asset_symbol,
+                }
+            messages.success(request, text)
+        else:
+            messages.error(request, text)
+    return redirect(reverse("console:queue") + "#section-refunds")
 
 
 @require_GET

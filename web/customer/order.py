@@ -19,7 +19,7 @@ from booking import links, selectors, services, split_trial_report
 from booking.cancellation import refund_quote
 from booking.models import Order, OrderStatus, WindowDays
 from booking.rules import BookingError
-from payments import checkout, invoices
+from payments import checkout, invoices, refunds
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
 from portal.numbers import whole_number
@@ -210,6 +210,7 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
     # What sits outside the polled status block is drawn for the whole page only, never for a poll.
     _split_trials_explain(order, context["split_trials"])
     context["extension_offers"] = _extension_offers(order)
+    context["refunds"] = payment_selectors.order_refunds(order)
     if order.status in ACCESS_SHOWN:
         context["readings"] = provisioning_selectors.readings_chart(order)
     return mark_private(render(request, "customer/order.html", context))
@@ -230,13 +231,40 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
                 request,
                 _(
                     "Your order is cancelled and its lots are released. %(amount)s %(currency)s are owed back to "
-                    "you: the operators write to you to arrange the refund."
+                    "you: give the address to refund to below."
                 )
                 % {"amount": order.refund_due, "currency": order.currency},
             )
         else:
             messages.success(request, _("Your order is cancelled and its lots are released."))
     return redirect("booking:order", public_id=order.public_id, token=token)
+
+
+@require_POST
+@never_cache
+def order_refund_address(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """The customer gives (or changes) the address their refund is sent to."""
+    order = _order_or_404(public_id, token)
+    back = reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#refunds"
+    if is_ratelimited(
+        request, group="refund-address", key=lambda _g, _r: public_id, rate="20/h", method="POST", increment=True
+    ):
+        messages.error(request, _("Too many address changes for this order: try again in an hour."))
+        return redirect(back)
+    refund_id = whole_number(request.POST.get("refund"))
+    refund = order.refunds.filter(pk=refund_id).first() if refund_id is not None else None
+    if refund is None:
+        messages.error(request, _("This order has no such refund."))
+        return redirect(back)
+    try:
+        refunds.refund_set_address(refund=refund, address=request.POST.get("address", "")[:200])
+    except PaymentError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request, _("Refund address saved. The operators send the refund there; you get an e-mail once it is sent.")
+        )
+    return redirect(back)
 
 
 @require_POST

@@ -23,5 +23,6 @@ urlpatterns = [
     path("orders/<str:public_id>/<str:token>/revoke-links/", order.order_links_revoke, name="order-revoke-links"),
     path("orders/<str:public_id>/<str:token>/split-trial/", order.split_trial_upload, name="order-split-trial"),
     path("orders/<str:public_id>/<str:token>/paid/", order.invoice_paid, name="order-paid"),
+    path("orders/<str:public_id>/<str:token>/refund-address/", order.order_refund_address, name="order-refund-address"),
     path("orders/<str:public_id>/<str:token>/asset/", order.invoice_asset, name="order-asset"),
 ]
