@@ -11,7 +11,8 @@ what the deposit addresses hold, independently of the cursor.
   load balancer that sent the range's end header to another backend). The token balance of every open token
   invoice (and of those expired within their monitoring window) is read at the confirmed block (one batch, or one
   call through the chain's Multicall3): every 10 minutes once its customer said "I've paid" (or an admin
-  re-checked), otherwise every 30 minutes while the quote is open and every 6 hours once it has expired. A read
+  re-checked), otherwise every 30 minutes while the quote is open, once 5 minutes after it expired and every 6 hours
+  after that, 20 such reads a cycle whatever else is asked. A read
   at an explicit block proves its own coverage: a backend without that block answers an error, never an older
   balance. When the balance is higher than the recorded credits explain, the token's Transfer logs to that
   address alone are read over the invoice's life and recorded like the scan's own (their (chain, transaction,
@@ -54,6 +55,7 @@ TOKEN_BALANCE_CHECKS_PER_CYCLE = 50
 TOKEN_RECHECK_AFTER = timedelta(minutes=10)
 TOKEN_SWEEP_AFTER = timedelta(minutes=30)
 TOKEN_SWEEP_EXPIRED_AFTER = timedelta(hours=6)
+SWEEP_AFTER_EXPIRY = timedelta(minutes=5)
 # Unasked balances read in one cycle: a cycle when nothing changed stays within its byte budget (bench/chain_scan.py),
 # and 20 a cycle at the 10 s scan period sweeps 3,600 open token invoices every 30 minutes (more stretch the period).
 TOKEN_SWEEPS_PER_CYCLE = 20
@@ -245,11 +247,12 @@ def _block_of_rise(
 # --- tokens --------------------------------------------------------------------------------------------------
 def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed: int, now: datetime) -> int:
     """Read, at the confirmed block, the token balance of at most TOKEN_BALANCE_CHECKS_PER_CYCLE token invoices,
-    open or expired within their monitoring window: those whose customer said "I've paid", or for which an admin
-    asked a re-check, first (each again at most every TOKEN_RECHECK_AFTER, or at once after another request),
-    then the others not read for TOKEN_SWEEP_AFTER (TOKEN_SWEEP_EXPIRED_AFTER once expired), longest unread
-    first; where a balance exceeds the credits in that token recorded up to that block, read that token's
-    transfers to that address over the invoice's life and record them. Returns how many balances were read."""
+    open or expired within their monitoring window: at most TOKEN_SWEEPS_PER_CYCLE not read for TOKEN_SWEEP_AFTER
+    (once after the expiry, then TOKEN_SWEEP_EXPIRED_AFTER once expired), longest unread first, and those whose
+    customer said "I've paid", or for which an admin asked a re-check (each again at most every
+    TOKEN_RECHECK_AFTER, or at once after another request); where a balance exceeds the credits in that token
+    recorded up to that block, read that token's transfers to that address over the invoice's life and record
+    them. Returns how many balances were read."""
     tokens = chain.token_contracts
     if not tokens:
         return 0
@@ -266,22 +269,28 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
         .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
         .only("pk", "deposit_address", "asset_contract", "created_at")
     )
-    # Asked for: at once, then every TOKEN_RECHECK_AFTER.
-    invoices = list(
-        watched.filter(prompted=True).filter(
-            Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER)
-        )[:TOKEN_BALANCE_CHECKS_PER_CYCLE]
-    )
-    # The sweep, in what is left of the cycle's reads: an open quote TOKEN_SWEEP_AFTER after it was made (an
-    # address handed out a moment ago holds nothing yet) and as often after; an expired one every
-    # TOKEN_SWEEP_EXPIRED_AFTER.
-    room = min(TOKEN_SWEEPS_PER_CYCLE, TOKEN_BALANCE_CHECKS_PER_CYCLE - len(invoices))
-    if room > 0:
-        invoices += watched.filter(prompted=False).filter(
+    # The sweep, TOKEN_SWEEPS_PER_CYCLE a cycle whatever else is asked (thousands of asked-for invoices never switch
+    # it off): an open quote TOKEN_SWEEP_AFTER after it was made (an address handed out a moment ago holds nothing
+    # yet) and as often after; an expired one once more SWEEP_AFTER_EXPIRY after its expiry (a payment sent on time
+    # late in the quote is not left for hours), then every TOKEN_SWEEP_EXPIRED_AFTER.
+    swept = list(
+        watched.filter(prompted=False).filter(
             Q(native_checked_at__isnull=True, created_at__lte=now - TOKEN_SWEEP_AFTER)
             | Q(status__in=OPEN, native_checked_at__lte=now - TOKEN_SWEEP_AFTER)
+            | Q(
+                status=Invoice.Status.EXPIRED,
+                expires_at__lte=now - SWEEP_AFTER_EXPIRY,
+                native_checked_at__lt=F("expires_at") + SWEEP_AFTER_EXPIRY,
+            )
             | Q(status=Invoice.Status.EXPIRED, native_checked_at__lte=now - TOKEN_SWEEP_EXPIRED_AFTER)
-        )[:room]
+        )[:TOKEN_SWEEPS_PER_CYCLE]
+    )
+    # Asked for: at once, then every TOKEN_RECHECK_AFTER, in the rest of the cycle's reads.
+    invoices = swept + list(
+        watched.filter(prompted=True).filter(
+            Q(native_checked_at__isnull=True) | Q(native_checked_at__lte=now - TOKEN_RECHECK_AFTER)
+        )[: TOKEN_BALANCE_CHECKS_PER_CYCLE - len(swept)]
+    )
     if not invoices:
         return 0
     balances = client.token_balances(

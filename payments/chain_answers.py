@@ -66,6 +66,8 @@ _BEHIND_HEAD_WORDS = (
     "block not found",
     "unknown block",
     "cannot be found",
+    "could not be found",  # Nethermind: "<block> could not be found"
+    "invalid block range",  # Hyperliquid, for a range beyond its head
 )
 
 
