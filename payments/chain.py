@@ -125,6 +125,13 @@ def _address_topic(address: str) -> str:
     return "0x" + "0" * 24 + address.lower().removeprefix("0x")
 
 
+def _rate_limited(exc: Exception) -> bool:
+    """Whether a failed call was a rate limit (HTTP 429, or a JSON-RPC error worded or numbered as one)."""
+    if isinstance(exc, requests.HTTPError):
+        return exc.response is not None and exc.response.status_code == 429
+    return isinstance(exc, RpcError) and classify_error(exc.error, "") == "rate_limited"
+
+
 class ChainClient:
     def __init__(self, chain: Chain, *, timeout: float = 5.0, backoff: float = 0.25) -> None:
         self.chain = chain
@@ -601,12 +608,28 @@ class ChainClient:
 
         def send(provider):
             if provider.endpoint_uri not in self._without_block_receipts:
-                lists = answers(provider, [("eth_getBlockReceipts", [hex(number)]) for number in numbers])
-                if lists is not None:
+                try:
+                    lists = answers(provider, [("eth_getBlockReceipts", [hex(number)]) for number in numbers])
+                except (RpcError, requests.RequestException) as exc:
+                    # A block's receipts can be megabytes (anyone can fill a block with logs for a few dollars on
+                    # an L2): a provider's answer-size cap or the client's timeout refuses them on every URL, and
+                    # the scan would stall at that block for good. The matched transactions' own receipts are
+                    # small: read those instead, this time. A rate limit is the URL's, as for any call.
+                    if _rate_limited(exc):
+                        raise
+                    logger.info(
+                        "chain %s: block receipts not served (%s): reading %s receipts one by one",
+                        self.chain.chain_id,
+                        redact_url(str(exc), provider.endpoint_uri)[:200],
+                        len(wanted),
+                    )
+                    lists = False
+                if lists:
                     if not all(isinstance(receipts, list) for receipts in lists):
                         raise ValueError("eth_getBlockReceipts: a block without its receipts")
                     return successful_transactions([r for receipts in lists for r in receipts], wanted=wanted)
-                self._without_block_receipts.add(provider.endpoint_uri)
+                if lists is None:
+                    self._without_block_receipts.add(provider.endpoint_uri)
                 self.calls += 1
             receipts = answers(provider, [("eth_getTransactionReceipt", [tx_hash]) for tx_hash in sorted(wanted)])
             if receipts is None:

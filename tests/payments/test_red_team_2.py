@@ -8,11 +8,12 @@ import contextlib
 from datetime import timedelta
 
 from booking.models import OrderStatus
-from payments import scanner
+from payments import invoices, scanner
 from payments.demo import pay_invoice
 from payments.models import Invoice, Transfer
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
+from tests.payments.test_native import pay_in_eth
 from tests.payments.test_safety_net import cursor_past_the_head
 
 CHAIN_ID = 31337
@@ -167,3 +168,57 @@ def test_finding_7_a_balance_a_nethermind_backend_cannot_serve_yet_is_taken_as_r
             chain=chain_config, client=ChainClient(chain_config, backoff=0.01), confirmed=confirmed, now=now
         )
     assert Invoice.objects.get(pk=invoice.pk).native_checked_at is None, "marked checked, its balance never read"
+
+
+def test_finding_10_one_block_whose_receipts_a_provider_will_not_send_stalls_the_chain_for_good(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """Finding 10 (high where the native coin is accepted on an L2): a native payment's success is read from
+    eth_getBlockReceipts of its block; the per-transaction receipt is used only where the node does not know that
+    method. A stranger sends 1 wei to their own deposit address in a block they fill with logs (logs carry no L1
+    data fee: a 150M-gas Base block of them, some 15,000 logs and megabytes of receipts, costs a few dollars). A
+    provider that caps answers by size, or the client's 5 s timeout, fails that block's receipts on every URL: the
+    batch raises ChainUnavailable, the cursor never passes the block, every payment after it on the chain is
+    never credited, and every scan records an outage (holds kept alive without end). The proxy here refuses
+    answers over 1 MB, as providers' response caps do."""
+    import json
+
+    from payments.chain import checksum
+    from tests.payments.test_hostile_chain import deploy_hostile, in_one_block
+
+    capped = proxies()
+    original = capped._one
+
+    def one(call, lag=0):
+        answer = original(call, lag)
+        if call.get("method") == "eth_getBlockReceipts" and len(json.dumps(answer)) > 1_000_000:
+            return {"jsonrpc": "2.0", "id": call.get("id"), "error": {"code": -32008, "message": "response too large"}}
+        return answer
+
+    capped._one, capped._plain = one, (lambda calls: False)
+    use_chains_file(capped.url)
+    stranger_order, _ = place(client, booking_data(lots="1", contact_email="stranger@example.org"))
+    stranger_invoice = invoices.invoice_change_asset(order=stranger_order, asset_key=f"{CHAIN_ID}:ETH")
+    scan()
+    hostile = deploy_hostile(chain)
+    spammer = chain.accounts()[5]
+    in_one_block(
+        chain,
+        [
+            {
+                "from": spammer,
+                "to": hostile,
+                "gas": hex(25_000_000),
+                "data": chain._call_data("HostileEmitter", "spam", "0x" + "00" * 19 + "01", 2500, 1),
+            },
+            {"from": spammer, "to": checksum(stranger_invoice.deposit_address), "value": hex(1), "gas": hex(21_000)},
+        ],
+    )
+    order, victim = pay_in_eth(client, booking_data, contact_email="victim@example.org")
+    pay_invoice(chain, victim)  # an honest payment, after that block
+    for _cycle in range(3):
+        chain.mine(3)
+        with contextlib.suppress(Exception):
+            scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID, "the chain's scan is stuck at the stranger's block"
