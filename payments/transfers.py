@@ -6,7 +6,7 @@ with its cursor; what balances show beyond it is `payments/balances.py`.
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import DatabaseError, transaction
@@ -39,6 +39,7 @@ def apply_logs(
 ) -> int:
     """Record the transfers of one range. Returns how many could not be stored (each is its own savepoint: one
     that the database refuses costs only itself)."""
+    logs = _under_recorded_indices(chain_id=chain.chain_id, logs=logs)
     returned = {(log.tx_hash, log.log_index) for log in logs}
     # A transfer seen before and not returned now is gone only when its block was replaced: a provider that
     # answers less (a lagging or inconsistent node) removes nothing.
@@ -66,6 +67,40 @@ def apply_logs(
             logger.exception("chain %s: transfer %s#%s not stored", chain.chain_id, log.tx_hash, log.log_index)
             failed += 1
     return failed
+
+
+def _under_recorded_indices(*, chain_id: int, logs: list[TransferLog]) -> list[TransferLog]:
+    """The logs, each token transfer under the index its row was recorded with. A credit is unique on (chain,
+    transaction, log index), and the scan and the token net take the index from eth_getLogs (within the block) while
+    a pasted hash takes it from the receipt; some clients number receipt logs within the transaction (Besu, lotus,
+    skaled, Oasis), and one load-balanced URL can mix them. A log whose (transaction, index) has no row, but whose
+    transfer (token, recipient, amount) matches a row of the same transaction that this answer does not name, is
+    that row: one payment is never counted twice, and a credit is never left "seen" for good under an index no
+    later read returns. Identical transfers in one transaction pair up one to one."""
+    token_logs = [log for log in logs if log.log_index >= 0]
+    if not token_logs:
+        return logs
+    rows = list(
+        Transfer.objects.filter(
+            chain_id=chain_id, tx_hash__in={log.tx_hash for log in token_logs}, log_index__gte=0
+        ).values_list("tx_hash", "log_index", "token_contract", "to_address", "amount_units")
+    )
+    if not rows:
+        return logs
+    named = {(log.tx_hash, log.log_index) for log in logs}
+    recorded = {(tx_hash, index) for tx_hash, index, *_rest in rows}
+    unnamed: dict[tuple, list[int]] = {}
+    for tx_hash, index, token, recipient, amount in sorted(rows, key=lambda row: row[1]):
+        if (tx_hash, index) not in named:
+            unnamed.setdefault((tx_hash, token, recipient, int(amount)), []).append(index)
+    matched = []
+    for log in logs:
+        if log.log_index >= 0 and (log.tx_hash, log.log_index) not in recorded:
+            same = unnamed.get((log.tx_hash, log.token, log.recipient, log.amount))
+            if same:
+                log = replace(log, log_index=same.pop(0))
+        matched.append(log)
+    return matched
 
 
 def _record_transfer(

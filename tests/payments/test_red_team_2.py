@@ -170,6 +170,118 @@ def test_finding_7_a_balance_a_nethermind_backend_cannot_serve_yet_is_taken_as_r
     assert Invoice.objects.get(pk=invoice.pk).native_checked_at is None, "marked checked, its balance never read"
 
 
+def _receipts_number_logs_per_transaction(proxy) -> None:
+    """The proxy answers receipts as some clients do (Besu, besu-eth/besu#6204 on mainnet in 2023; Filecoin's
+    lotus#12254; SKALE's skaled#1907; Oasis's web3 gateway#172): a log's `logIndex` counted within its transaction,
+    while eth_getLogs counts it within the block as the specification says. A load balancer mixing such a backend
+    with geth ones serves both at once."""
+    original = proxy._one
+
+    def one(call, lag=0):
+        answer = original(call, lag)
+        method, result = call.get("method"), answer.get("result")
+        receipts = [result] if method == "eth_getTransactionReceipt" else result
+        if method in ("eth_getTransactionReceipt", "eth_getBlockReceipts") and isinstance(receipts, list):
+            for receipt in receipts:
+                for position, log in enumerate((receipt or {}).get("logs") or []):
+                    log["logIndex"] = hex(position)
+        return answer
+
+    proxy._one, proxy._plain = one, (lambda calls: False)
+
+
+def _pay_after_another_log(chain, invoice: Invoice) -> str:
+    """The payment in a block where another token transfer comes first: its log is the block's second (index 1)
+    and its transaction's first (index 0). Returns the payment's hash."""
+    from payments.chain import checksum
+
+    payer, other = chain.accounts()[1], chain.accounts()[4]
+    due = int(invoice.amount_due_units)
+    chain.mint(invoice.asset_contract, payer, due, sender=payer)
+    chain.mint(invoice.asset_contract, other, 1, sender=other)
+
+    def transfer(sender, to, amount):
+        data = chain._call_data("DemoStablecoin", "transfer", checksum(to), amount)
+        return {"from": sender, "to": invoice.asset_contract, "gas": hex(200_000), "data": data}
+
+    chain.request("evm_setAutomine", [False])
+    try:
+        chain.request("eth_sendTransaction", [transfer(other, chain.accounts()[5], 1)])
+        tx_hash = chain.request("eth_sendTransaction", [transfer(payer, invoice.deposit_address, due)])
+        chain.mine(1)
+    finally:
+        chain.request("evm_setAutomine", [True])
+    receipt = chain.request("eth_getTransactionReceipt", [tx_hash])
+    assert int(receipt["status"], 16) == 1 and receipt["logs"][0]["logIndex"] == "0x1"
+    return tx_hash
+
+
+def test_finding_4_a_hash_pasted_after_settlement_counts_the_payment_twice_and_owes_a_refund(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """Finding 4 (high where a backend numbers receipt logs per transaction): a credit is unique on (chain,
+    transaction, log index), and the log index comes from eth_getLogs for the scan and the token net but from the
+    receipt for a pasted hash. When the two disagree (real client bugs, behind one load-balanced URL), the same
+    transfer is credited twice. A customer who paid once and pastes their hash after the order settled (the form
+    takes it while the invoice is watched, 7 days) gets the invoice marked paid twice over and a refund of the
+    whole amount flagged as owed: a refund they are not owed. Pasting again until the balancer picks that backend
+    costs nothing."""
+    proxy = proxies()
+    _receipts_number_logs_per_transaction(proxy)
+    use_chains_file(proxy.url)
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    scan()
+    tx_hash = _pay_after_another_log(chain, invoice)
+    chain.mine(3)
+    scan()
+    invoice.refresh_from_db()
+    order.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED and order.status == OrderStatus.PAID and not invoice.paid_over
+
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx_hash)
+
+    invoice.refresh_from_db()
+    assert Transfer.objects.filter(invoice=invoice).exclude(status=Transfer.Status.REMOVED).count() == 1
+    assert invoice.amount_confirmed_units == invoice.amount_due_units
+    assert not invoice.paid_over, "one payment counted twice: a refund of the whole amount is flagged as owed"
+
+
+def test_finding_5_a_pasted_hash_credited_before_the_scan_pins_the_cursor_for_the_whole_watch(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """Finding 5 (high, cost; same backend as finding 4): the customer pastes the hash as soon as their wallet shows
+    it, before the block is confirmed: the pasted hash's credit (receipt's log index) is "seen". The scan then
+    reads the block and credits the same transfer under eth_getLogs's index, and the first credit is never
+    returned by any log read and never replaced by a reorganisation: it stays "seen" for good. The cursor never
+    moves past a seen transfer of a watched invoice, so every cycle re-reads every block from there to the head
+    (full blocks where the native coin is accepted), for as long as the invoice is watched (7 days after the
+    expiry). Measured here: the remembered headers spare the blocks only until the next invoice is created (or past
+    10,000 blocks); then every block since the pinned one is read in full again (300 blocks mined a cycle: 300,
+    300, then 901 and 1,201 full blocks a cycle once new orders came in). On Ethereum after a week: some 50,000
+    full blocks (gigabytes) at each new order, and an eth_getLogs of every allow-listed token over the whole week
+    every cycle. The invoice also shows the amount as still being confirmed."""
+    from payments.models import ChainCursor
+
+    proxy = proxies()
+    _receipts_number_logs_per_transaction(proxy)
+    use_chains_file(proxy.url)
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    scan()
+    tx_hash = _pay_after_another_log(chain, invoice)
+    paid_block = int(chain.request("eth_getTransactionReceipt", [tx_hash])["blockNumber"], 16)
+    invoices.invoice_customer_paid(invoice=invoice, tx_hint=tx_hash)  # not confirmed yet: "seen"
+    for _cycle in range(4):
+        chain.mine(5)
+        scan()
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+    cursor = ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block
+    assert cursor >= paid_block, f"the cursor stays at {cursor}, below the payment's block {paid_block}, for good"
+    assert not Transfer.objects.filter(invoice=invoice, status=Transfer.Status.SEEN).exists()
+
+
 def test_finding_10_one_block_whose_receipts_a_provider_will_not_send_stalls_the_chain_for_good(
     client, chain, booking_data, proxies, use_chains_file
 ):
