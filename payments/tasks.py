@@ -1,6 +1,9 @@
 """Thin Celery wrappers for the chain queue."""
 
+from datetime import timedelta
+
 from celery import shared_task
+from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
@@ -9,7 +12,7 @@ from booking.notices import Notice
 from payments import config, invoices, refund_proofs, scanner, tx_hints
 from payments.chain import ChainUnavailable
 from payments.errors import PaymentError
-from payments.models import Invoice, Refund
+from payments.models import ChainCursor, Invoice, Refund
 
 
 @shared_task(name="payments.scan_chains")
@@ -50,18 +53,36 @@ def check_invoice(self, invoice_id: int) -> str:
     cache.set(pending_key, True, timeout=invoices.CHECK_PENDING_SECONDS)
     delay = CHECK_DELAYS[min(self.request.retries, len(CHECK_DELAYS) - 1)]
     retry_possible = self.request.retries < self.max_retries and not self.request.is_eager
-    try:
-        result = scanner.chain_scan(chain_id=invoice.chain_id)
-    except ChainUnavailable as exc:
-        if not retry_possible:
-            cache.delete(pending_key)
-        raise self.retry(exc=exc, countdown=delay) from exc
+    skipped = False
+    if _scan_due(chain_id=invoice.chain_id, first=self.request.retries == 0):
+        try:
+            skipped = scanner.chain_scan(chain_id=invoice.chain_id).skipped
+        except ChainUnavailable as exc:
+            if not retry_possible:
+                cache.delete(pending_key)
+            raise self.retry(exc=exc, countdown=delay) from exc
     invoice.refresh_from_db()
     done = invoice.status == Invoice.Status.SETTLED or timezone.now() >= invoice.monitor_until
-    if not done and retry_possible and (result.skipped or invoice.customer_paid_at):
+    if not done and retry_possible and (skipped or invoice.customer_paid_at):
         raise self.retry(countdown=delay)
     cache.delete(pending_key)
     return invoice.status
+
+
+def _scan_due(*, chain_id: int, first: bool) -> bool:
+    """Whether a check should scan the chain itself: its first attempt, right after "I've paid", unless a scan ran
+    this last second; a retry only when beat's scan is late (none for a whole period). Thirty pressed invoices
+    retrying once a minute must not scan the chain thirty times a minute: beat's scans move them anyway."""
+    last = ChainCursor.objects.filter(chain_id=chain_id).values_list("last_scan_at", flat=True).first()
+    gap = (
+        FIRST_CHECK_SCAN_GAP
+        if first
+        else timedelta(seconds=settings.CELERY_BEAT_SCHEDULE["payments.scan_chains"]["schedule"])
+    )
+    return last is None or last <= timezone.now() - gap
+
+
+FIRST_CHECK_SCAN_GAP = timedelta(seconds=1)
 
 
 # A pasted hash not mined yet, or mined and not yet confirmed, is read again this many times (CHECK_DELAYS apart);

@@ -7,6 +7,8 @@ the red team's report's (the closing note of issue 23 lists them all, fixed or n
 import contextlib
 from datetime import timedelta
 
+import pytest
+
 from booking.models import OrderStatus
 from payments import invoices, scanner
 from payments.demo import pay_invoice
@@ -280,6 +282,47 @@ def test_finding_5_a_pasted_hash_credited_before_the_scan_pins_the_cursor_for_th
     cursor = ChainCursor.objects.get(chain_id=CHAIN_ID).confirmed_block
     assert cursor >= paid_block, f"the cursor stays at {cursor}, below the payment's block {paid_block}, for good"
     assert not Transfer.objects.filter(invoice=invoice, status=Transfer.Status.SEEN).exists()
+
+
+def test_finding_9_a_strangers_presses_of_i_ve_paid_make_the_chain_scanned_back_to_back(
+    client, chain, booking_data, proxies, use_chains_file, monkeypatch
+):
+    """Finding 9 (medium, cost): each "I've paid" starts a chain of checks (one per invoice) that retries up to 200
+    times, once a minute after its first attempts, for about three hours while the invoice is not settled; each
+    attempt that finds the chain's lease free runs a whole scan (head, logs, headers, up to 50 native and 50 token
+    balances). A stranger with 30 unpaid orders (the booking limit of one IP for an hour) presses "I've paid" on
+    each (30 an hour per IP): 30 full scans a minute on top of beat's 6, and with a few IPs the chain is scanned
+    back to back around the clock, its provider's quota spent. Measured here: 30 attempts make 30 full scans."""
+    from celery.exceptions import Retry
+
+    from payments import tasks
+
+    proxy = proxies()
+    use_chains_file(proxy.url)
+    from tests.payments.test_many_invoices import crowd_invoices
+
+    stranger_order, _ = place(client, booking_data(lots="1", contact_email="stranger@example.org"))
+    model = current_invoice(stranger_order)
+    model.customer_paid_at = model.created_at
+    crowd_invoices(model, 30)  # the stranger's 30 unpaid quotes, "I've paid" pressed on each
+    pressed = list(Invoice.objects.filter(customer_paid_at__isnull=False).values_list("pk", flat=True))
+    assert len(pressed) == 30
+    scan()
+    proxy.reset_counts()
+    scan()  # what one of beat's scans costs when nothing happens
+    one_scan = sum(proxy.calls.values())
+
+    monkeypatch.setattr(tasks.check_invoice, "retry", lambda **kwargs: Retry())
+    proxy.reset_counts()
+    for invoice_id in pressed:  # one minute: each chain's attempt (its tenth: a minute after the ninth)
+        tasks.check_invoice.push_request(retries=10, is_eager=False)
+        try:
+            with pytest.raises(Retry):
+                tasks.check_invoice.run(invoice_id)
+        finally:
+            tasks.check_invoice.pop_request()
+    per_minute = sum(proxy.calls.values())
+    assert per_minute <= 6 * one_scan, f"{per_minute} calls a minute from the checks, {one_scan} for one beat scan"
 
 
 def test_finding_10_one_block_whose_receipts_a_provider_will_not_send_stalls_the_chain_for_good(
