@@ -70,19 +70,15 @@ def check_invoice(self, invoice_id: int) -> str:
 
 
 def _scan_due(*, chain_id: int, first: bool) -> bool:
-    """Whether a check should scan the chain itself: its first attempt, right after "I've paid", unless a scan ran
-    this last second; a retry only when beat's scan is late (none for a whole period). Thirty pressed invoices
-    retrying once a minute must not scan the chain thirty times a minute: beat's scans move them anyway."""
+    """Whether a check should scan the chain itself: always at its first attempt, right after "I've paid" (one chain
+    per invoice, and presses are rate-limited); a retry only when beat's scan is late (none for a whole period).
+    Thirty pressed invoices retrying once a minute must not scan the chain thirty times a minute: beat's scans move
+    them anyway."""
+    if first:
+        return True
     last = ChainCursor.objects.filter(chain_id=chain_id).values_list("last_scan_at", flat=True).first()
-    gap = (
-        FIRST_CHECK_SCAN_GAP
-        if first
-        else timedelta(seconds=settings.CELERY_BEAT_SCHEDULE["payments.scan_chains"]["schedule"])
-    )
-    return last is None or last <= timezone.now() - gap
-
-
-FIRST_CHECK_SCAN_GAP = timedelta(seconds=1)
+    period = timedelta(seconds=settings.CELERY_BEAT_SCHEDULE["payments.scan_chains"]["schedule"])
+    return last is None or last <= timezone.now() - period
 
 
 # A pasted hash not mined yet, or mined and not yet confirmed, is read again this many times (CHECK_DELAYS apart);
