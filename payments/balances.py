@@ -97,7 +97,7 @@ def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed
         Invoice.objects.filter(chain_id=chain.chain_id, asset_contract="", monitor_until__gt=now)
         .filter(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED])
         .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
-        .only("pk", "deposit_address")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
+        .only("pk", "deposit_address", "amount_due_units")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
     )
     if not invoices:
         return 0
@@ -123,9 +123,14 @@ def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed
         if dated >= RISES_DATED_PER_CYCLE:
             continue  # not marked checked: first in line next cycle
         dated += 1
+        # Dated by the block where the address first held what the invoice still lacked (or the whole rise, when
+        # it was paid already): coin a stranger adds later (dust forwarded by a contract) never makes an on-time
+        # payment late.
+        lacking = int(invoice.amount_due_units) - sum(amount for _block, amount in credits.get(address, []))
+        target = min(unexplained, lacking) if lacking > 0 else unexplained
         try:
             rise = _block_of_rise(
-                client=client, address=address, credits=credits.get(address, []), unexplained=unexplained, block=read_to
+                client=client, address=address, credits=credits.get(address, []), unexplained=target, block=read_to
             )
             rise_block = client.block_range(start=rise, end=rise, recipients=frozenset({address}))
         except ChainUnavailable as exc:

@@ -125,15 +125,22 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
 
 
 def _paid_at(invoice: Invoice, now: datetime) -> datetime:
-    """When the invoice was paid in full, by the chain's clock: the latest block time of its confirmed credits (when
-    a block's time is unknown, when the scanner first saw it)."""
-    times = [
-        block_time or first_seen
-        for block_time, first_seen in invoice.transfers.filter(
+    """When the invoice was paid in full, by the chain's clock: the time of the block where its confirmed credits,
+    taken in chain order, first reached the amount due (when a block's time is unknown, when the scanner first saw
+    it); the latest of them when they never did. A stranger's dust confirmed after an on-time payment (address
+    poisoning, coin forwarded by a contract) leaves the payment on time."""
+    credits = sorted(
+        (block_number, block_time or first_seen, int(amount))
+        for block_number, block_time, first_seen, amount in invoice.transfers.filter(
             wrong_asset=False, status=Transfer.Status.CONFIRMED
-        ).values_list("block_time", "first_seen_at")
-    ]
-    return max(times, default=now)
+        ).values_list("block_number", "block_time", "first_seen_at", "amount_units")
+    )
+    received = 0
+    for _block, moment, amount in credits:
+        received += amount
+        if received >= int(invoice.amount_due_units):
+            return moment
+    return max((moment for _block, moment, _amount in credits), default=now)
 
 
 def _late_payment_held(*, order: Order, invoice: Invoice, now: datetime) -> dict | None:

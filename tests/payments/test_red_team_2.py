@@ -15,6 +15,7 @@ from payments.demo import pay_invoice
 from payments.models import Invoice, Transfer
 from payments.selectors import current_invoice
 from tests.booking.test_pages import place
+from tests.payments.test_balances import forward_at
 from tests.payments.test_native import pay_in_eth
 from tests.payments.test_safety_net import cursor_past_the_head
 
@@ -323,6 +324,63 @@ def test_finding_9_a_strangers_presses_of_i_ve_paid_make_the_chain_scanned_back_
             tasks.check_invoice.pop_request()
     per_minute = sum(proxy.calls.values())
     assert per_minute <= 6 * one_scan, f"{per_minute} calls a minute from the checks, {one_scan} for one beat scan"
+
+
+def test_finding_3_a_strangers_dust_after_the_expiry_makes_an_on_time_contract_payment_late(
+    client, chain, booking_data
+):
+    """Finding 3 (low): native coin paid by a contract is dated by the first block at which the address held the
+    whole unexplained amount. A stranger (or a bot that sprays dust on addresses receiving internal payments)
+    forwards 1 wei through a contract after the expiry, before the balance net has read the payment's block (the
+    confirmations, a cycle, or a backlog of more than 50 native invoices or 5 rises a cycle): the whole payment is
+    then dated at the dust's block, after the expiry, and the on-time payer's invoice is judged late (held for an
+    operator when the rate moved or the lots were taken)."""
+    order, invoice = pay_in_eth(client, booking_data)
+    paid_block = forward_at(chain, invoice, timestamp=int(invoice.expires_at.timestamp()) - 10)
+    stranger = chain.accounts()[3]
+    dust = chain.deploy("PaymentForwarder", sender=stranger)
+    chain.request("evm_setNextBlockTimestamp", [int(invoice.expires_at.timestamp()) + 20])
+    chain.call("PaymentForwarder", dust, "forward", invoice.deposit_address, sender=stranger, value=1)
+    chain.mine(3)
+
+    scan(now=invoice.expires_at + timedelta(minutes=2))
+
+    invoice.refresh_from_db()
+    assert invoice.amount_confirmed_units > invoice.amount_due_units
+    assert not invoice.paid_late, "the on-time payment is dated by the stranger's later dust"
+    credited = Transfer.objects.filter(invoice=invoice).values_list("block_number", flat=True)
+    assert paid_block in credited
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PAID
+
+
+# --- a backend whose receipts number logs within their transaction ----------------------------------------------
+
+
+def test_finding_3_an_address_poisoning_dust_transfer_after_the_expiry_makes_an_on_time_token_payment_late(
+    client, chain, booking_data
+):
+    """Finding 3, general case (low-medium): an invoice is dated by the latest block of all its confirmed credits
+    (settlement._paid_at), not by the block where they first reached the amount due. Address-poisoning bots send a
+    dust amount of the same token to an address right after it receives a payment; on a 2-second chain several
+    blocks confirm in one 10-second cycle, so the payment (10 s before the expiry) and the dust (20 s after it)
+    confirm together: the on-time payment is judged late, and waits for an operator when the rate moved or the
+    lots were taken (the order's hold ran out at the same moment)."""
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    assert invoice.asset_contract
+    scan()
+    chain.request("evm_setNextBlockTimestamp", [int(invoice.expires_at.timestamp()) - 10])
+    pay_invoice(chain, invoice)
+    chain.request("evm_setNextBlockTimestamp", [int(invoice.expires_at.timestamp()) + 20])
+    pay_invoice(chain, invoice, units=1, payer_index=6)  # the poisoning bot's dust
+    chain.mine(3)
+
+    scan(now=invoice.expires_at + timedelta(seconds=30))
+
+    invoice.refresh_from_db()
+    assert invoice.amount_confirmed_units == invoice.amount_due_units + 1
+    assert not invoice.paid_late, "the payment made before the expiry is dated by a stranger's dust after it"
 
 
 def test_finding_10_one_block_whose_receipts_a_provider_will_not_send_stalls_the_chain_for_good(
