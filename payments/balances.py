@@ -340,16 +340,35 @@ def _search_token_transfers(
     # A search that ran out of round trips before reaching the invoice's creation (an old invoice on a fast chain)
     # goes on next cycle below where it stopped, instead of reading the same recent ranges again.
     resume_key = f"token-search:{chain.chain_id}:{invoice.pk}"
-    resumed = cache.get(resume_key)
-    end = resumed if isinstance(resumed, int) and 0 <= resumed < confirmed else confirmed
-    span, logs, complete, reached = max(1, chain.max_block_range), [], True, False
+    resumed = cache.get(resume_key)  # [end, span]: where it stopped, and how wide the provider still answered
+    end, span = confirmed, max(1, chain.max_block_range)
+    well_formed = isinstance(resumed, list) and len(resumed) == 2 and all(isinstance(part, int) for part in resumed)
+    if well_formed and 0 <= resumed[0] <= confirmed and 1 <= resumed[1] <= span:
+        end, span = resumed
+    logs, complete, reached = [], True, False
     born = invoice.created_at - CLOCK_MARGIN
     for _call in range(LOG_SEARCH_CALLS):
         start = max(0, end - span + 1)
         try:
             found, start_time = client.token_transfers_to(token=token, address=address, start=start, end=end)
         except RangeRefused:
-            span = max(1, span // 2)
+            if span > 1:
+                span = max(1, span // 2)
+                continue
+            # One block the provider will not answer for this one address (more transfers to it than its cap on
+            # logs: a stranger's dust on their own address). Not read, and said so: the search goes on below it,
+            # instead of asking for that block every cycle and holding a search of the cycle for good.
+            logger.warning(
+                "chain %s: the transfers of %s to %s in block %s exceed what the provider answers: not read",
+                chain.chain_id,
+                token,
+                address,
+                start,
+            )
+            if start == 0:
+                reached = True
+                break
+            end, span = start - 1, max(1, chain.max_block_range)
             continue
         except (RangeNotReady, ChainUnavailable) as exc:
             logger.warning("chain %s: transfers to %s not read this cycle: %s", chain.chain_id, address, exc)
@@ -362,7 +381,7 @@ def _search_token_transfers(
             break
         end = start - 1
     if complete and not reached:
-        cache.set(resume_key, end, timeout=RESUME_SECONDS)
+        cache.set(resume_key, [end, span], timeout=RESUME_SECONDS)
         complete = False  # not checked: read on next cycle, from there
     elif reached:
         cache.delete(resume_key)

@@ -383,6 +383,64 @@ def test_finding_3_an_address_poisoning_dust_transfer_after_the_expiry_makes_an_
     assert not invoice.paid_late, "the payment made before the expiry is dated by a stranger's dust after it"
 
 
+def test_finding_8_five_addresses_crowded_with_dust_stop_the_token_search_for_everyone_for_good(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """Finding 8 (medium): a provider answers at most so many logs (10,000 at Alchemy, Infura, geth's default; 20
+    here). A stranger sends more dust transfers of the token than that to each of 5 of their own deposit addresses
+    in one block (a few dollars on an L2). The scan passes each as "unread"; their balances exceed their credits,
+    so the token net searches them: the address-filtered read of that block is refused at every width, the search
+    halves down to one block and runs out of round trips there, "goes on below where it stopped" (the same block)
+    next cycle, and is never marked checked: first in line forever, for the whole watch. The 5 searches a cycle
+    are theirs every cycle, and a missed payment of anyone else (finding 1 of the first run) is never looked for;
+    each cycle also spends 50 round trips on nothing."""
+    from django.utils import timezone
+
+    from payments import balances, config
+    from payments.chain import ChainClient, checksum
+
+    strict = proxies(max_logs=20)
+    use_chains_file(strict.url)
+    crowded = []
+    for number in range(balances.LOG_SEARCHES_PER_CYCLE):
+        stranger_order, _ = place(client, booking_data(lots="1", contact_email=f"s{number}@example.org"))
+        crowded.append(current_invoice(stranger_order))
+    order, _token = place(client, booking_data(lots="1"))
+    victim = current_invoice(order)
+    token = victim.asset_contract
+    stranger = chain.accounts()[5]
+    chain.mint(token, stranger, 10**9, sender=stranger)
+    chain.request("evm_setAutomine", [False])
+    try:
+        for invoice in crowded:
+            data = chain._call_data("DemoStablecoin", "transfer", checksum(invoice.deposit_address), 1)
+            for _ in range(21):
+                chain.request(
+                    "eth_sendTransaction", [{"from": stranger, "to": token, "gas": hex(100_000), "data": data}]
+                )
+        chain.mine(1)
+    finally:
+        chain.request("evm_setAutomine", [True])
+    pay_invoice(chain, victim)
+    chain.mine(3)
+    confirmed = cursor_past_the_head(chain)  # the victim's payment missed by the log reading; nobody said so
+    now = timezone.now() + balances.TOKEN_SWEEP_AFTER
+    for invoice in crowded:
+        invoices.invoice_customer_paid(invoice=invoice, now=now)  # the stranger asks: read first
+
+    chain_config = config.chain(CHAIN_ID)
+    for cycle in range(12):  # two minutes of 10 s cycles
+        balances.token_balance_checks(
+            chain=chain_config,
+            client=ChainClient(chain_config),
+            confirmed=confirmed,
+            now=now + cycle * timedelta(seconds=10),
+        )
+    assert Transfer.objects.filter(invoice=victim).exists(), "the victim's missed payment is never looked for"
+    # and the crowded addresses' searches end (their unreadable block skipped and logged), not first in line forever
+    assert all(Invoice.objects.get(pk=invoice.pk).native_checked_at is not None for invoice in crowded)
+
+
 def test_finding_10_one_block_whose_receipts_a_provider_will_not_send_stalls_the_chain_for_good(
     client, chain, booking_data, proxies, use_chains_file
 ):
