@@ -34,6 +34,7 @@ from payments import config
 from payments.chain import ChainClient, ChainUnavailable, RangeNotReady, RangeRefused
 from payments.chain_answers import MAX_TRANSFER_UNITS, BlockRange, parse_timestamp
 from payments.models import ChainCursor, Invoice, Transfer
+from payments.selectors import watched_invoices
 from payments.transfers import WatchedAddress, apply_logs
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ SWEEP_AFTER_EXPIRY = timedelta(minutes=5)
 # and 20 a cycle at the 10 s scan period sweeps 3,600 open token invoices every 30 minutes (more stretch the period).
 TOKEN_SWEEPS_PER_CYCLE = 20
 OPEN = [Invoice.Status.NEW, Invoice.Status.PROCESSING]
+# What the nets read: open quotes, expired ones, and replaced ones (a payment still arriving at a replaced quote's
+# address is recorded and flagged for an operator), within the scan's watch (payments.selectors.watched_invoices).
+NETTED = [Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED, Invoice.Status.INVALID]
 # Address-filtered log reads in one cycle, each over at most LOG_SEARCH_CALLS ranges back from the confirmed
 # block, until a range starts before the invoice was created (less this margin for clocks that disagree).
 LOG_SEARCHES_PER_CYCLE = 5
@@ -95,7 +99,7 @@ def native_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed
     payments still count. Returns how many balances were read."""
     invoices = list(
         Invoice.objects.filter(chain_id=chain.chain_id, asset_contract="", monitor_until__gt=now)
-        .filter(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED])
+        .filter(watched_invoices(now), status__in=NETTED)
         .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
         .only("pk", "deposit_address", "amount_due_units")[:NATIVE_BALANCE_CHECKS_PER_CYCLE]
     )
@@ -267,9 +271,10 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
             asset_contract__in=list(tokens),
             # Expired ones too, within their monitoring window: a payment the scan missed while the quote was
             # open is found after "I've paid" even once the quote has run out (the late-payment policy applies).
-            status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING, Invoice.Status.EXPIRED],
+            status__in=NETTED,
             monitor_until__gt=now,
         )
+        .filter(watched_invoices(now))
         .annotate(prompted=Q(customer_paid_at__isnull=False) | Q(check_requested_at__isnull=False))
         .order_by(F("native_checked_at").asc(nulls_first=True), F("customer_paid_at").desc(nulls_last=True), "pk")
         .only("pk", "deposit_address", "asset_contract", "created_at")
@@ -281,13 +286,9 @@ def token_balance_checks(*, chain: config.Chain, client: ChainClient, confirmed:
     swept = list(
         watched.filter(prompted=False).filter(
             Q(native_checked_at__isnull=True, created_at__lte=now - TOKEN_SWEEP_AFTER)
-            | Q(status__in=OPEN, native_checked_at__lte=now - TOKEN_SWEEP_AFTER)
-            | Q(
-                status=Invoice.Status.EXPIRED,
-                expires_at__lte=now - SWEEP_AFTER_EXPIRY,
-                native_checked_at__lt=F("expires_at") + SWEEP_AFTER_EXPIRY,
-            )
-            | Q(status=Invoice.Status.EXPIRED, native_checked_at__lte=now - TOKEN_SWEEP_EXPIRED_AFTER)
+            | Q(expires_at__gt=now, native_checked_at__lte=now - TOKEN_SWEEP_AFTER)
+            | Q(expires_at__lte=now - SWEEP_AFTER_EXPIRY, native_checked_at__lt=F("expires_at") + SWEEP_AFTER_EXPIRY)
+            | Q(expires_at__lte=now, native_checked_at__lte=now - TOKEN_SWEEP_EXPIRED_AFTER)
         )[:TOKEN_SWEEPS_PER_CYCLE]
     )
     # Asked for: at once, then every TOKEN_RECHECK_AFTER, in the rest of the cycle's reads.

@@ -29,6 +29,7 @@ from payments.chain import ChainClient, ChainUnavailable
 from payments.chain_answers import TransferLog
 from payments.invoices import lock_invoice
 from payments.models import ChainCursor, Invoice, Transfer
+from payments.selectors import watched_invoices
 from payments.settlement import invoice_apply_chain_state
 from payments.transfers import WatchedAddress, apply_logs
 
@@ -64,23 +65,9 @@ class ScanResult:
     settled: list[int] = field(default_factory=list)
 
 
-def _watched(now: datetime) -> Q:
-    """Open invoices, and any invoice still within its monitoring window: a late payment, a payment to a replaced
-    quote, a payment after settlement are all recorded. A replaced quote that received nothing stops being watched
-    when it would have expired: switching assets cannot grow the watch for days."""
-    replaced_empty = Q(
-        status=Invoice.Status.INVALID,
-        needs_operator=False,
-        amount_confirmed_units=0,
-        amount_pending_units=0,
-        expires_at__lte=now,
-    )
-    return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | (Q(monitor_until__gt=now) & ~replaced_empty)
-
-
 def _watched_addresses(chain_id: int, now: datetime) -> dict[str, WatchedAddress]:
     """Every watched deposit address of the chain: three small columns per invoice, to match logs against."""
-    rows = Invoice.objects.filter(_watched(now), chain_id=chain_id).values_list(
+    rows = Invoice.objects.filter(watched_invoices(now), chain_id=chain_id).values_list(
         "deposit_address", "pk", "asset_contract"
     )
     return {address: WatchedAddress(invoice_id=pk, asset_contract=contract) for address, pk, contract in rows}
@@ -92,7 +79,7 @@ def _invoices_to_review(chain_id: int, now: datetime) -> list[Invoice]:
     nothing more than its address."""
     has_transfer = Exists(Transfer.objects.filter(invoice=OuterRef("pk")))
     return list(
-        Invoice.objects.filter(_watched(now), chain_id=chain_id).filter(
+        Invoice.objects.filter(watched_invoices(now), chain_id=chain_id).filter(
             has_transfer
             | Q(status=Invoice.Status.NEW, expires_at__lte=now)
             | Q(status=Invoice.Status.PROCESSING)
@@ -169,7 +156,7 @@ def _scan(
     result.head, result.confirmed = head, confirmed
     by_address = _watched_addresses(chain.chain_id, now)
     result.invoices = len(by_address)
-    watched = Invoice.objects.filter(_watched(now), chain_id=chain.chain_id)
+    watched = Invoice.objects.filter(watched_invoices(now), chain_id=chain.chain_id)
     recipients = frozenset(by_address)
     # The chain's native coin is read from the transactions of each block: then the hashes of all of them are
     # known too. A block not final yet that an earlier cycle read is checked by hash (see ChainClient.block_range).

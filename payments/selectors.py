@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import segno
 from django.core.cache import cache
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
@@ -206,3 +206,18 @@ def open_refunds() -> list[RefundView]:
         .order_by("created_at")[:REFUNDS_QUEUE_SIZE]
     )
     return [refund_view(refund, with_qr=True) for refund in refunds]
+
+
+def watched_invoices(now: datetime) -> Q:
+    """Open invoices, and any invoice still within its monitoring window: a late payment, a payment to a replaced
+    quote, a payment after settlement are all recorded (by the scan and by the balance nets alike). A replaced quote
+    that received nothing stops being watched when it would have expired: switching assets cannot grow the watch for
+    days."""
+    replaced_empty = Q(
+        status=Invoice.Status.INVALID,
+        needs_operator=False,
+        amount_confirmed_units=0,
+        amount_pending_units=0,
+        expires_at__lte=now,
+    )
+    return Q(status__in=[Invoice.Status.NEW, Invoice.Status.PROCESSING]) | (Q(monitor_until__gt=now) & ~replaced_empty)

@@ -441,6 +441,53 @@ def test_finding_8_five_addresses_crowded_with_dust_stop_the_token_search_for_ev
     assert all(Invoice.objects.get(pk=invoice.pk).native_checked_at is not None for invoice in crowded)
 
 
+def test_finding_2_a_token_payment_to_a_replaced_quote_that_the_scan_missed_is_never_found(client, chain, booking_data):
+    """Finding 2 (medium): the customer copied the first quote's address, then switched the payment method (or
+    their wallet sent what they had prepared), and paid the first address while that quote was still valid.
+    invoice_change_asset promises that "a payment still arriving there is recorded and flagged for an operator".
+    When the log reading misses it (finding 1 of the first run), no safety net can find it: the token balance net
+    reads only NEW/PROCESSING/EXPIRED invoices (the replaced one is INVALID), "I've paid" and a pasted hash work on
+    the current invoice only (the hash is judged "paid elsewhere"), and the replaced address stops being watched
+    at its expiry since it "received nothing". The money is lost without any operator flag."""
+    order, _token = place(client, booking_data(lots="1"))
+    replaced = current_invoice(order)
+    assert replaced.asset_contract
+    current = invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
+    tx_hash = pay_invoice(chain, replaced)  # within the replaced quote's validity
+    chain.mine(3)
+    cursor_past_the_head(chain)
+    born = replaced.created_at
+
+    scan(now=born + timedelta(minutes=31))  # the sweep's cadence for an open quote
+    invoices.invoice_customer_paid(invoice=current, tx_hint=tx_hash, now=born + timedelta(minutes=32))
+    scan(now=born + timedelta(minutes=45))
+    scan(now=born + timedelta(minutes=59))
+
+    replaced.refresh_from_db()
+    assert Transfer.objects.filter(invoice=replaced).exists(), "the payment to the replaced quote is never recorded"
+    assert replaced.needs_operator
+
+
+def test_finding_2_a_contract_wallet_paying_a_replaced_native_quote_in_time_is_never_recorded(
+    client, chain, booking_data
+):
+    """Finding 2, second case (medium, no provider fault needed): the customer chose ETH, then switched to a token;
+    their Safe (a contract wallet) pays the ETH quote's address in time, by an internal transfer that no
+    transaction to the address shows. The native balance net reads only NEW/PROCESSING/EXPIRED invoices, so the
+    replaced (INVALID) quote's balance is never read; the replaced address stops being watched at its expiry since
+    it "received nothing". invoice_change_asset's promise ("a payment still arriving there is recorded and flagged
+    for an operator") fails, and the coin sits at the address unknown to anyone."""
+    order, invoice = pay_in_eth(client, booking_data)
+    invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:dEURC")
+    forward_at(chain, invoice, timestamp=int(invoice.expires_at.timestamp()) - 600)  # in time
+    chain.mine(3)
+    for minutes in (1, 5, 30):
+        scan(now=invoice.created_at + timedelta(minutes=minutes))
+    invoice.refresh_from_db()
+    assert Transfer.objects.filter(invoice=invoice).exists(), "a contract payment to a replaced quote is never seen"
+    assert invoice.needs_operator
+
+
 def test_finding_10_one_block_whose_receipts_a_provider_will_not_send_stalls_the_chain_for_good(
     client, chain, booking_data, proxies, use_chains_file
 ):
