@@ -72,6 +72,8 @@ def booking_data(catalog, ssh_key, start_date):
             "contact_name": "Ada Lovelace",
             "contact_email": "ada@example.org",
             "organisation": "Analytical Engines Lab",
+            "billing_address": "12 rue de la Paix\n75002 Paris",
+            "billing_country": "FR",
             "messenger": "@ada:matrix.org",
             "ssh_keys": ssh_key,
             **RESEARCH_ANSWERS,
