@@ -24,6 +24,7 @@ class Notice(StrEnum):
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
     ORDER_CANCELLED = "order_cancelled"  # order=, refund_due=: a paid order cancelled by its customer
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
+    INVOICE_ISSUED = "invoice_issued"  # order=, fiscal_invoice=: the invoice's PDF attached, to the contact
     HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
 
 

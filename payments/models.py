@@ -252,3 +252,7 @@ class PaymentSettings(SingletonRow, models.Model):
 
     def __str__(self) -> str:
         return str(_("Payment settings"))
+
+
+# The fiscal invoices (the numbered documents a settled payment issues) live in their own module.
+from payments.fiscal_models import FiscalInvoice, FiscalInvoiceCounter, InvoicingSettings  # noqa: E402, F401

@@ -21,7 +21,7 @@ from booking import selectors as booking_selectors
 from booking import services as booking
 from booking.models import Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from payments import config
+from payments import config, fiscal
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
 from payments.models import Invoice, PaymentSettings, Transfer
@@ -199,6 +199,7 @@ def _settle(
     the hold expired. When the order cannot take the payment any more (cancelled meanwhile, lots taken), the
     invoice is flagged for an operator: a refund or a new date is owed."""
     invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
+    carried = True
     try:
         if invoice.purpose == Invoice.Purpose.EXTENSION:
             booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
@@ -217,6 +218,7 @@ def _settle(
         else:
             raise BookingError(_("This order can no longer take a payment."))
     except BookingError as exc:
+        carried = False
         invoice.needs_operator = True
         booking.order_note(
             order=order,
@@ -226,6 +228,8 @@ def _settle(
             evidence=evidence,
         )
     invoice.save()
+    if carried:  # the sale took place: its fiscal invoice is numbered in this transaction (payments/fiscal.py)
+        fiscal.fiscal_invoice_issue(order=order, invoice=invoice, now=now)
     invoice_id = invoice.pk
     transaction.on_commit(lambda: _send_payment_received(invoice_id))
 

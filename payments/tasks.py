@@ -6,9 +6,9 @@ from django.utils import timezone
 
 from booking import notices
 from booking.notices import Notice
-from payments import config, invoices, scanner, tx_hints
+from payments import config, fiscal_documents, invoices, scanner, tx_hints
 from payments.chain import ChainUnavailable
-from payments.models import Invoice
+from payments.models import FiscalInvoice, Invoice
 
 
 @shared_task(name="payments.scan_chains")
@@ -87,3 +87,16 @@ def send_payment_received(invoice_id: int) -> None:
     invoice = Invoice.objects.select_related("order").filter(pk=invoice_id).first()
     if invoice is not None:
         notices.send(Notice.PAYMENT_RECEIVED, order=invoice.order, invoice=invoice)
+
+
+@shared_task(name="payments.issue_fiscal_document", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def issue_fiscal_document(fiscal_invoice_id: int) -> str:
+    """Print an issued fiscal invoice once (PDF/A-3 with its Factur-X XML) and e-mail it to the order's contact."""
+    fiscal_invoice = FiscalInvoice.objects.select_related("order").filter(pk=fiscal_invoice_id).first()
+    if fiscal_invoice is None:
+        return "unknown"
+    fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    if fiscal_invoice.emailed_at is None:
+        notices.send(Notice.INVOICE_ISSUED, order=fiscal_invoice.order, fiscal_invoice=fiscal_invoice)
+        fiscal_documents.fiscal_invoice_mark_emailed(fiscal_invoice=fiscal_invoice)
+    return fiscal_invoice.number

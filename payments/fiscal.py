@@ -1,0 +1,204 @@
+"""Fiscal invoices: the numbered document a settled payment issues (not `Invoice`, the payment request), and the
+billing details it is made out to, changeable until then.
+
+`fiscal_invoice_issue` runs inside the settling transaction (`settlement._settle`), after the order and the
+payment request are locked: it takes the year's next number from `FiscalInvoiceCounter`, locked last (so the lock
+that serialises every settlement of the year is held only for the few statements that follow), and writes the
+figures once. A settlement that rolls back gives its number back: numbers have no gap and no duplicate. The PDF
+(payments/fiscal_documents.py) is written after the commit, by a task, and e-mailed.
+
+VAT: the catalog's prices include the VAT where it is due, so a customer pays the same price whatever their VAT
+status; the invoice splits it. A buyer in the seller's country, or an EU buyer without a VAT number, pays VAT at the
+operator's rate (category S); an EU business buyer of another member state with a VAT number is invoiced under
+reverse charge (AE, "Autoliquidation"); a buyer outside the EU pays no VAT (G).
+"""
+
+from dataclasses import asdict
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db import transaction
+from django.utils import translation
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from booking import billing
+from booking.locks import lock_order
+from booking.models import Order, OrderEvent
+from booking.rules import BookingError
+from payments.models import FiscalInvoice, FiscalInvoiceCounter, Invoice, InvoicingSettings, Transfer
+
+CENT = Decimal("0.01")
+
+
+def vat_treatment(*, seller_country: str, buyer: billing.BillingDetails, rate: Decimal) -> tuple[str, Decimal]:
+    """(EN 16931 VAT category, rate) for this buyer."""
+    if buyer.country and buyer.country != seller_country and not buyer.in_eu:
+        return FiscalInvoice.VatCategory.OUTSIDE_EU, Decimal("0.00")
+    if buyer.in_eu and buyer.country != seller_country and buyer.vat_number:
+        return FiscalInvoice.VatCategory.REVERSE_CHARGE, Decimal("0.00")
+    return FiscalInvoice.VatCategory.STANDARD, rate
+
+
+def vat_mention(category: str) -> str:
+    """The legal mention a VAT exemption must carry, in the active language."""
+    if category == FiscalInvoice.VatCategory.REVERSE_CHARGE:
+        return _(
+            "Reverse charge (Autoliquidation): VAT is due by the customer, article 196 of Council Directive "
+            "2006/112/EC."
+        )
+    if category == FiscalInvoice.VatCategory.OUTSIDE_EU:
+        return _(
+            "VAT not applicable: services supplied to a customer established outside the European Union "
+            "(article 44 of Council Directive 2006/112/EC)."
+        )
+    return ""
+
+
+def split_gross(*, gross: Decimal, rate: Decimal) -> tuple[Decimal, Decimal]:
+    """(net, VAT) of a price that includes VAT at `rate` percent, such that the VAT is the net times the rate
+    rounded to the cent (EN 16931 BR-CO-17) and both add up to what was paid, whenever a net allows it."""
+    if not rate:
+        return gross, Decimal("0.00")
+    estimate = (gross * 100 / (100 + rate)).quantize(CENT, ROUND_HALF_UP)
+    for net in (estimate, estimate - CENT, estimate + CENT):
+        vat = (net * rate / 100).quantize(CENT, ROUND_HALF_UP)
+        if net + vat == gross:
+            return net, vat
+    return estimate, gross - estimate
+
+
+def _lines(*, order: Order, invoice: Invoice) -> list[dict]:
+    days = invoice.extension_days if invoice.purpose == Invoice.Purpose.EXTENSION else order.days
+    unit_price = (invoice.fiat_amount / order.lot_count).quantize(Decimal("0.0001"))
+    if invoice.purpose == Invoice.Purpose.EXTENSION:
+        description = ngettext(
+            "%(hardware)s, extension of order %(number)s by %(days)s day",
+            "%(hardware)s, extension of order %(number)s by %(days)s days",
+            days,
+        )
+    else:
+        description = ngettext(
+            "%(hardware)s for %(days)s day from %(start)s UTC, order %(number)s",
+            "%(hardware)s for %(days)s days from %(start)s UTC, order %(number)s",
+            days,
+        )
+    description %= {
+        "hardware": order.hardware_class.name,
+        "number": order.public_id,
+        "days": days,
+        "start": order.starts_at.strftime("%Y-%m-%d %H:%M"),
+    }
+    return [
+        {
+            "description": description,
+            "quantity": order.lot_count,
+            "days": days,
+            "unit_price_gross": str(unit_price),
+            "amount_gross": str(invoice.fiat_amount),
+        }
+    ]
+
+
+def _payment_amount(invoice: Invoice) -> str:
+    """What was received, in whole coins, exactly (an admin's "mark paid" without a transfer: the amount due)."""
+    units = int(invoice.amount_confirmed_units) or int(invoice.amount_due_units)
+    return f"{Decimal(units).scaleb(-invoice.asset_decimals).normalize():f}"
+
+
+def _next_number(*, year: int, prefix: str) -> tuple[int, str]:
+    """The year's next sequence under the counter's row lock (created on first use without a race: an insert that
+    finds the row already there does nothing, then both lock the one row)."""
+    FiscalInvoiceCounter.objects.bulk_create([FiscalInvoiceCounter(year=year)], ignore_conflicts=True)
+    counter = FiscalInvoiceCounter.objects.select_for_update().get(year=year)
+    counter.last_sequence += 1
+    counter.save(update_fields=["last_sequence"])
+    return counter.last_sequence, f"{prefix}-{year}-{counter.last_sequence:06d}"
+
+
+def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> FiscalInvoice:
+    """Issue the fiscal invoice of a settled payment request, in the settling transaction (order and payment request
+    locked by the caller). Issued once per payment request; its PDF is written and e-mailed after the commit."""
+    existing = FiscalInvoice.objects.filter(payment=invoice).first()
+    if existing is not None:
+        return existing
+    seller = InvoicingSettings.current()
+    buyer = billing.billing_details_of(order)
+    category, rate = vat_treatment(seller_country=seller.seller_country, buyer=buyer, rate=seller.vat_rate_percent)
+    gross = invoice.fiat_amount
+    net, vat = split_gross(gross=gross, rate=rate)
+    with translation.override(order.language):
+        lines = _lines(order=order, invoice=invoice)
+        mention = vat_mention(category)
+    tx_hashes = list(
+        invoice.transfers.filter(status=Transfer.Status.CONFIRMED, wrong_asset=False)
+        .order_by("block_number", "log_index")
+        .values_list("tx_hash", flat=True)
+    )
+    sequence, number = _next_number(year=now.year, prefix=seller.number_prefix)  # the last lock taken
+    fiscal_invoice = FiscalInvoice.objects.create(
+        number=number,
+        year=now.year,
+        sequence=sequence,
+        order=order,
+        payment=invoice,
+        issued_at=now,
+        language=order.language,
+        seller={
+            "name": seller.seller_name,
+            "address": seller.seller_address,
+            "country": seller.seller_country,
+            "vat_number": seller.seller_vat_number,
+            "registration": seller.seller_registration,
+            "legal_mentions": seller.legal_mentions,
+        },
+        buyer={**asdict(buyer), "contact_name": order.contact_name, "email": order.contact_email},
+        lines=lines,
+        currency=invoice.fiat_currency,
+        vat_category=category,
+        vat_rate=rate,
+        vat_mention=mention,
+        total_net=net,
+        vat_amount=vat,
+        total_gross=gross,
+        payment_chain_id=invoice.chain_id,
+        payment_asset=invoice.asset_symbol,
+        payment_amount=_payment_amount(invoice),
+        payment_tx_hashes=list(dict.fromkeys(tx_hashes)),
+        payment_rate=invoice.rate,
+        payment_rate_source=invoice.rate_source,
+        paid_at=invoice.settled_at or now,
+    )
+    fiscal_invoice_id = fiscal_invoice.pk
+    transaction.on_commit(lambda: _write_document(fiscal_invoice_id))
+    return fiscal_invoice
+
+
+def _write_document(fiscal_invoice_id: int) -> None:
+    from payments.tasks import issue_fiscal_document
+
+    issue_fiscal_document.delay(fiscal_invoice_id)
+
+
+@transaction.atomic
+def order_billing_change(*, order: Order, details: billing.BillingDetails) -> bool:
+    """Change who the invoice is made out to, until it is issued: the order is locked, as the settling transaction
+    locks it before issuing, so a change and an issue never cross. False when nothing changed."""
+    order = lock_order(order.pk)
+    if FiscalInvoice.objects.filter(order=order).exists():
+        raise BookingError(
+            _(
+                "The invoice of this order is already issued: its billing details can no longer change. Write to "
+                "the operators if it must be corrected (they issue a credit note and a new invoice)."
+            )
+        )
+    return billing.order_billing_set(order=order, billing=details, actor_kind=OrderEvent.Actor.CUSTOMER)
+
+
+def fiscal_invoices_of(order: Order) -> list[FiscalInvoice]:
+    """The order's issued invoices, oldest first, without their PDFs (the order page lists them)."""
+    return list(FiscalInvoice.objects.filter(order=order).defer("pdf").order_by("year", "sequence"))
+
+
+def fiscal_invoice_of(*, order: Order, number: str) -> FiscalInvoice | None:
+    return FiscalInvoice.objects.filter(order=order, number=number[:32]).select_related("order").first()
