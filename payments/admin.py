@@ -234,3 +234,6 @@ class ChainCursorAdmin(admin.ModelAdmin):
 @admin.register(PaymentSettings)
 class PaymentSettingsAdmin(SingletonAdmin):
     pass
+
+
+from payments import fiscal_admin  # noqa: E402, F401  (the fiscal invoices' admin registers itself)

@@ -71,6 +71,8 @@ def split_gross(*, gross: Decimal, rate: Decimal) -> tuple[Decimal, Decimal]:
 def _lines(*, order: Order, invoice: Invoice) -> list[dict]:
     days = invoice.extension_days if invoice.purpose == Invoice.Purpose.EXTENSION else order.days
     unit_price = (invoice.fiat_amount / order.lot_count).quantize(Decimal("0.0001"))
+    if unit_price == unit_price.quantize(CENT):  # shown as a price, unless the division leaves a fraction of a cent
+        unit_price = unit_price.quantize(CENT)
     if invoice.purpose == Invoice.Purpose.EXTENSION:
         description = ngettext(
             "%(hardware)s, extension of order %(number)s by %(days)s day",

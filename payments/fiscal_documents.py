@@ -10,9 +10,11 @@ Factur-X XMP metadata.
 
 import hashlib
 import logging
+from datetime import timedelta
 from decimal import Decimal
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Q
 from django.dispatch import Signal
 from django.utils import timezone
 from lxml import etree
@@ -82,7 +84,7 @@ def facturx_xml(fiscal_invoice: FiscalInvoice) -> bytes:
     _date(document, "ram:IssueDateTime", fi.issued_at)
     notes = [
         fi.vat_mention,
-        f"Paid on chain {fi.payment_chain_id}: {fi.payment_amount} {fi.payment_asset} at {fi.payment_rate} "
+        f"Paid on chain {fi.payment_chain_id}: {fi.payment_amount} {fi.payment_asset} at {fi.payment_rate_text} "
         f"{fi.currency} per {fi.payment_asset} ({fi.payment_rate_source}); transactions: "
         f"{', '.join(fi.payment_tx_hashes) or 'recorded by the operator'}.",
         seller.get("legal_mentions", ""),
@@ -215,4 +217,20 @@ def document_intact(fiscal_invoice: FiscalInvoice) -> bool:
     """The stored PDF is the one issued: its bytes still have the hash written with them."""
     return bool(fiscal_invoice.pdf_sha256) and (
         hashlib.sha256(bytes(fiscal_invoice.pdf)).hexdigest() == fiscal_invoice.pdf_sha256
+    )
+
+
+# Printing and mailing are done by a task queued on commit; a worker that stopped in between leaves the invoice
+# without its PDF or its e-mail, and beat's sweep queues it again after this long.
+DOCUMENT_GRACE = timedelta(minutes=5)
+
+
+def fiscal_invoices_without_document(*, now, limit: int = 20) -> list[int]:
+    """Issued invoices whose PDF was not written or not e-mailed in time: a capped batch, safe to queue twice
+    (printing is once by construction; a second e-mail is the worst case)."""
+    return list(
+        FiscalInvoice.objects.filter(issued_at__lt=now - DOCUMENT_GRACE)
+        .filter(Q(pdf_sha256="") | Q(emailed_at__isnull=True))
+        .order_by("issued_at")
+        .values_list("pk", flat=True)[:limit]
     )

@@ -161,5 +161,10 @@ class FiscalInvoice(models.Model):
         raise FiscalInvoicePublished(f"fiscal invoice {self.number} is issued and cannot be deleted")
 
     @property
+    def payment_rate_text(self) -> str:
+        """The rate as the quote had it, without the column's trailing zeros."""
+        return f"{self.payment_rate.normalize():f}"
+
+    @property
     def filename(self) -> str:
         return f"invoice-{self.number}.pdf"

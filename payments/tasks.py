@@ -100,3 +100,12 @@ def issue_fiscal_document(fiscal_invoice_id: int) -> str:
         notices.send(Notice.INVOICE_ISSUED, order=fiscal_invoice.order, fiscal_invoice=fiscal_invoice)
         fiscal_documents.fiscal_invoice_mark_emailed(fiscal_invoice=fiscal_invoice)
     return fiscal_invoice.number
+
+
+@shared_task(name="payments.print_fiscal_documents")
+def print_fiscal_documents() -> int:
+    """Beat: queue again the invoices a stopped worker left without their PDF or e-mail."""
+    due = fiscal_documents.fiscal_invoices_without_document(now=timezone.now())
+    for fiscal_invoice_id in due:
+        issue_fiscal_document.delay(fiscal_invoice_id)
+    return len(due)

@@ -309,6 +309,10 @@ CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
     "task": "payments.scan_chains",
     "schedule": env.float("PAYMENTS_SCAN_SECONDS", default=2.0 if DEBUG else 10.0),
 }
+CELERY_BEAT_SCHEDULE["payments.print_fiscal_documents"] = {
+    "task": "payments.print_fiscal_documents",
+    "schedule": env.float("FISCAL_DOCUMENTS_SWEEP_SECONDS", default=300.0),
+}
 # --- Provisioning -------------------------------------------------------------------------------------------
 # The portal's own SSH private key, used to log in to the GPU hosts (never a customer's key).
 PROVISIONING_SSH_KEY_FILE = env.str("PROVISIONING_SSH_KEY_FILE", default=str(VAR_DIR / "provisioning_ed25519"))

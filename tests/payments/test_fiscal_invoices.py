@@ -6,6 +6,7 @@ import hashlib
 import html
 import io
 import threading
+from datetime import timedelta
 from decimal import Decimal
 
 import facturx
@@ -291,3 +292,46 @@ def test_fifty_settlements_at_once_take_fifty_consecutive_numbers(catalog, booki
     assert sorted(payment for *_rest, payment in issued) == sorted(invoice.pk for invoice in invoices)
     assert Order.objects.filter(status=OrderStatus.PAID).count() == 50
     assert not FiscalInvoice.objects.filter(pdf_sha256="").exists()  # each printed once its settlement committed
+
+
+def test_an_invoice_left_unprinted_by_a_stopped_worker_is_printed_and_mailed_by_beats_sweep(
+    client, catalog, booking_data
+):
+    from payments.tasks import print_fiscal_documents
+
+    # given: settled, but the worker stopped before the task that prints it ran (no on-commit callbacks here)
+    order, _token = place(client, booking_data())
+    invoice_mark_paid(invoice=current_invoice(order), user=get_user_model().objects.create(username="op"), reason="x")
+    fiscal_invoice = FiscalInvoice.objects.get()
+    assert fiscal_invoice.pdf_sha256 == "" and not [m for m in mail.outbox if fiscal_invoice.number in m.subject]
+    assert print_fiscal_documents() == 0  # not before its grace period
+
+    # when: beat's sweep runs later
+    FiscalInvoice.objects.filter(pk=fiscal_invoice.pk).update(issued_at=timezone.now() - timedelta(minutes=6))
+    assert print_fiscal_documents() == 1
+
+    # then: printed and mailed once; the next sweep finds nothing
+    fiscal_invoice.refresh_from_db()
+    assert fiscal_invoice.pdf_sha256 and fiscal_invoice.emailed_at
+    assert len([m for m in mail.outbox if fiscal_invoice.number in m.subject]) == 1
+    assert print_fiscal_documents() == 0
+
+
+def test_the_operator_reads_issued_invoices_in_the_admin_but_cannot_change_them(
+    admin_client, client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, _token = place(client, booking_data())
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    fiscal_invoice = FiscalInvoice.objects.get()
+
+    listing = admin_client.get(reverse("admin:payments_fiscalinvoice_changelist"))
+    assert listing.status_code == 200 and fiscal_invoice.number in listing.content.decode()
+    pdf = admin_client.get(reverse("admin:payments_fiscalinvoice_pdf", args=[fiscal_invoice.pk]))
+    assert pdf.status_code == 200 and pdf.content == bytes(fiscal_invoice.pdf)
+    change = admin_client.post(
+        reverse("admin:payments_fiscalinvoice_change", args=[fiscal_invoice.pk]), {"number": "F-0000-000001"}
+    )
+    assert change.status_code == 403
+    assert FiscalInvoice.objects.get().number == fiscal_invoice.number
+    settings_page = admin_client.get(reverse("admin:payments_invoicingsettings_change", args=[1]))
+    assert settings_page.status_code == 200 and "VAT rate" in settings_page.content.decode()
