@@ -335,3 +335,43 @@ def test_the_operator_reads_issued_invoices_in_the_admin_but_cannot_change_them(
     assert FiscalInvoice.objects.get().number == fiscal_invoice.number
     settings_page = admin_client.get(reverse("admin:payments_invoicingsettings_change", args=[1]))
     assert settings_page.status_code == 200 and "VAT rate" in settings_page.content.decode()
+
+
+def test_an_extension_paid_later_gets_the_next_number_and_its_own_line(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    from booking.services import order_transition
+    from payments.checkout import order_extension_request
+
+    order, _token = place(client, booking_data(lots="2"))
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    extension = order_extension_request(order=order, days=3, actor=None)
+
+    mark_paid(extension, execute_on_commit=django_capture_on_commit_callbacks)
+
+    first, second = FiscalInvoice.objects.order_by("sequence")
+    assert (first.sequence, second.sequence) == (1, 2) and second.payment == extension
+    assert second.total_gross == extension.fiat_amount
+    assert second.lines[0]["quantity"] == 2 and second.lines[0]["days"] == 3
+    assert f"extension of order {order.public_id} by 3 days" in second.lines[0]["description"]
+    facturx.xml_check_xsd(embedded_xml(bytes(second.pdf)), flavor="factur-x", level="en16931")
+
+
+def test_a_french_order_gets_its_invoice_and_its_e_mail_in_french(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    from tests.booking.test_pages import place_in_french
+
+    order, _token = place_in_french(client, booking_data(billing_country="BE", vat_number="BE0403019261"))
+
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+
+    fiscal_invoice = FiscalInvoice.objects.get()
+    text = pdf_text(bytes(fiscal_invoice.pdf))
+    assert f"Facture {fiscal_invoice.number}" in text and "Total TTC" in text
+    assert "Autoliquidation : TVA due par le preneur" in text.replace("\n", " ")
+    sent = next(message for message in mail.outbox if fiscal_invoice.number in message.subject)
+    assert sent.subject == f"Facture {fiscal_invoice.number} de votre commande Binôme {order.public_id}"
+    assert "Vous trouverez ci-jointe la facture" in sent.body
