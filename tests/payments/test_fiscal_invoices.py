@@ -8,12 +8,13 @@ import io
 import threading
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 
 import facturx
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -202,6 +203,16 @@ def test_the_pdf_is_printed_once_and_never_regenerated(
         again.save()
     with pytest.raises(FiscalInvoicePublished):
         again.delete()
+    # and behind the model, PostgreSQL itself: code that writes the row directly is refused too
+    for change in (
+        lambda rows: rows.update(total_gross=Decimal("1.00"), total_net=Decimal("1.00"), vat_amount=0),
+        lambda rows: rows.update(buyer={"organisation": "Someone else"}),
+        lambda rows: rows.update(pdf=b"%PDF-forged", pdf_sha256=hashlib.sha256(b"%PDF-forged").hexdigest()),
+        lambda rows: rows._raw_delete(rows.db),
+    ):
+        with pytest.raises(DatabaseError, match="fiscal invoice"), transaction.atomic():
+            change(FiscalInvoice.objects.filter(pk=again.pk))
+    assert bytes(FiscalInvoice.objects.get().pdf) == written[0]
 
 
 def test_billing_details_change_until_the_invoice_is_issued_then_are_refused(
@@ -295,8 +306,9 @@ def test_fifty_settlements_at_once_take_fifty_consecutive_numbers(catalog, booki
 
 
 def test_an_invoice_left_unprinted_by_a_stopped_worker_is_printed_and_mailed_by_beats_sweep(
-    client, catalog, booking_data
+    client, catalog, booking_data, monkeypatch
 ):
+    from payments import tasks
     from payments.tasks import print_fiscal_documents
 
     # given: settled, but the worker stopped before the task that prints it ran (no on-commit callbacks here)
@@ -307,7 +319,8 @@ def test_an_invoice_left_unprinted_by_a_stopped_worker_is_printed_and_mailed_by_
     assert print_fiscal_documents() == 0  # not before its grace period
 
     # when: beat's sweep runs later
-    FiscalInvoice.objects.filter(pk=fiscal_invoice.pk).update(issued_at=timezone.now() - timedelta(minutes=6))
+    later = timezone.now() + timedelta(minutes=6)
+    monkeypatch.setattr(tasks, "timezone", SimpleNamespace(now=lambda: later))
     assert print_fiscal_documents() == 1
 
     # then: printed and mailed once; the next sweep finds nothing
