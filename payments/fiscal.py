@@ -11,6 +11,9 @@ VAT: the catalog's prices include the VAT where it is due, so a customer pays th
 status; the invoice splits it. A buyer in the seller's country, or an EU buyer without a VAT number, pays VAT at the
 operator's rate (category S); an EU business buyer of another member state with a VAT number is invoiced under
 reverse charge (AE, "Autoliquidation"); a buyer outside the EU pays no VAT (G).
+
+An issued invoice is corrected by a credit note (`fiscal_credit_note_issue`), issued when a paid order is cancelled
+or rejected (the reaction to its transition, connected in payments/apps.py) for what is owed back.
 """
 
 from dataclasses import asdict
@@ -18,13 +21,13 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.db import transaction
-from django.utils import translation
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_lazy, ngettext
 
 from booking import billing
 from booking.locks import lock_order
-from booking.models import Order, OrderEvent
+from booking.models import Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
 from payments.models import FiscalInvoice, FiscalInvoiceCounter, Invoice, InvoicingSettings, Transfer
 
@@ -174,6 +177,105 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
     fiscal_invoice_id = fiscal_invoice.pk
     transaction.on_commit(lambda: _write_document(fiscal_invoice_id))
     return fiscal_invoice
+
+
+def fiscal_credit_note_issue(
+    *, invoice: FiscalInvoice, amount: Decimal, reason: str, now: datetime
+) -> FiscalInvoice | None:
+    """A credit note correcting `invoice` by `amount` (at most what it has not credited yet), in the caller's
+    transaction with the order locked: numbered in the same sequence, same buyer, seller and VAT treatment as the
+    invoice it names. None when nothing is left to credit."""
+    credited = sum(note.total_gross for note in invoice.credit_notes.all())
+    amount = min(amount, invoice.total_gross - credited)
+    if amount <= 0:
+        return None
+    net, vat = split_gross(gross=amount, rate=invoice.vat_rate)
+    with translation.override(invoice.language):
+        description = _("Credit on invoice %(number)s of %(date)s: %(reason)s") % {
+            "number": invoice.number,
+            "date": invoice.issued_at.strftime("%Y-%m-%d"),
+            "reason": reason,
+        }
+    seller = InvoicingSettings.current()
+    sequence, number = _next_number(year=now.year, prefix=seller.number_prefix)
+    credit_note = FiscalInvoice.objects.create(
+        kind=FiscalInvoice.Kind.CREDIT_NOTE,
+        number=number,
+        year=now.year,
+        sequence=sequence,
+        order=invoice.order,
+        corrects=invoice,
+        reason=reason,
+        issued_at=now,
+        language=invoice.language,
+        seller=invoice.seller,
+        buyer=invoice.buyer,
+        lines=[
+            {
+                "description": description,
+                "quantity": 1,
+                "days": "",
+                "unit_price_gross": str(amount),
+                "amount_gross": str(amount),
+            }
+        ],
+        currency=invoice.currency,
+        vat_category=invoice.vat_category,
+        vat_rate=invoice.vat_rate,
+        vat_mention=invoice.vat_mention,
+        total_net=net,
+        vat_amount=vat,
+        total_gross=amount,
+        payment_chain_id=invoice.payment_chain_id,
+        payment_asset=invoice.payment_asset,
+        payment_amount=invoice.payment_amount,
+        payment_tx_hashes=invoice.payment_tx_hashes,
+        payment_rate=invoice.payment_rate,
+        payment_rate_source=invoice.payment_rate_source,
+        paid_at=invoice.paid_at,
+    )
+    credit_note_id = credit_note.pk
+    transaction.on_commit(lambda: _write_document(credit_note_id))
+    return credit_note
+
+
+# Paid for and then called off: what is owed back is credited on the invoices (settlement flags the refund itself).
+CREDITED_STATUSES = frozenset({OrderStatus.CANCELLED, OrderStatus.REJECTED})
+
+
+def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
+    if to_status in CREDITED_STATUSES:
+        fiscal_credit_notes_for_refund(order_id=order_id)
+
+
+@transaction.atomic
+def fiscal_credit_notes_for_refund(*, order_id: int, now: datetime | None = None) -> list[FiscalInvoice]:
+    """Credit notes for what a cancelled or rejected order is owed back: the refund its terms gave when the customer
+    cancelled (`Order.refund_due`, on the oldest invoices first), else everything invoiced. Once per order: the
+    transitions that call it end the order."""
+    now = now or timezone.now()
+    order = lock_order(order_id)
+    issued = FiscalInvoice.objects.filter(order=order)
+    if issued.filter(kind=FiscalInvoice.Kind.CREDIT_NOTE).exists():
+        return []
+    invoices = list(issued.filter(kind=FiscalInvoice.Kind.INVOICE).order_by("year", "sequence"))
+    owed = order.refund_due if order.refund_due is not None else sum(i.total_gross for i in invoices)
+    reason = (
+        gettext_lazy("order cancelled, refund by the cancellation policy")
+        if order.status == OrderStatus.CANCELLED and order.refund_due is not None
+        else gettext_lazy("order cancelled or refused: paid amount refunded")
+    )
+    notes = []
+    for invoice in invoices:
+        if owed <= 0:
+            break
+        with translation.override(invoice.language):
+            reason_text = str(reason)
+        note = fiscal_credit_note_issue(invoice=invoice, amount=owed, reason=reason_text, now=now)
+        if note is not None:
+            owed -= note.total_gross
+            notes.append(note)
+    return notes
 
 
 def _write_document(fiscal_invoice_id: int) -> None:

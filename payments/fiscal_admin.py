@@ -28,8 +28,8 @@ class InvoicingSettingsAdmin(SingletonAdmin):
 
 @admin.register(FiscalInvoice)
 class FiscalInvoiceAdmin(admin.ModelAdmin):
-    list_display = ["number", "issued_at", "order", "total_gross", "currency", "vat_category", "pdf_link"]
-    list_filter = ["year", "vat_category"]
+    list_display = ["number", "kind", "issued_at", "order", "total_gross", "currency", "vat_category", "pdf_link"]
+    list_filter = ["year", "kind", "vat_category"]
     search_fields = ["number", "order__public_id", "buyer__organisation"]
     exclude = ["pdf"]
 

@@ -80,10 +80,11 @@ def facturx_xml(fiscal_invoice: FiscalInvoice) -> bytes:
     _el(_el(context, "ram:GuidelineSpecifiedDocumentContextParameter"), "ram:ID", "urn:cen.eu:en16931:2017")
     document = _el(root, "rsm:ExchangedDocument")
     _el(document, "ram:ID", fi.number)
-    _el(document, "ram:TypeCode", "380")  # commercial invoice
+    _el(document, "ram:TypeCode", "381" if fi.is_credit_note else "380")  # credit note, commercial invoice
     _date(document, "ram:IssueDateTime", fi.issued_at)
     notes = [
         fi.vat_mention,
+        f"Credit note correcting invoice {fi.corrects.number}: {fi.reason}" if fi.is_credit_note else "",
         f"Paid on chain {fi.payment_chain_id}: {fi.payment_amount} {fi.payment_asset} at {fi.payment_rate_text} "
         f"{fi.currency} per {fi.payment_asset} ({fi.payment_rate_source}); transactions: "
         f"{', '.join(fi.payment_tx_hashes) or 'recorded by the operator'}.",
@@ -150,8 +151,19 @@ def facturx_xml(fiscal_invoice: FiscalInvoice) -> bytes:
     _el(totals, "ram:TaxBasisTotalAmount", _money(fi.total_net))
     _el(totals, "ram:TaxTotalAmount", _money(fi.vat_amount), currencyID=fi.currency)
     _el(totals, "ram:GrandTotalAmount", _money(fi.total_gross))
-    _el(totals, "ram:TotalPrepaidAmount", _money(fi.total_gross))  # paid on chain before the invoice
-    _el(totals, "ram:DuePayableAmount", "0.00")
+    if fi.is_credit_note:  # owed back to the buyer
+        _el(totals, "ram:DuePayableAmount", _money(fi.total_gross))
+        referenced = _el(settlement, "ram:InvoiceReferencedDocument")
+        _el(referenced, "ram:IssuerAssignedID", fi.corrects.number)
+        _el(
+            _el(referenced, "ram:FormattedIssueDateTime"),
+            "qdt:DateTimeString",
+            f"{fi.corrects.issued_at:%Y%m%d}",
+            format="102",
+        )
+    else:
+        _el(totals, "ram:TotalPrepaidAmount", _money(fi.total_gross))  # paid on chain before the invoice
+        _el(totals, "ram:DuePayableAmount", "0.00")
     return etree.tostring(root, xml_declaration=True, encoding="UTF-8", pretty_print=True)
 
 
@@ -178,6 +190,7 @@ def fiscal_invoice_pdf(fiscal_invoice: FiscalInvoice) -> bytes:
     check_facturx_xml(xml)
     printed = HTML(string=_html(fiscal_invoice)).write_pdf(pdf_variant="pdf/a-3b")
     seller = fiscal_invoice.seller["name"]
+    kind = "credit note" if fiscal_invoice.is_credit_note else "invoice"
     return facturx.generate_from_binary(
         printed,
         xml,
@@ -187,8 +200,8 @@ def fiscal_invoice_pdf(fiscal_invoice: FiscalInvoice) -> bytes:
         pdf_metadata={
             "author": seller,
             "keywords": "Factur-X, Invoice",
-            "title": f"{seller}: Invoice {fiscal_invoice.number}",
-            "subject": f"Factur-X invoice {fiscal_invoice.number} dated "
+            "title": f"{seller}: {kind.capitalize()} {fiscal_invoice.number}",
+            "subject": f"Factur-X {kind} {fiscal_invoice.number} dated "
             f"{fiscal_invoice.issued_at:%Y-%m-%d} issued by {seller}",
         },
         lang="fr-FR" if fiscal_invoice.language == "fr" else "en-GB",

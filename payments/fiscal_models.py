@@ -88,7 +88,12 @@ class FiscalInvoicePublished(Exception):
 
 
 class FiscalInvoice(models.Model):
-    """The invoice a lab files: one per settled payment request, numbered PREFIX-YEAR-SEQUENCE without gaps."""
+    """The invoice a lab files: one per settled payment request, numbered PREFIX-YEAR-SEQUENCE without gaps; or a
+    credit note that corrects one (a refund owed), numbered in the same sequence."""
+
+    class Kind(models.TextChoices):
+        INVOICE = "invoice", _("Invoice")
+        CREDIT_NOTE = "credit_note", _("Credit note")
 
     class VatCategory(models.TextChoices):
         """EN 16931 VAT category codes (UNTDID 5305) the portal uses."""
@@ -97,11 +102,19 @@ class FiscalInvoice(models.Model):
         REVERSE_CHARGE = "AE", _("Reverse charge")
         OUTSIDE_EU = "G", _("Outside the EU")
 
+    kind = models.CharField(_("kind"), max_length=12, choices=Kind.choices, default=Kind.INVOICE)
     number = models.CharField(_("invoice number"), max_length=32, unique=True)
     year = models.PositiveSmallIntegerField()
     sequence = models.PositiveIntegerField()
     order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="fiscal_invoices")
-    payment = models.OneToOneField("payments.Invoice", on_delete=models.PROTECT, related_name="fiscal_invoice")
+    # An invoice's payment request (a credit note has none: it names the invoice it corrects, and why).
+    payment = models.OneToOneField(
+        "payments.Invoice", on_delete=models.PROTECT, related_name="fiscal_invoice", null=True, blank=True
+    )
+    corrects = models.ForeignKey(
+        "self", on_delete=models.PROTECT, related_name="credit_notes", null=True, blank=True, verbose_name=_("corrects")
+    )
+    reason = models.TextField(_("reason"), blank=True)
     issued_at = models.DateTimeField(_("issued"))
     language = models.CharField(max_length=8, default="en")
 
@@ -146,6 +159,12 @@ class FiscalInvoice(models.Model):
             models.CheckConstraint(
                 condition=Q(vat_category__in=["S", "AE", "G"]), name="fiscal_invoice_vat_category_known"
             ),
+            models.CheckConstraint(
+                condition=Q(kind="invoice", payment__isnull=False, corrects__isnull=True)
+                | Q(kind="credit_note", payment__isnull=True, corrects__isnull=False),
+                name="fiscal_invoice_pays_or_corrects",
+            ),
+            models.CheckConstraint(condition=Q(total_gross__gt=0), name="fiscal_invoice_total_positive"),
         ]
 
     def __str__(self) -> str:
@@ -166,5 +185,9 @@ class FiscalInvoice(models.Model):
         return f"{self.payment_rate.normalize():f}"
 
     @property
+    def is_credit_note(self) -> bool:
+        return self.kind == self.Kind.CREDIT_NOTE
+
+    @property
     def filename(self) -> str:
-        return f"invoice-{self.number}.pdf"
+        return f"{'credit-note' if self.is_credit_note else 'invoice'}-{self.number}.pdf"

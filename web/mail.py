@@ -160,11 +160,16 @@ def _order_cancelled(*, order: Order, refund_due) -> None:
 
 
 def _invoice_issued(*, order: Order, fiscal_invoice) -> None:
+    """An invoice or a credit note, its PDF attached."""
     send_to_order_contact(
         order=order,
-        subject=gettext_lazy("Invoice %(invoice)s for your Binôme order %(number)s"),
+        subject=(
+            gettext_lazy("Credit note %(invoice)s for your Binôme order %(number)s")
+            if fiscal_invoice.is_credit_note
+            else gettext_lazy("Invoice %(invoice)s for your Binôme order %(number)s")
+        ),
         subject_values={"invoice": fiscal_invoice.number},
-        template="email/invoice_issued.txt",
+        template="email/credit_note_issued.txt" if fiscal_invoice.is_credit_note else "email/invoice_issued.txt",
         context={"fiscal_invoice": fiscal_invoice},
         attachments=[(fiscal_invoice.filename, bytes(fiscal_invoice.pdf), "application/pdf")],
     )

@@ -388,3 +388,59 @@ def test_a_french_order_gets_its_invoice_and_its_e_mail_in_french(
     sent = next(message for message in mail.outbox if fiscal_invoice.number in message.subject)
     assert sent.subject == f"Facture {fiscal_invoice.number} de votre commande Binôme {order.public_id}"
     assert "Vous trouverez ci-jointe la facture" in sent.body
+
+
+def test_a_paid_order_cancelled_for_a_refund_gets_a_credit_note_naming_its_invoice(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    from booking.cancellation import refund_quote
+    from booking.services import order_cancel_by_customer
+
+    order, token = place(client, booking_data(lots="2", billing_country="DE", vat_number="DE136695976"))
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    invoice = FiscalInvoice.objects.get()
+    order.refresh_from_db()
+    refund = refund_quote(order=order, now=timezone.now()).amount
+    assert 0 < refund <= invoice.total_gross
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_cancel_by_customer(order=order, refund_shown=refund)
+
+    note = FiscalInvoice.objects.get(kind=FiscalInvoice.Kind.CREDIT_NOTE)
+    assert (note.corrects, note.total_gross, note.sequence) == (invoice, refund, invoice.sequence + 1)
+    assert (note.vat_category, note.buyer) == ("AE", invoice.buyer)  # the same treatment as what it corrects
+    pdf = bytes(note.pdf)
+    text = pdf_text(pdf)
+    assert f"Credit note {note.number}" in text and f"Corrects invoice {invoice.number}" in text
+    xml = embedded_xml(pdf)
+    facturx.xml_check_xsd(xml, flavor="factur-x", level="en16931")
+    tree = etree.fromstring(xml)
+    assert tree.findtext(".//{*}ExchangedDocument/{*}TypeCode") == "381"
+    assert tree.findtext(".//ram:InvoiceReferencedDocument/ram:IssuerAssignedID", namespaces=CII) == invoice.number
+    assert tree.findtext(".//ram:DuePayableAmount", namespaces=CII) == f"{refund:.2f}"
+    sent = next(message for message in mail.outbox if note.number in message.subject)
+    assert sent.subject.startswith("Credit note") and sent.attachments[0][0] == f"credit-note-{note.number}.pdf"
+    page = html.unescape(
+        client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})).content.decode()
+    )
+    assert f"Credit note {note.number}" in page and invoice_url(order, token, note.number) in page
+    assert client.get(invoice_url(order, token, note.number)).content == pdf
+
+
+def test_a_rejected_order_is_credited_in_full_once(client, catalog, booking_data, django_capture_on_commit_callbacks):
+    from payments.fiscal import fiscal_credit_notes_for_refund
+    from provisioning.services import order_reject
+
+    order, _token = place(client, booking_data())
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    invoice = FiscalInvoice.objects.get()
+    operator = get_user_model().objects.get(username="operator")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_reject(order=order, actor=operator, reason="No export licence for this destination.")
+
+    note = FiscalInvoice.objects.get(kind=FiscalInvoice.Kind.CREDIT_NOTE)
+    assert note.corrects == invoice and note.total_gross == invoice.total_gross
+    assert (note.total_net, note.vat_amount) == (invoice.total_net, invoice.vat_amount)
+    assert fiscal_credit_notes_for_refund(order_id=order.pk) == []  # a reaction run twice credits nothing more
+    assert FiscalInvoice.objects.count() == 2
