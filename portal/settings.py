@@ -170,6 +170,9 @@ else:
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
+    # Printing an invoice (WeasyPrint, about a second) must not hold up the chain checks queued behind it.
+    "payments.issue_fiscal_document": {"queue": "default"},
+    "payments.print_fiscal_documents": {"queue": "default"},
     "payments.*": {"queue": "chain"},
     "provisioning.*": {"queue": "provisioning"},
 }
