@@ -13,9 +13,10 @@ ENV PYTHONUNBUFFERED=1 \
     HOST=0.0.0.0 \
     PORT=8000
 
-# gettext: msgfmt, for compilemessages below.
+# gettext: msgfmt, for compilemessages below; Pango and the DejaVu fonts: WeasyPrint prints the fiscal invoices.
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gettext \
+        libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --system binome \

@@ -34,8 +34,9 @@ node_modules/.installed: package.json package-lock.json
 # podman with runc (crun fails on this kernel's cgroup layout), mmdebstrap (bin/test-image builds the
 # containers' test image from Debian packages: no registry is reachable), e2fsprogs (each order's data volume is an
 # ext4 file system), curl (the forward tests), nginx (tests/portal/test_nginx.py runs deploy/nginx.conf; its
-# service is never started) and a docker client (its own parser checks the docker commands; the
-# machine image may ship one, else Debian's docker.io, whose daemon the tests never start).
+# service is never started), a docker client (its own parser checks the docker commands; the machine image may
+# ship one, else Debian's docker.io, whose daemon the tests never start), Pango and the DejaVu fonts (WeasyPrint
+# prints the fiscal invoices to PDF/A-3 with them, fonts embedded).
 system-deps:
 	@missing=""; \
 	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
@@ -54,6 +55,8 @@ system-deps:
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v docker >/dev/null || missing="$$missing docker.io"; \
+	/sbin/ldconfig -p | grep -q 'libpangoft2-1.0.so.0 ' || missing="$$missing libpango-1.0-0 libpangoft2-1.0-0"; \
+	test -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf || missing="$$missing fonts-dejavu-core"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed

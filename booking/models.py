@@ -349,6 +349,12 @@ class Order(models.Model):
     contact_email = models.EmailField(_("e-mail"), max_length=254)
     organisation = models.CharField(_("organisation"), max_length=200)
     messenger = models.CharField(_("messenger handle"), max_length=100, blank=True)
+    # Who the fiscal invoice is made out to (booking/billing.py checks them; editable until it is issued). Blank only
+    # for orders placed before billing details were asked.
+    billing_address = models.TextField(_("billing address"), max_length=500, blank=True)
+    billing_country = models.CharField(_("billing country"), max_length=2, blank=True)
+    vat_number = models.CharField(_("VAT number"), max_length=20, blank=True)
+    purchase_order = models.CharField(_("purchase order reference"), max_length=64, blank=True)
 
     sharing = models.CharField(
         _("what the two cards share"), max_length=24, choices=Sharing.choices, default=Sharing.NOT_SURE

@@ -26,6 +26,7 @@ class Notice(StrEnum):
     REFUND_REQUESTED = "refund_requested"  # order=, refund=, link=: money is owed back, give an address
     REFUND_SENT = "refund_sent"  # order=, refund=, payments=[RefundPayment]: the refund is paid, with its transactions
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
+    INVOICE_ISSUED = "invoice_issued"  # order=, fiscal_invoice=: the invoice's PDF attached, to the contact
     HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
 
 

@@ -14,6 +14,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from booking import availability, selectors
+from booking.billing import BillingDetails, billing_check
 from booking.links import issue_token
 from booking.locks import lock_capacity, lock_client
 from booking.models import (
@@ -81,6 +82,8 @@ class BookingRequest:
     fit_advice: dict | None = None
     client_key: str = ""  # portal.client.client_key of the request: counts unpaid lots per client address
     terms_version_id: int | None = None  # the terms version the customer accepted (the form's hidden field)
+    # Who the fiscal invoice is made out to (the booking form always gives them; scripts placing orders may not).
+    billing: BillingDetails | None = None
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -99,6 +102,8 @@ def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datet
     )
     if not request.ssh_keys:
         raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
+    if request.billing is not None:
+        billing_check(request.billing)
     _check_terms(terms_version_id=request.terms_version_id)
 
 
@@ -287,6 +292,7 @@ def _check_unpaid_lots(*, request: BookingRequest, policy: BookingPolicy, now: d
 
 def _order_from(plan: OrderPlan) -> Order:
     request = plan.request
+    billing = billing_check(request.billing) if request.billing is not None else None
     return Order.objects.create(
         public_id=new_public_id(),
         status=OrderStatus.AWAITING_PAYMENT,
@@ -298,8 +304,12 @@ def _order_from(plan: OrderPlan) -> Order:
         ends_at=plan.window.ends_at,
         contact_name=request.contact.name,
         contact_email=request.contact.email,
-        organisation=request.contact.organisation,
+        organisation=billing.organisation if billing else request.contact.organisation,
         messenger=request.contact.messenger,
+        billing_address=billing.address if billing else "",
+        billing_country=billing.country if billing else "",
+        vat_number=billing.vat_number if billing else "",
+        purchase_order=billing.purchase_order if billing else "",
         sharing=request.research.sharing,
         hypothesis=request.research.hypothesis,
         hypothesis_detail=request.research.detail,

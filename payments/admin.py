@@ -269,3 +269,6 @@ class RefundAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+from payments import fiscal_admin  # noqa: E402, F401  (the fiscal invoices' admin registers itself)

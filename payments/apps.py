@@ -10,9 +10,10 @@ class PaymentsConfig(AppConfig):
         from django.core.checks import register
 
         from booking.signals import order_status_changed
-        from payments import settlement
+        from payments import fiscal, settlement
         from payments.checks import chain_contracts_match_the_chains_file, log_chain_checks
 
         order_status_changed.connect(settlement.on_order_status_changed, dispatch_uid="payments-refunds")
+        order_status_changed.connect(fiscal.on_order_status_changed, dispatch_uid="payments-credit-notes")
         register(chain_contracts_match_the_chains_file, "payments", deploy=True)
         worker_ready.connect(log_chain_checks, dispatch_uid="payments-chain-checks", weak=False)

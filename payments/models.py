@@ -371,3 +371,7 @@ class RefundPayment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tx_hash}#{self.log_index}"
+
+
+# The fiscal invoices (the numbered documents a settled payment issues) live in their own module.
+from payments.fiscal_models import FiscalInvoice, FiscalInvoiceCounter, InvoicingSettings  # noqa: E402, F401

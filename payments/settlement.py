@@ -21,7 +21,7 @@ from booking import selectors as booking_selectors
 from booking import services as booking
 from booking.models import Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from payments import config, refunds
+from payments import config, fiscal, refunds
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
 from payments.models import Invoice, PaymentSettings, Refund, Transfer
@@ -223,6 +223,7 @@ def _settle(
     invoice is flagged for an operator: a refund or a new date is owed. An order that will never be served (cancelled,
     rejected) owes back the whole payment received: a refund opens. Returns whether the order took the payment."""
     invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
+    carried = True
     try:
         if invoice.purpose == Invoice.Purpose.EXTENSION:
             booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
@@ -241,7 +242,7 @@ def _settle(
         else:
             raise BookingError(_("This order can no longer take a payment."))
     except BookingError as exc:
-        taken = False
+        carried = False
         invoice.needs_operator = True
         booking.order_note(
             order=order,
@@ -258,12 +259,12 @@ def _settle(
                 amount_units=int(invoice.amount_confirmed_units),
                 evidence=evidence,
             )
-    else:
-        taken = True
     invoice.save()
+    if carried:  # the sale took place: its fiscal invoice is numbered in this transaction (payments/fiscal.py)
+        fiscal.fiscal_invoice_issue(order=order, invoice=invoice, now=now)
     invoice_id = invoice.pk
     transaction.on_commit(lambda: _send_payment_received(invoice_id))
-    return taken
+    return carried
 
 
 def _send_payment_received(invoice_id: int) -> None:

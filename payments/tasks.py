@@ -9,10 +9,10 @@ from django.utils import timezone
 
 from booking import links, notices
 from booking.notices import Notice
-from payments import config, invoices, refund_proofs, scanner, tx_hints
+from payments import config, fiscal_documents, invoices, refund_proofs, scanner, tx_hints
 from payments.chain import ChainUnavailable
 from payments.errors import PaymentError
-from payments.models import ChainCursor, Invoice, Refund
+from payments.models import ChainCursor, FiscalInvoice, Invoice, Refund
 
 
 @shared_task(name="payments.scan_chains")
@@ -170,3 +170,25 @@ def send_refund_sent(refund_id: int) -> None:
     if refund is not None:
         payments = list(refund.payments.filter(status="confirmed"))
         notices.send(Notice.REFUND_SENT, order=refund.order, refund=refund, payments=payments)
+
+
+@shared_task(name="payments.issue_fiscal_document", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def issue_fiscal_document(fiscal_invoice_id: int) -> str:
+    """Print an issued fiscal invoice once (PDF/A-3 with its Factur-X XML) and e-mail it to the order's contact."""
+    fiscal_invoice = FiscalInvoice.objects.select_related("order").filter(pk=fiscal_invoice_id).first()
+    if fiscal_invoice is None:
+        return "unknown"
+    fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    if fiscal_invoice.emailed_at is None:
+        notices.send(Notice.INVOICE_ISSUED, order=fiscal_invoice.order, fiscal_invoice=fiscal_invoice)
+        fiscal_documents.fiscal_invoice_mark_emailed(fiscal_invoice=fiscal_invoice)
+    return fiscal_invoice.number
+
+
+@shared_task(name="payments.print_fiscal_documents")
+def print_fiscal_documents() -> int:
+    """Beat: queue again the invoices a stopped worker left without their PDF or e-mail."""
+    due = fiscal_documents.fiscal_invoices_without_document(now=timezone.now())
+    for fiscal_invoice_id in due:
+        issue_fiscal_document.delay(fiscal_invoice_id)
+    return len(due)

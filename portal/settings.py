@@ -185,6 +185,9 @@ else:
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
+    # Printing an invoice (WeasyPrint, about a second) must not hold up the chain checks queued behind it.
+    "payments.issue_fiscal_document": {"queue": "default"},
+    "payments.print_fiscal_documents": {"queue": "default"},
     "payments.*": {"queue": "chain"},
     "provisioning.*": {"queue": "provisioning"},
 }
@@ -250,8 +253,9 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Request bodies ------------------------------------------------------------------------------------------
 # Sized to the forms, not Django's 2.5 MB: the largest valid booking is its fields' max_length in 4-byte characters,
-# percent-encoded (12 bytes each), about 320 KB (tests/portal/test_request_limits.py checks it fits).
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=352 * 1024)
+# percent-encoded (12 bytes each), about 357 KB with the billing details (tests/portal/test_request_limits.py
+# checks it fits).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=360 * 1024)
 # The one upload, the split-trial report, is at most 256,000 bytes (booking/split_trial_report.MAX_BYTES);
 # files stay in memory and never reach the disk: a larger body is refused by RequestSizeLimitMiddleware first.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 256_000 + 8192  # the report, the CSRF token and the multipart framing
@@ -323,6 +327,10 @@ PAYMENTS_NOTIFY_EMAIL = env.str("PAYMENTS_NOTIFY_EMAIL", default="")
 CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
     "task": "payments.scan_chains",
     "schedule": env.float("PAYMENTS_SCAN_SECONDS", default=2.0 if DEBUG else 10.0),
+}
+CELERY_BEAT_SCHEDULE["payments.print_fiscal_documents"] = {
+    "task": "payments.print_fiscal_documents",
+    "schedule": env.float("FISCAL_DOCUMENTS_SWEEP_SECONDS", default=300.0),
 }
 # --- Provisioning -------------------------------------------------------------------------------------------
 # The portal's own SSH private key, used to log in to the GPU hosts (never a customer's key).

@@ -72,6 +72,8 @@ def booking_data(catalog, ssh_key, start_date):
             "contact_name": "Ada Lovelace",
             "contact_email": "ada@example.org",
             "organisation": "Analytical Engines Lab",
+            "billing_address": "12 rue de la Paix\n75002 Paris",
+            "billing_country": "FR",
             "messenger": "@ada:matrix.org",
             "ssh_keys": ssh_key,
             **RESEARCH_ANSWERS,
@@ -89,7 +91,9 @@ def booking_data(catalog, ssh_key, start_date):
 def start_celery_worker(transactional_db):
     """Start real Celery workers (separate processes) on the real broker (Redis) and the test database:
     `start_celery_worker(**extra_env)` returns the process, ready; all are stopped after the test."""
+    import collections
     import subprocess
+    import threading
     import time
 
     started: list[subprocess.Popen] = []
@@ -113,6 +117,10 @@ def start_celery_worker(transactional_db):
             line = process.stdout.readline()
             lines.append(line)
             if "ready." in line:
+                # Keep reading: a worker whose pipe fills (64 KiB, e.g. the console backend printing an e-mail with
+                # an invoice's PDF attached) blocks on its next write, and with it every task.
+                process.output_tail = collections.deque(lines, maxlen=500)
+                threading.Thread(target=process.output_tail.extend, args=(process.stdout,), daemon=True).start()
                 return process
             if process.poll() is not None:
                 raise RuntimeError("Celery worker died on start:\n" + "".join(lines))

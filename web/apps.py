@@ -52,9 +52,11 @@ class WebConfig(AppConfig):
     def ready(self) -> None:
         from booking.models import Order, OrderAccessToken, OrderEvent
         from booking.notices import notice
+        from payments.fiscal_documents import document_html
         from payments.models import ChainCursor, Invoice, Transfer
         from provisioning.models import Access, ProvisioningRun
         from web import mail
+        from web.invoice_document import fiscal_invoice_html
 
         # What the order page's status block shows: the order, its events and links, its invoices and their
         # transfers, its accesses once ready and its runs while they are prepared (a run is saved per step).
@@ -63,3 +65,5 @@ class WebConfig(AppConfig):
         _on_save_and_delete(_transfer_changed, Transfer, "order-status")
         post_save.connect(_cursor_changed, sender=ChainCursor, dispatch_uid="web-order-status-ChainCursor")
         notice.connect(mail.write, dispatch_uid="web-mail")
+        # The invoice's page, printed to PDF/A-3 by payments.
+        document_html.connect(fiscal_invoice_html, dispatch_uid="web-fiscal-invoice")

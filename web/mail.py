@@ -2,7 +2,7 @@
 the customer booked in."""
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage, send_mail
 from django.template.loader import render_to_string
 from django.utils import translation
 from django.utils.functional import Promise
@@ -13,19 +13,36 @@ from booking.notices import Notice
 
 
 def send_in_language(
-    *, language: str, to: str, subject: Promise, subject_values: dict, template: str, context: dict
+    *,
+    language: str,
+    to: str,
+    subject: Promise,
+    subject_values: dict,
+    template: str,
+    context: dict,
+    attachments: list[tuple[str, bytes, str]] | None = None,
 ) -> str:
     """Render `template` and the lazily translated `subject` (formatted with `subject_values`) in `language` and
-    send them to `to`. Returns the body, for copies to the operators."""
+    send them to `to`, with `attachments` (filename, content, MIME type). Returns the body, for copies to the
+    operators."""
     with translation.override(language):
         subject_text = str(subject) % subject_values
         body = render_to_string(template, context)
-    send_mail(subject_text, body, None, [to])
+    if attachments:
+        EmailMessage(subject_text, body, None, [to], attachments=attachments).send()
+    else:
+        send_mail(subject_text, body, None, [to])
     return body
 
 
 def send_to_order_contact(
-    *, order: Order, subject: Promise, template: str, context: dict | None = None, subject_values: dict | None = None
+    *,
+    order: Order,
+    subject: Promise,
+    template: str,
+    context: dict | None = None,
+    subject_values: dict | None = None,
+    attachments: list[tuple[str, bytes, str]] | None = None,
 ) -> str:
     """`send_in_language` to the order's contact, in the order's language; the subject may name the order's
     number as %(number)s and the template sees `order`."""
@@ -36,6 +53,7 @@ def send_to_order_contact(
         subject_values={"number": order.public_id, **(subject_values or {})},
         template=template,
         context={"order": order, **(context or {})},
+        attachments=attachments,
     )
 
 
@@ -178,6 +196,22 @@ def _refund_sent(*, order: Order, refund, payments: list) -> None:
     )
 
 
+def _invoice_issued(*, order: Order, fiscal_invoice) -> None:
+    """An invoice or a credit note, its PDF attached."""
+    send_to_order_contact(
+        order=order,
+        subject=(
+            gettext_lazy("Credit note %(invoice)s for your Binôme order %(number)s")
+            if fiscal_invoice.is_credit_note
+            else gettext_lazy("Invoice %(invoice)s for your Binôme order %(number)s")
+        ),
+        subject_values={"invoice": fiscal_invoice.number},
+        template="email/credit_note_issued.txt" if fiscal_invoice.is_credit_note else "email/invoice_issued.txt",
+        context={"fiscal_invoice": fiscal_invoice},
+        attachments=[(fiscal_invoice.filename, bytes(fiscal_invoice.pdf), "application/pdf")],
+    )
+
+
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
@@ -191,6 +225,7 @@ WRITERS = {
     Notice.ORDER_CANCELLED: _order_cancelled,
     Notice.REFUND_REQUESTED: _refund_requested,
     Notice.REFUND_SENT: _refund_sent,
+    Notice.INVOICE_ISSUED: _invoice_issued,
 }
 
 

@@ -15,6 +15,8 @@ def fill_booking(page, *, lots: str, email: str) -> None:
     page.fill("input[name=contact_name]", "Ada Lovelace")
     page.fill("input[name=contact_email]", email)
     page.fill("input[name=organisation]", "Analytical Engines Lab")
+    page.fill("textarea[name=billing_address]", "12 rue de la Paix\n75002 Paris")
+    page.fill("input[name=billing_country]", "FR")
     page.fill("textarea[name=ssh_keys]", make_ssh_key())
     page.check("input[name=sharing][value='parameters_sharded']")
     page.check("input[name=hypothesis][value='make_possible']")

@@ -343,3 +343,31 @@ def test_a_researcher_adds_a_collaborator_s_key_then_removes_their_own(
     submitted(page, page.locator(f"button[name=remove][value='{own.pk}']"))
     assert list(order.ssh_keys.values_list("pk", flat=True)) == [collaborator.pk]
     assert own.fingerprint not in page.inner_text("ul.keys")
+
+
+def test_a_researcher_corrects_the_billing_details_then_downloads_the_invoice(
+    researcher, live_server, live_chain, catalog, admin_user
+):
+    from payments.models import FiscalInvoice
+    from tests.payments.test_fiscal_invoices import pdf_text
+
+    page = researcher
+    order = place_order(page, live_server.url, email="billing@example.org")
+
+    page.fill("#billing input[name=organisation]", "Institut Pasteur")
+    page.fill("#billing input[name=vat_number]", "FR 40 303 265 045")
+    submitted(page, page.get_by_role("button", name="Save the billing details"))
+    assert "Billing details saved." in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert (order.organisation, order.vat_number) == ("Institut Pasteur", "FR40303265045")
+
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    page.reload()
+    assert page.locator("#billing form").count() == 0  # issued: the details can no longer change
+    with page.expect_download() as download:
+        page.click("#billing a[download]")
+    pdf = Path(download.value.path()).read_bytes()
+    fiscal_invoice = FiscalInvoice.objects.get(order=order)
+    assert download.value.suggested_filename == f"invoice-{fiscal_invoice.number}.pdf"
+    text = pdf_text(pdf)
+    assert fiscal_invoice.number in text and "Institut Pasteur" in text and "FR40303265045" in text

@@ -251,6 +251,8 @@ def book(visitor: Visitor, *, choice: dict, start: date, email: str) -> Answer:
             "contact_name": "Ada Lovelace",
             "contact_email": email,
             "organisation": "Analytical Engines Lab",
+            "billing_address": "12 rue de la Paix\n75002 Paris",
+            "billing_country": "FR",
             "ssh_keys": make_ssh_key(),
             **RESEARCH_ANSWERS,
         },

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 from django_ratelimit.core import is_ratelimited
 
 from booking import advisor, availability, links, placing, selectors
+from booking.billing import BillingDetails
 from booking.models import BookingPolicy, TermsVersion
 from booking.quotes import Quote, build_quote
 from booking.rules import BookingError, SoldOut, StaleTerms
@@ -273,6 +274,13 @@ def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit
         ),
         notes=data["notes"].strip(),
         terms_version_id=data["terms_version"],
+        billing=BillingDetails(
+            organisation=data["organisation"],
+            address=data["billing_address"],
+            country=data["billing_country"],
+            vat_number=data["vat_number"],
+            purchase_order=data["purchase_order"],
+        ),
         language=language if language in dict(settings.LANGUAGES) else settings.LANGUAGE_CODE,
     )
 

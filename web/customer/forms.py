@@ -142,7 +142,51 @@ class QuoteForm(forms.Form):
         return self.catalog.environment_by_slug[self.cleaned_data["environment"]]
 
 
-class BookingForm(QuoteForm):
+class BillingFields(forms.Form):
+    """Who the invoice is made out to (booking/billing.py checks them: country code, VAT number format)."""
+
+    billing_address = BoundedCharField(
+        label=_("Billing address"),
+        max_length=500,
+        validators=[no_markup],
+        widget=forms.Textarea(attrs={"rows": 3, "autocomplete": "street-address"}),
+        help_text=_("Street, postcode and city, as they must appear on the invoice."),
+        error_messages={"required": _("Give the billing address: street, postcode and city.")},
+    )
+    billing_country = BoundedCharField(
+        label=_("Country (ISO code)"),
+        max_length=40,
+        validators=[single_line],
+        widget=forms.TextInput(attrs={"size": 3, "autocomplete": "country", "placeholder": "FR"}),
+        help_text=_("Two letters, e.g. FR, DE, US."),
+        error_messages={"required": _("Give the country as its two-letter ISO code, e.g. FR, DE or US.")},
+    )
+    vat_number = BoundedCharField(
+        label=_("VAT number (optional)"),
+        max_length=40,
+        required=False,
+        validators=[single_line],
+        widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+        help_text=_("An EU business with a VAT number of another EU country is invoiced under reverse charge."),
+    )
+    purchase_order = BoundedCharField(
+        label=_("Purchase-order reference (optional)"),
+        max_length=64,
+        required=False,
+        validators=[single_line],
+        help_text=_("Printed on the invoice, if your lab's purchasing needs it."),
+    )
+
+
+class BillingForm(BillingFields):
+    """The billing details, changed from the order page until the invoice is issued."""
+
+    organisation = BoundedCharField(label=_("Organisation"), max_length=200, validators=[single_line])
+
+    field_order = ["organisation", "billing_address", "billing_country", "vat_number", "purchase_order"]
+
+
+class BookingForm(QuoteForm, BillingFields):
     contact_name = BoundedCharField(label=_("Your name"), max_length=120, validators=[single_line])
     contact_email = BoundedEmailField(label=_("E-mail"), max_length=254)
     organisation = BoundedCharField(

@@ -16,10 +16,11 @@ from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
 from booking import links, selectors, services, split_trial_report
+from booking.billing import BillingDetails, billing_details_of
 from booking.cancellation import refund_quote
 from booking.models import Order, OrderStatus, WindowDays
 from booking.rules import BookingError
-from payments import checkout, invoices, refunds
+from payments import checkout, fiscal, fiscal_documents, invoices, refunds
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
 from portal.numbers import whole_number
@@ -27,7 +28,7 @@ from provisioning import selectors as provisioning_selectors
 from provisioning import services as provisioning_services
 from provisioning.models import OperatorSettings
 from web import status_cache
-from web.customer.forms import KeysAddForm
+from web.customer.forms import BillingForm, KeysAddForm
 
 
 def _order_or_404(public_id: str, token: str) -> Order:
@@ -211,6 +212,18 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
     _split_trials_explain(order, context["split_trials"])
     context["extension_offers"] = _extension_offers(order)
     context["refunds"] = payment_selectors.order_refunds(order)
+    context["fiscal_invoices"] = fiscal.fiscal_invoices_of(order)
+    if not context["fiscal_invoices"]:
+        details = billing_details_of(order)
+        context["billing_form"] = BillingForm(
+            initial={
+                "organisation": details.organisation,
+                "billing_address": details.address,
+                "billing_country": details.country,
+                "vat_number": details.vat_number,
+                "purchase_order": details.purchase_order,
+            }
+        )
     if order.status in ACCESS_SHOWN:
         context["readings"] = provisioning_selectors.readings_chart(order)
     return mark_private(render(request, "customer/order.html", context))
@@ -454,4 +467,56 @@ def order_readings_csv(request: HttpRequest, public_id: str, token: str) -> Http
 
     response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="binome-{order.public_id}-gpu-readings.csv"'
+    return mark_private(response)
+
+
+@require_POST
+@never_cache
+def order_billing(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Change who the invoice is made out to; refused once it is issued."""
+    order = _order_or_404(public_id, token)
+    back = reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#billing"
+    if is_ratelimited(
+        request, group="billing", key=lambda _g, _r: public_id, rate="20/h", method="POST", increment=True
+    ):
+        messages.error(request, _("Too many changes of the billing details: try again in an hour."))
+        return redirect(back)
+    form = BillingForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            label = form.fields[field].label if field in form.fields else ""
+            for error in errors:
+                messages.error(request, f"{label}: {error}" if label else error)
+        return redirect(back)
+    data = form.cleaned_data
+    details = BillingDetails(
+        organisation=data["organisation"],
+        address=data["billing_address"],
+        country=data["billing_country"],
+        vat_number=data["vat_number"],
+        purchase_order=data["purchase_order"],
+    )
+    try:
+        changed = fiscal.order_billing_change(order=order, details=details)
+    except BookingError as exc:
+        label = form.fields[exc.field].label if exc.field in form.fields else ""
+        messages.error(request, f"{label}: {exc.message}" if label else exc.message)
+    else:
+        messages.success(request, _("Billing details saved.") if changed else _("The billing details are unchanged."))
+    return redirect(back)
+
+
+@require_http_methods(["GET", "HEAD"])
+@never_cache
+def order_invoice_pdf(request: HttpRequest, public_id: str, token: str, number: str) -> HttpResponse:
+    """An issued invoice of the order, as the PDF/A-3 kept since it was issued (printed now if the worker has not
+    yet: printing is done once, whoever comes first)."""
+    order = _order_or_404(public_id, token)
+    fiscal_invoice = fiscal.fiscal_invoice_of(order=order, number=number)
+    if fiscal_invoice is None:
+        raise Http404("No such invoice.")
+    fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    response = HttpResponse(bytes(fiscal_invoice.pdf), content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="{fiscal_invoice.filename}"'
+    response["ETag"] = f'"{fiscal_invoice.pdf_sha256}"'
     return mark_private(response)

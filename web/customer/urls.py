@@ -25,4 +25,10 @@ urlpatterns = [
     path("orders/<str:public_id>/<str:token>/paid/", order.invoice_paid, name="order-paid"),
     path("orders/<str:public_id>/<str:token>/refund-address/", order.order_refund_address, name="order-refund-address"),
     path("orders/<str:public_id>/<str:token>/asset/", order.invoice_asset, name="order-asset"),
+    path("orders/<str:public_id>/<str:token>/billing/", order.order_billing, name="order-billing"),
+    path(
+        "orders/<str:public_id>/<str:token>/invoices/<str:number>.pdf",
+        order.order_invoice_pdf,
+        name="order-invoice-pdf",
+    ),
 ]

@@ -1,0 +1,308 @@
+"""Fiscal invoices: the numbered document a settled payment issues (not `Invoice`, the payment request), and the
+billing details it is made out to, changeable until then.
+
+`fiscal_invoice_issue` runs inside the settling transaction (`settlement._settle`), after the order and the
+payment request are locked: it takes the year's next number from `FiscalInvoiceCounter`, locked last (so the lock
+that serialises every settlement of the year is held only for the few statements that follow), and writes the
+figures once. A settlement that rolls back gives its number back: numbers have no gap and no duplicate. The PDF
+(payments/fiscal_documents.py) is written after the commit, by a task, and e-mailed.
+
+VAT: the catalog's prices include the VAT where it is due, so a customer pays the same price whatever their VAT
+status; the invoice splits it. A buyer in the seller's country, or an EU buyer without a VAT number, pays VAT at the
+operator's rate (category S); an EU business buyer of another member state with a VAT number is invoiced under
+reverse charge (AE, "Autoliquidation"); a buyer outside the EU pays no VAT (G).
+
+An issued invoice is corrected by a credit note (`fiscal_credit_note_issue`), issued when a paid order is cancelled
+or rejected (the reaction to its transition, connected in payments/apps.py) for what is owed back.
+"""
+
+from dataclasses import asdict
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db import transaction
+from django.utils import timezone, translation
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from booking import billing
+from booking.locks import lock_order
+from booking.models import Order, OrderEvent, OrderStatus
+from booking.rules import BookingError
+from payments.models import FiscalInvoice, FiscalInvoiceCounter, Invoice, InvoicingSettings, Transfer
+
+CENT = Decimal("0.01")
+
+
+def vat_treatment(*, seller_country: str, buyer: billing.BillingDetails, rate: Decimal) -> tuple[str, Decimal]:
+    """(EN 16931 VAT category, rate) for this buyer."""
+    if buyer.country and buyer.country != seller_country and not buyer.in_eu:
+        return FiscalInvoice.VatCategory.OUTSIDE_EU, Decimal("0.00")
+    if buyer.in_eu and buyer.country != seller_country and buyer.vat_number:
+        return FiscalInvoice.VatCategory.REVERSE_CHARGE, Decimal("0.00")
+    return FiscalInvoice.VatCategory.STANDARD, rate
+
+
+def vat_mention(category: str) -> str:
+    """The legal mention a VAT exemption must carry, in the active language."""
+    if category == FiscalInvoice.VatCategory.REVERSE_CHARGE:
+        return _(
+            "Reverse charge (Autoliquidation): VAT is due by the customer, article 196 of Council Directive "
+            "2006/112/EC."
+        )
+    if category == FiscalInvoice.VatCategory.OUTSIDE_EU:
+        return _(
+            "VAT not applicable: services supplied to a customer established outside the European Union "
+            "(article 44 of Council Directive 2006/112/EC)."
+        )
+    return ""
+
+
+def split_gross(*, gross: Decimal, rate: Decimal) -> tuple[Decimal, Decimal]:
+    """(net, VAT) of a price that includes VAT at `rate` percent, such that the VAT is the net times the rate
+    rounded to the cent (EN 16931 BR-CO-17) and both add up to what was paid, whenever a net allows it."""
+    if not rate:
+        return gross, Decimal("0.00")
+    estimate = (gross * 100 / (100 + rate)).quantize(CENT, ROUND_HALF_UP)
+    for net in (estimate, estimate - CENT, estimate + CENT):
+        vat = (net * rate / 100).quantize(CENT, ROUND_HALF_UP)
+        if net + vat == gross:
+            return net, vat
+    return estimate, gross - estimate
+
+
+def _lines(*, order: Order, invoice: Invoice) -> list[dict]:
+    days = invoice.extension_days if invoice.purpose == Invoice.Purpose.EXTENSION else order.days
+    unit_price = (invoice.fiat_amount / order.lot_count).quantize(Decimal("0.0001"))
+    if unit_price == unit_price.quantize(CENT):  # shown as a price, unless the division leaves a fraction of a cent
+        unit_price = unit_price.quantize(CENT)
+    if invoice.purpose == Invoice.Purpose.EXTENSION:
+        description = ngettext(
+            "%(hardware)s, extension of order %(number)s by %(days)s day",
+            "%(hardware)s, extension of order %(number)s by %(days)s days",
+            days,
+        )
+    else:
+        description = ngettext(
+            "%(hardware)s for %(days)s day from %(start)s UTC, order %(number)s",
+            "%(hardware)s for %(days)s days from %(start)s UTC, order %(number)s",
+            days,
+        )
+    description %= {
+        "hardware": order.hardware_class.name,
+        "number": order.public_id,
+        "days": days,
+        "start": order.starts_at.strftime("%Y-%m-%d %H:%M"),
+    }
+    return [
+        {
+            "description": description,
+            "quantity": order.lot_count,
+            "days": days,
+            "unit_price_gross": str(unit_price),
+            "amount_gross": str(invoice.fiat_amount),
+        }
+    ]
+
+
+def _payment_amount(invoice: Invoice) -> str:
+    """What was received, in whole coins, exactly (an admin's "mark paid" without a transfer: the amount due)."""
+    units = int(invoice.amount_confirmed_units) or int(invoice.amount_due_units)
+    return f"{Decimal(units).scaleb(-invoice.asset_decimals).normalize():f}"
+
+
+def _next_number(*, year: int, prefix: str) -> tuple[int, str]:
+    """The year's next sequence under the counter's row lock (created on first use without a race: an insert that
+    finds the row already there does nothing, then both lock the one row)."""
+    FiscalInvoiceCounter.objects.bulk_create([FiscalInvoiceCounter(year=year)], ignore_conflicts=True)
+    counter = FiscalInvoiceCounter.objects.select_for_update().get(year=year)
+    counter.last_sequence += 1
+    counter.save(update_fields=["last_sequence"])
+    return counter.last_sequence, f"{prefix}-{year}-{counter.last_sequence:06d}"
+
+
+def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> FiscalInvoice:
+    """Issue the fiscal invoice of a settled payment request, in the settling transaction (order and payment request
+    locked by the caller). Issued once per payment request; its PDF is written and e-mailed after the commit."""
+    existing = FiscalInvoice.objects.filter(payment=invoice).first()
+    if existing is not None:
+        return existing
+    seller = InvoicingSettings.current()
+    buyer = billing.billing_details_of(order)
+    category, rate = vat_treatment(seller_country=seller.seller_country, buyer=buyer, rate=seller.vat_rate_percent)
+    gross = invoice.fiat_amount
+    net, vat = split_gross(gross=gross, rate=rate)
+    with translation.override(order.language):
+        lines = _lines(order=order, invoice=invoice)
+        mention = vat_mention(category)
+    tx_hashes = list(
+        invoice.transfers.filter(status=Transfer.Status.CONFIRMED, wrong_asset=False)
+        .order_by("block_number", "log_index")
+        .values_list("tx_hash", flat=True)
+    )
+    sequence, number = _next_number(year=now.year, prefix=seller.number_prefix)  # the last lock taken
+    fiscal_invoice = FiscalInvoice.objects.create(
+        number=number,
+        year=now.year,
+        sequence=sequence,
+        order=order,
+        payment=invoice,
+        issued_at=now,
+        language=order.language,
+        seller={
+            "name": seller.seller_name,
+            "address": seller.seller_address,
+            "country": seller.seller_country,
+            "vat_number": seller.seller_vat_number,
+            "registration": seller.seller_registration,
+            "legal_mentions": seller.legal_mentions,
+        },
+        buyer={**asdict(buyer), "contact_name": order.contact_name, "email": order.contact_email},
+        lines=lines,
+        currency=invoice.fiat_currency,
+        vat_category=category,
+        vat_rate=rate,
+        vat_mention=mention,
+        total_net=net,
+        vat_amount=vat,
+        total_gross=gross,
+        payment_chain_id=invoice.chain_id,
+        payment_asset=invoice.asset_symbol,
+        payment_amount=_payment_amount(invoice),
+        payment_tx_hashes=list(dict.fromkeys(tx_hashes)),
+        payment_rate=invoice.rate,
+        payment_rate_source=invoice.rate_source,
+        paid_at=invoice.settled_at or now,
+    )
+    fiscal_invoice_id = fiscal_invoice.pk
+    transaction.on_commit(lambda: _write_document(fiscal_invoice_id))
+    return fiscal_invoice
+
+
+def fiscal_credit_note_issue(
+    *, invoice: FiscalInvoice, amount: Decimal, reason: str, now: datetime
+) -> FiscalInvoice | None:
+    """A credit note correcting `invoice` by `amount` (at most what it has not credited yet), in the caller's
+    transaction with the order locked: numbered in the same sequence, same buyer, seller and VAT treatment as the
+    invoice it names. None when nothing is left to credit."""
+    credited = sum(note.total_gross for note in invoice.credit_notes.all())
+    amount = min(amount, invoice.total_gross - credited)
+    if amount <= 0:
+        return None
+    net, vat = split_gross(gross=amount, rate=invoice.vat_rate)
+    with translation.override(invoice.language):
+        description = _("Credit on invoice %(number)s of %(date)s: %(reason)s") % {
+            "number": invoice.number,
+            "date": invoice.issued_at.strftime("%Y-%m-%d"),
+            "reason": reason,
+        }
+    seller = InvoicingSettings.current()
+    sequence, number = _next_number(year=now.year, prefix=seller.number_prefix)
+    credit_note = FiscalInvoice.objects.create(
+        kind=FiscalInvoice.Kind.CREDIT_NOTE,
+        number=number,
+        year=now.year,
+        sequence=sequence,
+        order=invoice.order,
+        corrects=invoice,
+        reason=reason,
+        issued_at=now,
+        language=invoice.language,
+        seller=invoice.seller,
+        buyer=invoice.buyer,
+        lines=[
+            {
+                "description": description,
+                "quantity": 1,
+                "days": "",
+                "unit_price_gross": str(amount),
+                "amount_gross": str(amount),
+            }
+        ],
+        currency=invoice.currency,
+        vat_category=invoice.vat_category,
+        vat_rate=invoice.vat_rate,
+        vat_mention=invoice.vat_mention,
+        total_net=net,
+        vat_amount=vat,
+        total_gross=amount,
+        payment_chain_id=invoice.payment_chain_id,
+        payment_asset=invoice.payment_asset,
+        payment_amount=invoice.payment_amount,
+        payment_tx_hashes=invoice.payment_tx_hashes,
+        payment_rate=invoice.payment_rate,
+        payment_rate_source=invoice.payment_rate_source,
+        paid_at=invoice.paid_at,
+    )
+    credit_note_id = credit_note.pk
+    transaction.on_commit(lambda: _write_document(credit_note_id))
+    return credit_note
+
+
+# Paid for and then called off: what is owed back is credited on the invoices (settlement flags the refund itself).
+CREDITED_STATUSES = frozenset({OrderStatus.CANCELLED, OrderStatus.REJECTED})
+
+
+def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
+    if to_status in CREDITED_STATUSES:
+        fiscal_credit_notes_for_refund(order_id=order_id)
+
+
+@transaction.atomic
+def fiscal_credit_notes_for_refund(*, order_id: int, now: datetime | None = None) -> list[FiscalInvoice]:
+    """Credit notes for what a cancelled or rejected order is owed back: the refund its terms gave when the customer
+    cancelled (`Order.refund_due`, on the oldest invoices first), else everything invoiced. Once per order: the
+    transitions that call it end the order."""
+    now = now or timezone.now()
+    order = lock_order(order_id)
+    issued = FiscalInvoice.objects.filter(order=order)
+    if issued.filter(kind=FiscalInvoice.Kind.CREDIT_NOTE).exists():
+        return []
+    invoices = list(issued.filter(kind=FiscalInvoice.Kind.INVOICE).order_by("year", "sequence"))
+    owed = order.refund_due if order.refund_due is not None else sum(i.total_gross for i in invoices)
+    reason = (
+        gettext_lazy("order cancelled, refund by the cancellation policy")
+        if order.status == OrderStatus.CANCELLED and order.refund_due is not None
+        else gettext_lazy("order cancelled or refused: paid amount refunded")
+    )
+    notes = []
+    for invoice in invoices:
+        if owed <= 0:
+            break
+        with translation.override(invoice.language):
+            reason_text = str(reason)
+        note = fiscal_credit_note_issue(invoice=invoice, amount=owed, reason=reason_text, now=now)
+        if note is not None:
+            owed -= note.total_gross
+            notes.append(note)
+    return notes
+
+
+def _write_document(fiscal_invoice_id: int) -> None:
+    from payments.tasks import issue_fiscal_document
+
+    issue_fiscal_document.delay(fiscal_invoice_id)
+
+
+@transaction.atomic
+def order_billing_change(*, order: Order, details: billing.BillingDetails) -> bool:
+    """Change who the invoice is made out to, until it is issued: the order is locked, as the settling transaction
+    locks it before issuing, so a change and an issue never cross. False when nothing changed."""
+    order = lock_order(order.pk)
+    if FiscalInvoice.objects.filter(order=order).exists():
+        raise BookingError(
+            _(
+                "The invoice of this order is already issued: its billing details can no longer change. Write to "
+                "the operators if it must be corrected (they issue a credit note and a new invoice)."
+            )
+        )
+    return billing.order_billing_set(order=order, billing=details, actor_kind=OrderEvent.Actor.CUSTOMER)
+
+
+def fiscal_invoices_of(order: Order) -> list[FiscalInvoice]:
+    """The order's issued invoices, oldest first, without their PDFs (the order page lists them)."""
+    return list(FiscalInvoice.objects.filter(order=order).defer("pdf").order_by("year", "sequence"))
+
+
+def fiscal_invoice_of(*, order: Order, number: str) -> FiscalInvoice | None:
+    return FiscalInvoice.objects.filter(order=order, number=number[:32]).select_related("order").first()

@@ -1,0 +1,66 @@
+"""The admin of the fiscal invoices (imported by payments/admin.py): the seller's details and VAT rate the operator
+sets, and the issued invoices, read-only (an issued invoice never changes; it is corrected by a credit note)."""
+
+from django.contrib import admin
+from django.http import HttpResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from payments import fiscal_documents
+from payments.models import FiscalInvoice, InvoicingSettings
+from portal.singleton import SingletonAdmin
+
+
+@admin.register(InvoicingSettings)
+class InvoicingSettingsAdmin(SingletonAdmin):
+    fields = [
+        "seller_name",
+        "seller_address",
+        "seller_country",
+        "seller_vat_number",
+        "seller_registration",
+        "legal_mentions",
+        "vat_rate_percent",
+        "number_prefix",
+    ]
+
+
+@admin.register(FiscalInvoice)
+class FiscalInvoiceAdmin(admin.ModelAdmin):
+    list_display = ["number", "kind", "issued_at", "order", "total_gross", "currency", "vat_category", "pdf_link"]
+    list_filter = ["year", "kind", "vat_category"]
+    search_fields = ["number", "order__public_id", "buyer__organisation"]
+    exclude = ["pdf"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields if field.name != "pdf"] + ["pdf_link"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description=_("PDF"))
+    def pdf_link(self, obj: FiscalInvoice) -> str:
+        url = reverse("admin:payments_fiscalinvoice_pdf", args=[obj.pk])
+        return format_html('<a href="{}">{}</a>', url, obj.filename)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.pdf_view)
+        return [path("<int:pk>/pdf/", view, name="payments_fiscalinvoice_pdf"), *super().get_urls()]
+
+    def pdf_view(self, request, pk: int) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        fiscal_invoice = FiscalInvoice.objects.filter(pk=pk).select_related("order").first()
+        if fiscal_invoice is None:
+            return HttpResponse(status=404)
+        fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+        response = HttpResponse(bytes(fiscal_invoice.pdf), content_type="application/pdf")
+        response["Content-Disposition"] = f'attachment; filename="{fiscal_invoice.filename}"'
+        return response

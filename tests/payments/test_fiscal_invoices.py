@@ -1,0 +1,446 @@
+"""Invoices a lab can file: a settled payment issues a numbered invoice (gapless per year, even under concurrency),
+printed once as PDF/A-3 with its EN 16931 XML (Factur-X), e-mailed and downloadable from the order page, with the
+VAT treatment its buyer's details call for."""
+
+import hashlib
+import html
+import io
+import threading
+from datetime import timedelta
+from decimal import Decimal
+from types import SimpleNamespace
+
+import facturx
+import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from lxml import etree
+from pypdf import PdfReader
+
+from booking.models import Order, OrderStatus
+from payments import fiscal_documents, scanner
+from payments.demo import pay_invoice
+from payments.fiscal_models import FiscalInvoicePublished
+from payments.models import FiscalInvoice, Invoice
+from payments.selectors import current_invoice
+from payments.settlement import invoice_mark_paid
+from tests.booking.test_pages import place
+from tests.factories import add_lots
+
+CII = {"ram": "urn:un:unece:uncefact:data:standard:ReusableAggregateBusinessInformationEntity:100"}
+
+
+def pdf_text(pdf: bytes) -> str:
+    return "\n".join(page.extract_text() for page in PdfReader(io.BytesIO(pdf)).pages)
+
+
+def xmp(pdf: bytes) -> bytes:
+    return PdfReader(io.BytesIO(pdf)).trailer["/Root"]["/Metadata"].get_object().get_data()
+
+
+def embedded_xml(pdf: bytes) -> bytes:
+    filename, xml = facturx.get_facturx_xml_from_pdf(io.BytesIO(pdf), check_xsd=False)
+    assert filename == "factur-x.xml"
+    return xml
+
+
+def invoice_url(order: Order, token: str, number: str) -> str:
+    return reverse("booking:order-invoice-pdf", kwargs={"public_id": order.public_id, "token": token, "number": number})
+
+
+def mark_paid(invoice: Invoice, *, execute_on_commit) -> None:
+    admin = get_user_model().objects.get_or_create(username="operator", defaults={"is_staff": True})[0]
+    with execute_on_commit(execute=True):
+        invoice_mark_paid(invoice=invoice, user=admin, reason="paid by bank transfer")
+
+
+def test_a_payment_confirmed_on_chain_issues_an_invoice_a_lab_can_file(
+    client, chain, booking_data, django_capture_on_commit_callbacks
+):
+    # given: a French lab books two lots and pays on chain
+    order, _token = place(
+        client,
+        booking_data(lots="2", purchase_order="PO-2026-118", vat_number="FR40303265045", billing_country="FR"),
+    )
+    invoice = current_invoice(order)
+    tx_hash = pay_invoice(chain, invoice)
+    chain.mine(3)
+
+    # when: the scan confirms it
+    with django_capture_on_commit_callbacks(execute=True):
+        assert scanner.chain_scan(chain_id=31337).settled == [invoice.pk]
+
+    # then: one invoice, numbered, with the payment as the chain showed it
+    fiscal_invoice = FiscalInvoice.objects.get()
+    year = timezone.now().year
+    assert fiscal_invoice.number == f"F-{year}-000001"
+    assert fiscal_invoice.payment_tx_hashes == [tx_hash]
+    assert (fiscal_invoice.payment_asset, fiscal_invoice.payment_amount) == ("dEURC", "6300")
+    assert fiscal_invoice.total_gross == order.total_price == Decimal("6300.00")
+    # VAT included at 20 % for a buyer in the seller's country, and EN 16931's rounding holds
+    assert fiscal_invoice.vat_category == "S"
+    assert fiscal_invoice.total_net + fiscal_invoice.vat_amount == fiscal_invoice.total_gross
+    assert fiscal_invoice.vat_amount == (fiscal_invoice.total_net * Decimal("0.20")).quantize(Decimal("0.01"))
+
+    # the stored PDF is the one hashed, it opens, names the number, and carries XML valid against EN 16931
+    pdf = bytes(fiscal_invoice.pdf)
+    assert hashlib.sha256(pdf).hexdigest() == fiscal_invoice.pdf_sha256
+    text = pdf_text(pdf)
+    assert fiscal_invoice.number in text and "Analytical Engines Lab" in text and "PO-2026-118" in text
+    assert tx_hash in text.replace("\n", "")
+    xml = embedded_xml(pdf)
+    assert facturx.xml_check_xsd(xml, flavor="factur-x", level="en16931")
+    tree = etree.fromstring(xml)
+    assert tree.findtext(".//ram:BuyerTradeParty/ram:Name", namespaces=CII) == "Analytical Engines Lab"
+    assert tree.findtext(".//ram:GrandTotalAmount", namespaces=CII) == "6300.00"
+    assert tree.findtext(".//ram:DuePayableAmount", namespaces=CII) == "0.00"
+    assert b"<pdfaid:part>3</pdfaid:part>" in xmp(pdf)  # it says it is a PDF/A-3 (its XMP metadata)
+
+    # and it went to the contact as an attachment
+    sent = [message for message in mail.outbox if fiscal_invoice.number in message.subject]
+    assert len(sent) == 1 and sent[0].to == ["ada@example.org"]
+    assert sent[0].attachments == [(f"invoice-{fiscal_invoice.number}.pdf", pdf, "application/pdf")]
+
+
+def test_an_eu_business_of_another_member_state_is_invoiced_under_reverse_charge(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, _token = place(
+        client,
+        booking_data(
+            billing_country="DE", vat_number="DE 136 695 976", billing_address="Unter den Linden 1\n10117 Berlin"
+        ),
+    )
+
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+
+    fiscal_invoice = FiscalInvoice.objects.get()
+    assert (fiscal_invoice.vat_category, fiscal_invoice.vat_amount) == ("AE", Decimal("0.00"))
+    assert fiscal_invoice.total_net == fiscal_invoice.total_gross == order.total_price
+    text = pdf_text(bytes(fiscal_invoice.pdf))
+    assert "Autoliquidation" in text and "DE136695976" in text
+    xml = embedded_xml(bytes(fiscal_invoice.pdf))
+    facturx.xml_check_xsd(xml, flavor="factur-x", level="en16931")
+    tree = etree.fromstring(xml)
+    assert (
+        tree.findtext(".//ram:ApplicableHeaderTradeSettlement/ram:ApplicableTradeTax/ram:CategoryCode", namespaces=CII)
+        == "AE"
+    )
+    assert "Autoliquidation" in tree.findtext(".//ram:ExemptionReason", namespaces=CII)
+
+
+@pytest.mark.parametrize(
+    ("country", "vat_number", "category", "mention"),
+    [
+        ("US", "", "G", "outside the European Union"),
+        ("DE", "", "S", None),  # an EU buyer without a VAT number pays VAT
+        ("FR", "FR40303265045", "S", None),  # a buyer in the seller's own country pays VAT
+    ],
+)
+def test_the_vat_treatment_follows_the_buyers_country_and_vat_number(
+    client, catalog, booking_data, django_capture_on_commit_callbacks, country, vat_number, category, mention
+):
+    order, _token = place(client, booking_data(billing_country=country, vat_number=vat_number))
+
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+
+    fiscal_invoice = FiscalInvoice.objects.get()
+    assert fiscal_invoice.vat_category == category
+    assert (fiscal_invoice.vat_amount > 0) == (category == "S")
+    text = pdf_text(bytes(fiscal_invoice.pdf))
+    if mention:
+        assert mention in text.replace("\n", " ")
+    else:
+        assert "Autoliquidation" not in text
+    facturx.xml_check_xsd(embedded_xml(bytes(fiscal_invoice.pdf)), flavor="factur-x", level="en16931")
+
+
+def test_an_issued_invoice_is_downloaded_from_the_order_page_and_only_with_its_link(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data())
+    other, other_token = place(Client(REMOTE_ADDR="10.9.9.9"), booking_data(contact_email="bob@example.org"))
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    fiscal_invoice = FiscalInvoice.objects.get()
+
+    page = html.unescape(
+        client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})).content.decode()
+    )
+    assert invoice_url(order, token, fiscal_invoice.number) in page
+
+    response = client.get(invoice_url(order, token, fiscal_invoice.number))
+    assert response.status_code == 200 and response["Content-Type"] == "application/pdf"
+    assert response.content == bytes(fiscal_invoice.pdf)
+    assert f'filename="invoice-{fiscal_invoice.number}.pdf"' in response["Content-Disposition"]
+    assert response["Referrer-Policy"] == "same-origin"
+
+    # an attacker: a wrong token, and another order's link asking for this invoice's number
+    assert client.get(invoice_url(order, "x" * len(token), fiscal_invoice.number)).status_code == 404
+    assert client.get(invoice_url(other, other_token, fiscal_invoice.number)).status_code == 404
+    assert client.get(invoice_url(order, token, "F-1999-000001")).status_code == 404
+
+
+def test_the_pdf_is_printed_once_and_never_regenerated(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data())
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    fiscal_invoice = FiscalInvoice.objects.get()
+    written = (bytes(fiscal_invoice.pdf), fiscal_invoice.pdf_sha256, fiscal_invoice.pdf_written_at)
+
+    # the operator edits the seller's details afterwards; the issued document stays as it was
+    from payments.models import InvoicingSettings
+
+    InvoicingSettings.objects.filter(pk=1).update(seller_name="Renamed SAS")
+    again = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=FiscalInvoice.objects.get())
+    assert (bytes(again.pdf), again.pdf_sha256, again.pdf_written_at) == written
+    assert client.get(invoice_url(order, token, fiscal_invoice.number)).content == written[0]
+    with pytest.raises(FiscalInvoicePublished):
+        again.save()
+    with pytest.raises(FiscalInvoicePublished):
+        again.delete()
+    # and behind the model, PostgreSQL itself: code that writes the row directly is refused too
+    for change in (
+        lambda rows: rows.update(total_gross=Decimal("1.00"), total_net=Decimal("1.00"), vat_amount=0),
+        lambda rows: rows.update(buyer={"organisation": "Someone else"}),
+        lambda rows: rows.update(pdf=b"%PDF-forged", pdf_sha256=hashlib.sha256(b"%PDF-forged").hexdigest()),
+        lambda rows: rows._raw_delete(rows.db),
+    ):
+        with pytest.raises(DatabaseError, match="fiscal invoice"), transaction.atomic():
+            change(FiscalInvoice.objects.filter(pk=again.pk))
+    assert bytes(FiscalInvoice.objects.get().pdf) == written[0]
+
+
+def test_billing_details_change_until_the_invoice_is_issued_then_are_refused(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, token = place(client, booking_data())
+    url = reverse("booking:order-billing", kwargs={"public_id": order.public_id, "token": token})
+    new_details = {
+        "organisation": "Institut Pasteur",
+        "billing_address": "25 rue du Docteur Roux\n75015 Paris",
+        "billing_country": "FR",
+        "vat_number": "",
+        "purchase_order": "PO 7",
+    }
+
+    # before the payment: saved, and what the invoice is then made out to
+    page = client.post(url, new_details, follow=True).content.decode()
+    assert "Billing details saved." in html.unescape(page)
+    order.refresh_from_db()
+    assert (order.organisation, order.purchase_order) == ("Institut Pasteur", "PO 7")
+
+    # hostile input: a clear message, nothing changed
+    for field, value, message in [
+        ("billing_country", "XX", "Give the country as its two-letter ISO code"),
+        ("vat_number", "FR40303265046", "This is not a valid VAT number of FR"),
+        ("billing_address", "<script>alert(1)</script>", "HTML tags are not accepted here."),
+        ("organisation", "Lab\r\nBcc: victim@example.org", "Write this on one line."),
+    ]:
+        page = html.unescape(client.post(url, {**new_details, field: value}, follow=True).content.decode())
+        assert message in page, field
+        assert "<script>alert(1)" not in page
+    order.refresh_from_db()
+    assert order.organisation == "Institut Pasteur" and order.billing_country == "FR"
+
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    assert FiscalInvoice.objects.get().buyer["organisation"] == "Institut Pasteur"
+
+    # after the invoice: refused with a clear message, and the form is gone from the page
+    page = html.unescape(client.post(url, {**new_details, "organisation": "Other Lab"}, follow=True).content.decode())
+    assert "The invoice of this order is already issued: its billing details can no longer change." in page
+    assert 'action="' + url + '"' not in page
+    order.refresh_from_db()
+    assert order.organisation == "Institut Pasteur"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_settlements_at_once_take_fifty_consecutive_numbers(catalog, booking_data, settings):
+    # given: fifty researchers with an unpaid order each
+    settings.RATELIMIT_ENABLE = False
+    add_lots(catalog["b200-pair"], 50)
+    for index in range(50):
+        client = Client(REMOTE_ADDR=f"10.0.{index // 200}.{index % 200 + 1}")
+        assert (
+            client.post(
+                reverse("booking:book"), booking_data(lots="1", contact_email=f"r{index}@example.org")
+            ).status_code
+            == 302
+        )
+    invoices = list(Invoice.objects.filter(status=Invoice.Status.NEW))
+    assert len(invoices) == 50
+    admin = get_user_model().objects.create(username="operator", is_staff=True)
+    barrier = threading.Barrier(50)
+    errors: list[BaseException] = []
+
+    def settle(invoice: Invoice) -> None:
+        try:
+            barrier.wait(timeout=60)
+            invoice_mark_paid(invoice=invoice, user=admin, reason="paid by bank transfer")
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            close_old_connections()
+            connection.close()
+
+    # when: all fifty are settled at the same moment
+    threads = [threading.Thread(target=settle, args=(invoice,)) for invoice in invoices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+
+    # then: fifty invoices numbered 1 to 50 of the year, no gap, no duplicate, one per payment
+    assert errors == []
+    year = timezone.now().year
+    issued = list(FiscalInvoice.objects.values_list("year", "sequence", "number", "payment_id"))
+    assert sorted(sequence for _year, sequence, _number, _payment in issued) == list(range(1, 51))
+    assert {number for *_rest, number, _payment in issued} == {f"F-{year}-{n:06d}" for n in range(1, 51)}
+    assert sorted(payment for *_rest, payment in issued) == sorted(invoice.pk for invoice in invoices)
+    assert Order.objects.filter(status=OrderStatus.PAID).count() == 50
+    assert not FiscalInvoice.objects.filter(pdf_sha256="").exists()  # each printed once its settlement committed
+
+
+def test_an_invoice_left_unprinted_by_a_stopped_worker_is_printed_and_mailed_by_beats_sweep(
+    client, catalog, booking_data, monkeypatch
+):
+    from payments import tasks
+    from payments.tasks import print_fiscal_documents
+
+    # given: settled, but the worker stopped before the task that prints it ran (no on-commit callbacks here)
+    order, _token = place(client, booking_data())
+    invoice_mark_paid(invoice=current_invoice(order), user=get_user_model().objects.create(username="op"), reason="x")
+    fiscal_invoice = FiscalInvoice.objects.get()
+    assert fiscal_invoice.pdf_sha256 == "" and not [m for m in mail.outbox if fiscal_invoice.number in m.subject]
+    assert print_fiscal_documents() == 0  # not before its grace period
+
+    # when: beat's sweep runs later
+    later = timezone.now() + timedelta(minutes=6)
+    monkeypatch.setattr(tasks, "timezone", SimpleNamespace(now=lambda: later))
+    assert print_fiscal_documents() == 1
+
+    # then: printed and mailed once; the next sweep finds nothing
+    fiscal_invoice.refresh_from_db()
+    assert fiscal_invoice.pdf_sha256 and fiscal_invoice.emailed_at
+    assert len([m for m in mail.outbox if fiscal_invoice.number in m.subject]) == 1
+    assert print_fiscal_documents() == 0
+
+
+def test_the_operator_reads_issued_invoices_in_the_admin_but_cannot_change_them(
+    admin_client, client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    order, _token = place(client, booking_data())
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    fiscal_invoice = FiscalInvoice.objects.get()
+
+    listing = admin_client.get(reverse("admin:payments_fiscalinvoice_changelist"))
+    assert listing.status_code == 200 and fiscal_invoice.number in listing.content.decode()
+    pdf = admin_client.get(reverse("admin:payments_fiscalinvoice_pdf", args=[fiscal_invoice.pk]))
+    assert pdf.status_code == 200 and pdf.content == bytes(fiscal_invoice.pdf)
+    change = admin_client.post(
+        reverse("admin:payments_fiscalinvoice_change", args=[fiscal_invoice.pk]), {"number": "F-0000-000001"}
+    )
+    assert change.status_code == 403
+    assert FiscalInvoice.objects.get().number == fiscal_invoice.number
+    settings_page = admin_client.get(reverse("admin:payments_invoicingsettings_change", args=[1]))
+    assert settings_page.status_code == 200 and "VAT rate" in settings_page.content.decode()
+
+
+def test_an_extension_paid_later_gets_the_next_number_and_its_own_line(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    from booking.services import order_transition
+    from payments.checkout import order_extension_request
+
+    order, _token = place(client, booking_data(lots="2"))
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    extension = order_extension_request(order=order, days=3, actor=None)
+
+    mark_paid(extension, execute_on_commit=django_capture_on_commit_callbacks)
+
+    first, second = FiscalInvoice.objects.order_by("sequence")
+    assert (first.sequence, second.sequence) == (1, 2) and second.payment == extension
+    assert second.total_gross == extension.fiat_amount
+    assert second.lines[0]["quantity"] == 2 and second.lines[0]["days"] == 3
+    assert f"extension of order {order.public_id} by 3 days" in second.lines[0]["description"]
+    facturx.xml_check_xsd(embedded_xml(bytes(second.pdf)), flavor="factur-x", level="en16931")
+
+
+def test_a_french_order_gets_its_invoice_and_its_e_mail_in_french(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    from tests.booking.test_pages import place_in_french
+
+    order, _token = place_in_french(client, booking_data(billing_country="BE", vat_number="BE0403019261"))
+
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+
+    fiscal_invoice = FiscalInvoice.objects.get()
+    text = pdf_text(bytes(fiscal_invoice.pdf))
+    assert f"Facture {fiscal_invoice.number}" in text and "Total TTC" in text
+    assert "Autoliquidation : TVA due par le preneur" in text.replace("\n", " ")
+    sent = next(message for message in mail.outbox if fiscal_invoice.number in message.subject)
+    assert sent.subject == f"Facture {fiscal_invoice.number} de votre commande Binôme {order.public_id}"
+    assert "Vous trouverez ci-jointe la facture" in sent.body
+
+
+def test_a_paid_order_cancelled_for_a_refund_gets_a_credit_note_naming_its_invoice(
+    client, catalog, booking_data, django_capture_on_commit_callbacks
+):
+    from booking.cancellation import refund_quote
+    from booking.services import order_cancel_by_customer
+
+    order, token = place(client, booking_data(lots="2", billing_country="DE", vat_number="DE136695976"))
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    invoice = FiscalInvoice.objects.get()
+    order.refresh_from_db()
+    refund = refund_quote(order=order, now=timezone.now()).amount
+    assert 0 < refund <= invoice.total_gross
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_cancel_by_customer(order=order, refund_shown=refund)
+
+    note = FiscalInvoice.objects.get(kind=FiscalInvoice.Kind.CREDIT_NOTE)
+    assert (note.corrects, note.total_gross, note.sequence) == (invoice, refund, invoice.sequence + 1)
+    assert (note.vat_category, note.buyer) == ("AE", invoice.buyer)  # the same treatment as what it corrects
+    pdf = bytes(note.pdf)
+    text = pdf_text(pdf)
+    assert f"Credit note {note.number}" in text and f"Corrects invoice {invoice.number}" in text
+    xml = embedded_xml(pdf)
+    facturx.xml_check_xsd(xml, flavor="factur-x", level="en16931")
+    tree = etree.fromstring(xml)
+    assert tree.findtext(".//{*}ExchangedDocument/{*}TypeCode") == "381"
+    assert tree.findtext(".//ram:InvoiceReferencedDocument/ram:IssuerAssignedID", namespaces=CII) == invoice.number
+    assert tree.findtext(".//ram:DuePayableAmount", namespaces=CII) == f"{refund:.2f}"
+    sent = next(message for message in mail.outbox if note.number in message.subject)
+    assert sent.subject.startswith("Credit note") and sent.attachments[0][0] == f"credit-note-{note.number}.pdf"
+    page = html.unescape(
+        client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})).content.decode()
+    )
+    assert f"Credit note {note.number}" in page and invoice_url(order, token, note.number) in page
+    assert client.get(invoice_url(order, token, note.number)).content == pdf
+
+
+def test_a_rejected_order_is_credited_in_full_once(client, catalog, booking_data, django_capture_on_commit_callbacks):
+    from payments.fiscal import fiscal_credit_notes_for_refund
+    from provisioning.services import order_reject
+
+    order, _token = place(client, booking_data())
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    invoice = FiscalInvoice.objects.get()
+    operator = get_user_model().objects.get(username="operator")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_reject(order=order, actor=operator, reason="No export licence for this destination.")
+
+    note = FiscalInvoice.objects.get(kind=FiscalInvoice.Kind.CREDIT_NOTE)
+    assert note.corrects == invoice and note.total_gross == invoice.total_gross
+    assert (note.total_net, note.vat_amount) == (invoice.total_net, invoice.vat_amount)
+    assert fiscal_credit_notes_for_refund(order_id=order.pk) == []  # a reaction run twice credits nothing more
+    assert FiscalInvoice.objects.count() == 2
