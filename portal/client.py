@@ -23,11 +23,22 @@ def client_address(request: HttpRequest) -> str:
     entries = request.META.get("HTTP_X_FORWARDED_FOR", "").rsplit(",", proxies)
     if len(entries) < proxies:
         return remote
-    candidate = entries[-proxies].strip()
+    candidate = _without_port(entries[-proxies].strip())
     try:
         return str(ipaddress.ip_address(candidate))
     except ValueError:
         return remote
+
+
+def _without_port(entry: str) -> str:
+    """The address of an X-Forwarded-For entry that a proxy wrote with its port ("203.0.113.7:51234",
+    "[2001:db8::1]:51234", as some load balancers do): without it, every such client would fall back to the proxy's
+    own address and share one bucket of the rate limits."""
+    if entry.startswith("[") and "]" in entry:
+        return entry[1 : entry.index("]")]
+    if entry.count(":") == 1:
+        return entry.split(":", 1)[0]
+    return entry
 
 
 def client_key(request: HttpRequest) -> str:

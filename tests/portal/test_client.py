@@ -31,6 +31,9 @@ def test_without_a_proxy_the_forwarded_header_is_ignored(settings):
         (1, None, PROXY),  # a proxy that did not say: its own address, never a client's choice
         (2, "203.0.113.7", PROXY),
         (1, "1.2.3.4, not-an-address", PROXY),
+        (1, "203.0.113.7:51234", "203.0.113.7"),  # a balancer that writes the client's port too
+        (1, "[2001:db8::1]:51234", "2001:db8::1"),
+        (1, "1.2.3.4:80:90", PROXY),
     ],
 )
 def test_behind_proxies_the_client_is_the_entry_the_outermost_proxy_wrote(settings, proxies, xff, client):
