@@ -50,8 +50,14 @@ class RedactingExceptionReporter(ExceptionReporter):
 
 
 class RedactingGunicornLogger(Logger):
-    """gunicorn's access log (`--logger-class`), with order tokens replaced in the request line, path, query,
-    referrer and headers."""
+    """gunicorn's logs (`--logger-class`): the access log with order tokens replaced in the request line, path,
+    query, referrer and headers; the error log ("Error handling request /orders/…", a worker's traceback) through
+    the same filter as Django's loggers."""
+
+    def setup(self, cfg):
+        super().setup(cfg)
+        if not any(isinstance(existing, RedactTokensFilter) for existing in self.error_log.filters):
+            self.error_log.addFilter(RedactTokensFilter())
 
     def atoms(self, resp, req, environ, request_time):
         return {

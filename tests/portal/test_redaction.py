@@ -117,3 +117,26 @@ def test_gunicorns_access_log_carries_no_token_not_even_the_poll_url(tmp_path):
     written = log.read_text()
     assert '"GET /orders/BN-ABCD2345/[token]/?v=0123456789abcdef HTTP/1.1"' in written, written
     assert TOKEN not in written
+
+
+def test_gunicorns_error_log_carries_no_token(tmp_path):
+    """What a worker writes when a request fails ("Error handling request /orders/…", its traceback) goes to
+    gunicorn's error log, not through Django's loggers: the logger class filters it too."""
+    from gunicorn.config import Config
+
+    from portal.redaction import RedactingGunicornLogger
+
+    config = Config()
+    config.set("errorlog", str(tmp_path / "error.log"))
+    logger = RedactingGunicornLogger(config)
+    try:
+        raise RuntimeError("worker failed")
+    except RuntimeError:
+        logger.exception("Error handling request %s", f"/orders/BN-ABCD2345/{TOKEN}/?v=0123456789abcdef")
+    logger.error("Invalid request from ip=%s: %s", "198.51.100.7", f"GET /orders/BN-ABCD2345/{TOKEN}/ HTTP/1.1")
+    for handler in logger.error_log.handlers:
+        handler.flush()
+
+    written = (tmp_path / "error.log").read_text()
+    assert "Error handling request /orders/BN-ABCD2345/[token]/" in written and "worker failed" in written
+    assert TOKEN not in written
