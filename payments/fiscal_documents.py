@@ -185,10 +185,14 @@ def fiscal_invoice_pdf(fiscal_invoice: FiscalInvoice) -> bytes:
     """The PDF/A-3b of the invoice with its Factur-X XML embedded (checked against the schema first)."""
     import facturx
     from weasyprint import HTML
+    from weasyprint.urls import URLFetcher
 
     xml = facturx_xml(fiscal_invoice)
     check_facturx_xml(xml)
-    printed = HTML(string=_html(fiscal_invoice)).write_pdf(pdf_variant="pdf/a-3b")
+    # The page is self-contained: printing reads no file and no address (no protocol allowed), whatever text
+    # reached the page.
+    fetch_nothing = URLFetcher(allowed_protocols=frozenset())
+    printed = HTML(string=_html(fiscal_invoice), url_fetcher=fetch_nothing).write_pdf(pdf_variant="pdf/a-3b")
     seller = fiscal_invoice.seller["name"]
     kind = "credit note" if fiscal_invoice.is_credit_note else "invoice"
     return facturx.generate_from_binary(

@@ -444,3 +444,28 @@ def test_a_rejected_order_is_credited_in_full_once(client, catalog, booking_data
     assert (note.total_net, note.vat_amount) == (invoice.total_net, invoice.vat_amount)
     assert fiscal_credit_notes_for_refund(order_id=order.pk) == []  # a reaction run twice credits nothing more
     assert FiscalInvoice.objects.count() == 2
+
+
+def test_printing_reads_no_file_and_no_address_even_when_the_page_asks(
+    client, catalog, booking_data, django_capture_on_commit_callbacks, tmp_path
+):
+    from web.invoice_document import fiscal_invoice_html
+
+    secret = tmp_path / "secret.css"
+    secret.write_text("body::after { content: 'LEAKED-FROM-DISK' }")
+    order, _token = place(client, booking_data())
+    mark_paid(current_invoice(order), execute_on_commit=django_capture_on_commit_callbacks)
+    fiscal_invoice = FiscalInvoice.objects.get()
+
+    def hostile_page(sender, *, invoice, **kwargs) -> str:
+        return f'<html><head><link rel="stylesheet" href="file://{secret}"></head><body>{invoice.number}</body></html>'
+
+    fiscal_documents.document_html.disconnect(dispatch_uid="web-fiscal-invoice")
+    fiscal_documents.document_html.connect(hostile_page, dispatch_uid="test-hostile-page")
+    try:
+        text = pdf_text(fiscal_documents.fiscal_invoice_pdf(fiscal_invoice))
+    finally:
+        fiscal_documents.document_html.disconnect(dispatch_uid="test-hostile-page")
+        fiscal_documents.document_html.connect(fiscal_invoice_html, dispatch_uid="web-fiscal-invoice")
+
+    assert fiscal_invoice.number in text and "LEAKED-FROM-DISK" not in text
