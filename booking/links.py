@@ -43,7 +43,10 @@ def link_opened(*, order: Order, token: str, now: datetime | None = None) -> Non
     (one UPDATE; nothing once confirmed)."""
     if order.email_verified_at is not None:
         return
-    if order.access_tokens.filter(token_hash=token_hash(token), mailed=True).exists():
+    mailed = getattr(order, "link_mailed", None)  # read with the order (selectors.order_for_link)
+    if mailed is None:
+        mailed = order.access_tokens.filter(token_hash=token_hash(token), mailed=True).exists()
+    if mailed:
         now = now or timezone.now()
         Order.objects.filter(pk=order.pk, email_verified_at__isnull=True).update(email_verified_at=now)
         order.email_verified_at = now

@@ -233,12 +233,12 @@ def order_for_link(*, public_id: str, token: str) -> Order | None:
     """The order behind a secret link, or None: a wrong token and a missing order are indistinguishable."""
     if not public_id or not token or len(public_id) > 16 or len(token) > 128:
         return None
+    hashed = token_hash(token)
     return (
         Order.objects.select_related("hardware_class", "environment", "terms_version")
-        .filter(
-            public_id=public_id,
-            pk__in=OrderAccessToken.objects.filter(token_hash=token_hash(token)).values("order_id"),
-        )
+        .filter(public_id=public_id, pk__in=OrderAccessToken.objects.filter(token_hash=hashed).values("order_id"))
+        # Whether this link was sent by e-mail (opening it confirms the address: booking.links.link_opened).
+        .annotate(link_mailed=Exists(OrderAccessToken.objects.filter(token_hash=hashed, mailed=True)))
         .first()
     )
 
