@@ -1,7 +1,7 @@
 """Reads of the payments app: what the order page shows of its invoice."""
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 
@@ -132,11 +132,18 @@ class MonthRevenue:
     currency: str
     settled: Decimal  # the invoices paid that month, at their price
     invoices: int
+    refunded: Decimal = Decimal("0.00")  # refunds paid that month, at their original payment's rate
+
+    @property
+    def net(self) -> Decimal:
+        return self.settled - self.refunded
 
 
 def revenue_by_month(*, since: date) -> list[MonthRevenue]:
     """What was paid per calendar month (UTC) from `since`'s month, in each invoice's price currency (the catalog's
-    currency; an earlier one, if the operator changed it, keeps its own rows). Newest first. One query."""
+    currency; an earlier one, if the operator changed it, keeps its own rows), less the refunds paid that month:
+    what the refund transactions carried, valued at the rate of the payment they refund, to the cent. Newest
+    first. Two queries."""
     first = datetime.combine(since.replace(day=1), time.min, tzinfo=UTC)
     rows = (
         Invoice.objects.filter(status=Invoice.Status.SETTLED, settled_at__gte=first)
@@ -146,15 +153,29 @@ def revenue_by_month(*, since: date) -> list[MonthRevenue]:
         .annotate(settled=Sum("fiat_amount"), invoices=Count("pk"))
         .order_by("-month", "fiat_currency")
     )
-    return [
-        MonthRevenue(
-            month=row["month"].date(),
-            currency=row["fiat_currency"],
-            settled=row["settled"],
-            invoices=row["invoices"],
+    months = {
+        (row["month"].date(), row["fiat_currency"]): MonthRevenue(
+            month=row["month"].date(), currency=row["fiat_currency"], settled=row["settled"], invoices=row["invoices"]
         )
         for row in rows
-    ]
+    }
+    refunded = RefundPayment.objects.filter(
+        status=RefundPayment.Status.CONFIRMED, confirmed_at__gte=first, refund__isnull=False
+    ).values_list(
+        "confirmed_at",
+        "amount_units",
+        "refund__asset_decimals",
+        "refund__rate",
+        "refund__invoice__fiat_currency",
+    )
+    for confirmed_at, units, decimals, rate, currency in refunded:
+        month = confirmed_at.astimezone(UTC).date().replace(day=1)
+        value = (Decimal(units).scaleb(-decimals) * rate).quantize(Decimal("0.01"))
+        row = months.setdefault(
+            (month, currency), MonthRevenue(month=month, currency=currency, settled=Decimal("0.00"), invoices=0)
+        )
+        months[(month, currency)] = replace(row, refunded=row.refunded + value)
+    return sorted(months.values(), key=lambda row: (-row.month.toordinal(), row.currency))
 
 
 # --- refunds (payments/refunds.py) ---------------------------------------------------------------------------------

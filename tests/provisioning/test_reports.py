@@ -104,3 +104,41 @@ def test_the_reports_page_speaks_french(client, operator, catalog):
 
     assert "Lots-jours vendus / disponibles par semaine" in page and "Tous les hôtes" in page
     assert "Chiffre d’affaires" in page and "Indiquez la première semaine par une date" in page
+
+
+def test_revenue_is_shown_net_of_the_refunds_paid_that_month(
+    catalog, booking_data, client, admin_user, operator, django_capture_on_commit_callbacks
+):
+    """A paid order cancelled for a refund: the month shows what was paid, the refund's transactions at the rate of
+    the payment they refund (a partial one counts what it carried), and what remains."""
+    from payments.models import Refund, RefundPayment
+
+    order, _token = place(client, booking_data(lots="1", days="7"))
+    invoice = current_invoice(order)
+    invoice_mark_paid(invoice=invoice, user=admin_user, reason="test")
+    with django_capture_on_commit_callbacks(execute=True):  # the refund opens as the cancellation commits
+        order_cancel_by_customer(order=order)
+    refund = Refund.objects.get(order=order)
+    price = Price.objects.get(hardware_class=catalog["b200-pair"], days=7).amount_per_lot
+    half = int(refund.amount_units) // 2  # the operator's first transaction carried half of it
+    RefundPayment.objects.create(
+        refund=refund,
+        chain_id=refund.chain_id,
+        tx_hash="0x" + "ab" * 32,
+        log_index=0,
+        block_number=1,
+        block_hash="0x" + "cd" * 32,
+        token_contract=refund.asset_contract,
+        to_address="0x" + "12" * 20,
+        amount_units=half,
+        status=RefundPayment.Status.CONFIRMED,
+        confirmed_at=datetime.now(UTC),
+    )
+    expected = (Decimal(half).scaleb(-refund.asset_decimals) * refund.rate).quantize(Decimal("0.01"))
+
+    [month] = revenue_by_month(since=datetime.now(UTC).date())
+
+    assert (month.settled, month.refunded, month.net) == (price, expected, price - expected)
+    client.force_login(operator)
+    page = client.get(reverse("console:reports")).content.decode()
+    assert f"<td>{expected} EUR</td><td>{price - expected} EUR</td>" in page
