@@ -204,8 +204,12 @@ def days_to_next_booking(*, order: Order) -> int | None:
     host's maintenance) before the longest window on sale would end, and that is not already one of the windows
     on sale: an extension of exactly those days is offered. None otherwise, or with less than a day left."""
     turnaround = BookingPolicy.current().turnaround
-    booked, maintenance = _lots_busy_from(order=order, after=order.ends_at + turnaround)
-    starts = [moment for moment in (booked, maintenance) if moment is not None]
+    busy = _lots_busy_from(order=order, after=order.ends_at + turnaround)
+    return _days_left(order=order, busy=busy, turnaround=turnaround)
+
+
+def _days_left(*, order: Order, busy: tuple[datetime | None, datetime | None], turnaround: timedelta) -> int | None:
+    starts = [moment for moment in busy if moment is not None]
     if not starts:
         return None
     days = (min(starts) - turnaround - order.ends_at) // timedelta(days=1)
@@ -217,16 +221,21 @@ def days_to_next_booking(*, order: Order) -> int | None:
 def extension_check(*, order: Order, days: int) -> selectors.Window:
     """The extension window right after the order's end if the same lots are free for it (no other booking, no
     maintenance of their hosts), else BookingError. `days` is one of the windows on sale, or the days left to the
-    lots' next booking."""
+    lots' next booking (the policy and the lots' next uses are read once for both)."""
     if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
         raise BookingError(_("Only a ready or active window can be extended."))
-    if days not in WindowDays.values and (not isinstance(days, int) or days != days_to_next_booking(order=order)):
-        raise BookingError(
-            _("Choose an extension of 3, 7 or 30 days, or the days left before the next booking."), field="days"
-        )
-    policy = BookingPolicy.current()
-    held_from, held_until = order.ends_at + policy.turnaround, order.ends_at + timedelta(days=days) + policy.turnaround
+    refused = BookingError(
+        _("Choose an extension of 3, 7 or 30 days, or the days left before the next booking."), field="days"
+    )
+    if not isinstance(days, int):
+        raise refused
+    turnaround = BookingPolicy.current().turnaround
+    held_from, held_until = order.ends_at + turnaround, order.ends_at + timedelta(days=days) + turnaround
     booked, maintenance = _lots_busy_from(order=order, after=held_from)
+    if days not in WindowDays.values and days != _days_left(
+        order=order, busy=(booked, maintenance), turnaround=turnaround
+    ):
+        raise refused
     if booked is not None and booked < held_until:
         raise BookingError(_("The same lots are booked after this window: it cannot be extended."))
     if maintenance is not None and maintenance < held_until:
