@@ -41,6 +41,9 @@ PROVISION_STEPS = [
     "preflight",
 ]
 PREFLIGHT_STEPS = ["connect", "preflight"]
+# A provider fault moves a running order: its new lots prepared (on the same host, the container is replaced and the
+# data volume kept), checked and handed over at once: the window is already running.
+MOVE_STEPS = [*PROVISION_STEPS, "install_keys", "start_ssh"]
 # Locked first, so that no new session starts while the others are killed; each step checks its own work.
 TEARDOWN_STEPS = ["connect", "lock_user", "revoke_keys", "remove_container", "stop_processes"]
 WIPE_STEPS = ["connect", "wipe_data"]

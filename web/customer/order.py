@@ -174,15 +174,19 @@ def _extension_payment(order: Order) -> payment_selectors.PaymentView | None:
 
 
 def _provisioning_progress(order: Order) -> dict | None:
-    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order)."""
-    if order.status != OrderStatus.PROVISIONING:
-        return None
-    run = order.provisioning_runs.filter(kind="provision").first()
+    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order); in
+    a window, of the run moving the order to other lots after a provider fault, until it succeeds."""
+    if order.status == OrderStatus.PROVISIONING:
+        run = order.provisioning_runs.filter(kind="provision").first()
+    elif order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
+        run = order.provisioning_runs.filter(kind="move").exclude(status="succeeded").first()
+    else:
+        run = None
     if run is None:
         return None
     statuses = list(run.steps.values_list("status", flat=True))
     done = statuses.count("done")
-    return {"step": min(done + 1, len(statuses)), "steps": len(statuses)}
+    return {"step": min(done + 1, len(statuses)), "steps": len(statuses), "moving": run.kind == "move"}
 
 
 def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict | None = None) -> HttpResponse:
