@@ -1,6 +1,9 @@
 # Binôme production image: gunicorn + whitenoise (bin/web by default), the same image runs bin/worker and bin/beat.
 # docker-compose.yml builds it; settings come from the environment (README.md, "Configuration").
-FROM python:3.11-slim-bookworm
+# The base: Docker Hub's Python image by default; where no registry is reachable, the one bin/stack-images builds from
+# Debian packages (BASE_IMAGE, docker-compose.yml passes it on): it has `python` and `pip` on PATH the same way.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 # The project's own packages are pip-installed too; PYTHONPATH puts /app first so that every process (gunicorn,
 # celery, manage.py) imports them from /app, where BASE_DIR finds templates/, static/, locale/ and var/ (celery
@@ -33,17 +36,21 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
+# .dockerignore is an allow-list: the project's code, templates, static files and translations only. No `.env`, no
+# key, no chains file (RPC URLs carry API keys: docker-compose.yml mounts it as a secret) ever enters a layer.
 COPY . .
 RUN pip install --no-cache-dir --no-deps . \
     && rm -rf build ./*.egg-info
 
-# Build-time only: DEBUG=1 lets settings import without a SECRET_KEY; collectstatic runs with DEBUG off (and a
-# throwaway key that never reaches a running container) so that whitenoise's manifest storage writes the
-# hashed, compressed files and staticfiles.json. var/ is where celery beat keeps its schedule file
-# (CELERY_BEAT_SCHEDULE_FILENAME): the only directory the app user writes to.
-RUN DEBUG=1 python manage.py compilemessages --locale fr --ignore .venv \
-    && DEBUG=0 SECRET_KEY=build-only-OlzboJfGStuZjAe8lOpUU8jFC0TCGy9TtNkjxv1jvd1mClpEM \
-        python manage.py collectstatic --no-input -v 1 \
+# Build-time only: translations compiled, static files collected into whitenoise's manifest storage (hashed and
+# compressed files and staticfiles.json, STATIC_MANIFEST=1). Neither reads a database, a broker, a chain or a
+# secret, so they run with DEBUG on, whose settings need none (REDIS_URL names a server nothing connects to: without
+# it the settings ask for the embedded extra, which the image does not have); nothing of this environment stays in
+# the image. var/ is where celery beat keeps its schedule file (CELERY_BEAT_SCHEDULE_FILENAME): the only directory
+# the app user writes to.
+RUN export DEBUG=1 STATIC_MANIFEST=1 REDIS_URL=redis://build.invalid:6379/0 \
+    && python manage.py compilemessages --locale fr --ignore .venv \
+    && python manage.py collectstatic --no-input -v 1 \
     && mkdir -p /app/var \
     && chown binome:binome /app/var
 

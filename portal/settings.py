@@ -244,9 +244,9 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
-        if DEBUG
-        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if env.bool("STATIC_MANIFEST", default=not DEBUG)  # the image's build collects them so, with DEBUG on
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
 WHITENOISE_USE_FINDERS = DEBUG
