@@ -1,0 +1,441 @@
+"""Red team, issue 21 (money after the payment): attacks on refunds, cancellation, credit notes and the provider-fault
+remedy. Each test states the behaviour the product promises; a test that FAILS here is a VULNERABILITY that
+reproduces (its docstring starts with "VULNERABILITY"); a test that passes is an attack the product held against
+("HELD"). Real Postgres and anvil, through the same fixtures as tests/payments/test_refunds.py."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from booking.cancellation import refund_quote
+from booking.models import Order, OrderStatus
+from booking.services import order_cancel_by_customer, order_cancel_by_operator
+from payments import checkout, scanner
+from payments.chain import checksum
+from payments.demo import pay_invoice
+from payments.models import FiscalInvoice, Invoice, Refund
+from payments.selectors import current_invoice
+from payments.settlement import invoice_mark_paid
+from provisioning import runs
+from provisioning import services as provisioning_services
+from tests.booking.test_cancellation import rules  # noqa: F401 (a fixture)
+from tests.booking.test_pages import place
+from tests.payments.test_refunds import (
+    CHAIN_ID,
+    CUSTOMER_WALLET,
+    cancel,
+    confirm,
+    console_uri,
+    enter_hash,
+    give_address,
+    operator,  # noqa: F401 (a fixture)
+    paid_on_chain,
+    pay_uri,
+)
+from tests.provisioning.test_console import act
+
+pytestmark = pytest.mark.django_db
+
+
+def total_refunded_units(order: Order, invoice: Invoice) -> int:
+    return sum(int(refund.amount_units) for refund in Refund.objects.filter(order=order, invoice=invoice))
+
+
+def ready_order(client, booking_data, admin_user, capture, lots: str = "1") -> tuple[Order, str]:
+    """A paid order (marked paid by an admin), approved and provisioned on the demo's dry-run hosts before its
+    window starts: READY, still cancellable by its customer with a refund."""
+    order, token = place(client, booking_data(lots=lots))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    order.refresh_from_db()
+    provisioning_services.order_approve(order=order, actor=admin_user)
+    with capture(execute=True):
+        runs.provisioning_start(order=order, actor=admin_user)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY and order.starts_at > timezone.now()
+    return order, token
+
+
+def other_free_lot(order: Order):
+    from inventory.models import Lot
+
+    live = order.allocations.filter(released_at__isnull=True).select_related("lot__host")
+    hosts = {allocation.lot.host_id for allocation in live}
+    taken = order.allocations.values_list("lot_id", flat=True)
+    free = Lot.objects.filter(hardware_class=order.hardware_class).exclude(pk__in=taken).exclude(host_id__in=hosts)
+    return live.first().lot, free.order_by("host__name", "name").first()
+
+
+# --- 1. the refund address changed after the operator paid ----------------------------------------------------------
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_refund_address_changed_after_the_operator_paid_does_not_make_the_operator_pay_twice(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,  # noqa: F811
+):
+    """VULNERABILITY (high): the refund address stays editable until the refund is *recorded* paid, and only a
+    transfer to the address saved at the moment of the check counts (refund_proofs.refund_credit_tx `to_address=
+    refund.address`; refunds_detect restarts its watch on a new address). The customer gives address A, the
+    operator pays the console's link to A, the customer sees the transfer arrive and changes the address to B
+    before the scan or the operator's hash entry counts it: the transfer to A (which the customer gave and holds)
+    counts for nothing, the refund stays due in full, and the console now asks the operator to pay B."""
+    capture = django_capture_on_commit_callbacks
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, capture)
+    first = checksum(chain.accounts()[CUSTOMER_WALLET])
+    give_address(client, order, token, refund, first)
+    client.force_login(operator)
+    owed = int(refund.amount_units)
+    before = chain.balance_of(refund.asset_contract, first.lower())
+
+    tx_hash = pay_uri(chain, console_uri(client, refund))  # the operator pays the link, to the address given
+    # The customer sees it in their wallet (mempool or first block) and gives another address of theirs at once.
+    second = checksum(chain.accounts()[4])
+    answer = give_address(client, order, token, refund, second)
+    with capture(execute=True):
+        confirm(chain)  # the scan, with its refund watch
+    console = enter_hash(client, refund, tx_hash, capture)
+
+    assert chain.balance_of(refund.asset_contract, first.lower()) - before == owed  # the customer holds the refund
+    refund.refresh_from_db()
+    assert "Refund address saved" in answer  # the change was accepted after the transfer was sent
+    assert refund.status == Refund.Status.PAID, (
+        f"the customer holds the {owed} units sent to the address they gave, yet the refund is {refund.status} "
+        f"with {refund.amount_left_units} units left, now to be paid to {refund.address}; console: "
+        f"{'pays nothing' in console}"
+    )
+
+
+# --- 2. a provider-fault refund and a cancellation refund on the same invoice ---------------------------------------
+
+
+@pytest.fixture
+def full_refund_rules(rules):  # noqa: F811
+    return rules(days=3, fee="0.00", percent=50)
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+@pytest.mark.parametrize("who", ["customer", "operator"])
+def test_provider_fault_refund_then_cancellation_never_refunds_more_than_was_paid(
+    client,
+    booking_data,
+    admin_user,
+    operator,
+    who,
+    django_capture_on_commit_callbacks,  # noqa: F811
+):
+    """VULNERABILITY (high): a READY order (provisioned before its window) is both movable with a pro-rata refund
+    (booking.services.MOVABLE) and cancellable with a refund (PAID_CANCELLABLE_STATUSES). The provider-fault
+    refund (reason provider_fault) and the cancellation refund (reason cancellation) are separate rows on the same
+    invoice; refunds_open_for_order refunds min(refund_due, invoice.fiat_amount) without subtracting what was
+    refunded already, so the total owed back exceeds what the customer paid. And fiscal_credit_notes_for_refund
+    returns early when any credit note exists, so the cancellation has no credit note: the books show revenue the
+    operator refunded."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    invoice = order.invoices.get(status=Invoice.Status.SETTLED)
+    failing, target = other_free_lot(order)
+    client.force_login(operator)
+    act(
+        client,
+        order,
+        "move",
+        {"from_lot": failing.pk, "to_lot": target.pk, "hours_lost": "24", "credit": "refund"},
+        capture,
+    )
+    assert Refund.objects.get(order=order).reason == Refund.Reason.PROVIDER_FAULT
+
+    order.refresh_from_db()
+    with capture(execute=True):
+        if who == "customer":  # still before the window: a full refund (no fee) by the rules it accepted
+            order_cancel_by_customer(order=order, refund_shown=refund_quote(order=order, now=timezone.now()).amount)
+        else:
+            order_cancel_by_operator(order=order, actor=operator, reason="customer asked after the fault")
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    refunds = list(Refund.objects.filter(order=order))
+    refunded_fiat = sum(refund.fiat_amount for refund in refunds)
+    credited = sum(note.total_gross for note in FiscalInvoice.objects.filter(order=order, kind="credit_note"))
+    assert (
+        total_refunded_units(order, invoice) <= int(invoice.amount_due_units) and refunded_fiat <= invoice.fiat_amount
+    ), (
+        f"refunds {[(r.reason, str(r.fiat_amount)) for r in refunds]} add up to {refunded_fiat} "
+        f"{invoice.fiat_currency} ({total_refunded_units(order, invoice)} units) on an invoice of "
+        f"{invoice.fiat_amount} ({invoice.amount_due_units} units)"
+    )
+    assert credited == refunded_fiat, f"credit notes {credited}, refunds {refunded_fiat}"
+
+
+# --- 3. a paid extension, then a cancellation: the quote shown vs what is refunded, and the credit notes ----------
+
+
+@pytest.fixture
+def partial_refund_rules(rules):  # noqa: F811
+    # Full refund only until 30 days before the start: the booking (7+ days ahead) is in the 50 % period already.
+    return rules(days=30, fee="0.00", percent=50)
+
+
+@pytest.mark.usefixtures("partial_refund_rules")
+def test_a_cancelled_order_with_a_paid_extension_refunds_what_the_customer_was_shown_with_credit_notes_for_it(
+    client, booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (medium): a READY order can be extended before its window starts and still be cancelled with
+    a refund. The cancel button shows (and the service checks) refund_quote on Order.total_price only, 50 % here;
+    refunds_open_for_order then refunds the extension invoice in full besides (purpose != ORDER branch), so more is
+    owed back than the customer was shown and than the 50 % rule gives; and fiscal_credit_notes_for_refund credits
+    only Order.refund_due, so the extension's refund has no credit note."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    extension = checkout.order_extension_request(order=order, days=3, actor=None)
+    with capture(execute=True):
+        invoice_mark_paid(invoice=extension, user=admin_user, reason="test: paid by wire")
+    order.refresh_from_db()
+    extension.refresh_from_db()
+    assert extension.status == Invoice.Status.SETTLED and order.status == OrderStatus.READY
+
+    shown = refund_quote(order=order, now=timezone.now())
+    assert shown.rule == "partial"
+    with capture(execute=True):
+        order_cancel_by_customer(order=order, refund_shown=shown.amount)
+
+    refunds = list(Refund.objects.filter(order=order))
+    refunded = sum(refund.fiat_amount for refund in refunds)
+    credited = sum(note.total_gross for note in FiscalInvoice.objects.filter(order=order, kind="credit_note"))
+    assert refunded == credited, f"refunded {refunded} ({[str(r.fiat_amount) for r in refunds]}), credited {credited}"
+    assert refunded == shown.amount, f"the customer was shown {shown.amount}, {refunded} is owed back"
+
+
+# --- 4. a second payment after settlement --------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_every_payment_received_after_settlement_is_owed_back(client, chain, booking_data):
+    """VULNERABILITY (medium): a refund is unique on (invoice, reason) and refund_open returns None when one is
+    open already, so only the first payment after settlement opens a LATE_PAYMENT refund; a second one (a wallet
+    that sent twice, a customer who re-paid from the old page) is noted in the order's events as "refund owed" but
+    never reaches the refunds queue: the customer's money is kept."""
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    confirm(chain)
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED
+
+    pay_invoice(chain, invoice, units=3_000000)
+    confirm(chain)
+    pay_invoice(chain, invoice, units=2_000000)
+    confirm(chain)
+
+    owed = sum(int(refund.amount_units) for refund in order.refunds.all())
+    assert owed == 5_000000, f"5 received after settlement, {owed / 1e6} owed back"
+
+
+# --- 5. a cancel posted on an unpaid order while its payment settles ---------------------------------------------
+
+
+@pytest.mark.usefixtures("partial_refund_rules")
+def test_a_cancel_racing_the_settlement_gives_the_refund_the_rules_give_not_a_full_one(
+    client, booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (low: a race): order_cancel_by_customer decides "unpaid" on the order as the view read it,
+    then order_transition locks and accepts PAID -> CANCELLED. A cancel posted while the payment settles (the view
+    read AWAITING_PAYMENT, the scan committed PAID before the lock) cancels the paid order without refund_due:
+    refunds_open_for_order treats it as an operator's cancellation and refunds the whole invoice, ignoring the
+    fee and the 50 % rule the customer accepted (and no refund was ever shown to them)."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = place(client, booking_data(lots="1"))
+    as_the_view_read_it = Order.objects.get(pk=order.pk)
+    assert as_the_view_read_it.status == OrderStatus.AWAITING_PAYMENT
+    invoice = current_invoice(order)
+    with capture(execute=True):
+        invoice_mark_paid(invoice=invoice, user=admin_user, reason="the scan settles it meanwhile")
+    invoice.refresh_from_db()
+
+    with capture(execute=True):
+        try:
+            order_cancel_by_customer(order=as_the_view_read_it)
+        except Exception:  # noqa: BLE001 (refused: the boundary held)
+            pass
+
+    order.refresh_from_db()
+    refunded = sum(refund.fiat_amount for refund in order.refunds.all())
+    rules_give = refund_quote(order=order, now=timezone.now()).amount
+    assert order.status != OrderStatus.CANCELLED or refunded <= rules_give, (
+        f"cancelled through the unpaid path: {refunded} refunded, the rules give {rules_give}"
+    )
+
+
+# --- 6. fiscal numbering follows the issue dates -------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_invoice_numbers_follow_their_issue_dates(client, chain, booking_data, admin_user):
+    """VULNERABILITY (low, fiscal): the number is taken under the counter's lock, but the issue date is the
+    caller's `now`, read before: a scan cycle reads its clock once at its start (scanner.chain_scan) and settles
+    after its log reads, so an admin's "mark paid" (or another chain's scan) during the cycle takes number N with a
+    later date than number N+1. French invoices must be numbered in chronological order (CGI art. 242 nonies A);
+    across New Year's Eve a cycle started on 31 December issues a 2026 number after 2027's first."""
+    scanned, _token = place(client, booking_data(lots="1", contact_email="scan@example.org"))
+    marked, _token2 = place(client, booking_data(lots="1", contact_email="mark@example.org"))
+    cycle_started = timezone.now()
+    pay_invoice(chain, current_invoice(scanned))
+    chain.mine(3)
+    invoice_mark_paid(invoice=current_invoice(marked), user=admin_user, reason="paid by wire, during the cycle")
+    scanner.chain_scan(chain_id=CHAIN_ID, now=cycle_started)  # the cycle that began before the admin's click
+
+    issued = list(FiscalInvoice.objects.order_by("year", "sequence").values_list("number", "issued_at"))
+    assert len(issued) == 2
+    dates = [issued_at for _number, issued_at in issued]
+    assert dates == sorted(dates), f"numbers out of date order: {issued}"
+
+
+# --- what held ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rules_published(rules):  # noqa: F811
+    return rules(days=3, fee="25.00", percent=40)
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_held_one_transaction_cannot_pay_two_refunds_even_at_the_same_address(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,  # noqa: F811
+):
+    """HELD: two refunds with the same address and the same amount; one transfer is counted for one of them only,
+    by the scan and by the hash entered for the other."""
+    capture = django_capture_on_commit_callbacks
+    wallet = checksum(chain.accounts()[CUSTOMER_WALLET])
+    first_order, first_token, _ = paid_on_chain(client, chain, booking_data)
+    second_order, second_token, _ = paid_on_chain(client, chain, booking_data, contact_email="bob@example.org")
+    first = cancel(client, first_order, first_token, capture)
+    second = cancel(client, second_order, second_token, capture)
+    assert first.amount_units == second.amount_units
+    give_address(client, first_order, first_token, first, wallet)
+    give_address(client, second_order, second_token, second, wallet)
+    client.force_login(operator)
+    tx_hash = pay_uri(chain, console_uri(client, first))
+    with capture(execute=True):
+        confirm(chain)
+        from payments.tasks import scan_chain
+
+        scan_chain(CHAIN_ID)
+    enter_hash(client, first, tx_hash, capture)
+    enter_hash(client, second, tx_hash, capture)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert sorted([first.status, second.status]) == sorted([Refund.Status.PAID, Refund.Status.DUE])
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_held_bad_refund_shown_and_bad_inputs_answer_in_words_and_change_nothing(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,  # noqa: F811
+):
+    """HELD: the cancel form's refund_shown (NaN, sNaN, huge exponents, a higher amount), the refund address form
+    (another order's refund, overflowing ids, NUL bytes) and the console's hash form answer without a 500 and
+    change nothing."""
+    from django.urls import reverse
+
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    url = reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token})
+    quote = refund_quote(order=order, now=timezone.now()).amount
+    for shown in [
+        "NaN",
+        "sNaN",
+        "-0",
+        "1E+999999999",
+        "1e-999999999",
+        str(quote + Decimal("0.01")),
+        "Infinity",
+        "9" * 25,
+        "",
+        "0x10",
+        " ".join("1" * 5),
+    ]:
+        response = client.post(url, {"refund_shown": shown})
+        assert response.status_code == 302, shown
+        order.refresh_from_db()
+        assert order.status == OrderStatus.PAID and order.refund_due is None, shown
+    refund = cancel(client, order, token, django_capture_on_commit_callbacks)
+    address_url = reverse("booking:order-refund-address", kwargs={"public_id": order.public_id, "token": token})
+    for data in [
+        {"refund": "9" * 40, "address": "0x" + "1" * 40},
+        {"refund": str(refund.pk), "address": "0x\x00"},
+        {"refund": "-1"},
+        {"refund": str(refund.pk), "address": "\u0660x" + "1" * 40},
+    ]:
+        assert client.post(address_url, data).status_code == 302, data
+    refund.refresh_from_db()
+    assert refund.address == "" and refund.status == Refund.Status.AWAITING_ADDRESS
+    client.force_login(operator)
+    for tx_hash in ["0x" + "g" * 64, "0x" + "0" * 64, "\x00", "0X" + "1" * 64]:
+        response = client.post(reverse("console:refund-pay", kwargs={"refund_id": refund.pk}), {"tx_hash": tx_hash})
+        assert response.status_code == 302, tx_hash
+    assert client.post(reverse("console:refund-pay", kwargs={"refund_id": 10**12}), {"tx_hash": "x"}).status_code in (
+        302,
+        404,
+    )
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_held_a_transfer_in_another_token_pays_nothing(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,  # noqa: F811
+):
+    """HELD: a transfer of the full amount in another allow-listed token (same decimals) to the refund address
+    counts for nothing, by the scan or by its hash."""
+    capture = django_capture_on_commit_callbacks
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, capture)
+    wallet = checksum(chain.accounts()[CUSTOMER_WALLET])
+    give_address(client, order, token, refund, wallet)
+    client.force_login(operator)
+    operator_wallet = chain.accounts()[2]
+    other = "dUSDT" if refund.asset_symbol == "dEURC" else "dEURC"
+    other_token = chain.chain.asset(other).contract
+    chain.mint(other_token, operator_wallet, int(refund.amount_units), sender=operator_wallet)
+    wrong = chain.send_token(other_token, wallet.lower(), int(refund.amount_units), sender=operator_wallet)
+    with capture(execute=True):
+        confirm(chain)
+    console = enter_hash(client, refund, wrong["transactionHash"], capture)
+    assert "pays nothing in the refund's asset" in console
+    refund.refresh_from_db()
+    assert refund.status == Refund.Status.DUE and not refund.payments.exists()
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_the_contact_is_told_when_the_refund_address_changes(
+    client, chain, booking_data, mailoutbox, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (low-medium): the order link is the only credential for the refund address, and a change is
+    recorded in the order's events but told to nobody: whoever holds a forwarded or leaked link (a collaborator,
+    a mail archive) redirects the refund to their own address silently, and the contact learns it only from the
+    "refund sent" e-mail, after the money left. BTCPay-style claims confirm the destination to the owner."""
+    capture = django_capture_on_commit_callbacks
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, capture)
+    give_address(client, order, token, refund, checksum(chain.accounts()[CUSTOMER_WALLET]))
+    mailoutbox.clear()
+
+    with capture(execute=True):
+        answer = give_address(client, order, token, refund, checksum(chain.accounts()[5]))  # someone with the link
+
+    refund.refresh_from_db()
+    assert "Refund address saved" in answer and refund.address == chain.accounts()[5].lower()
+    assert [mail for mail in mailoutbox if order.contact_email in mail.to], "the contact was not told"
