@@ -4,6 +4,7 @@ reproduces (its docstring starts with "VULNERABILITY"); a test that passes is an
 ("HELD"). Real Postgres and anvil, through the same fixtures as tests/payments/test_refunds.py."""
 
 import contextlib
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -445,3 +446,62 @@ def test_the_contact_is_told_when_the_refund_address_changes(
     refund.refresh_from_db()
     assert "Refund address saved" in answer and refund.address == chain.accounts()[5].lower()
     assert [mail for mail in mailoutbox if order.contact_email in mail.to], "the contact was not told"
+
+
+# --- 8. a lost-time credit while an extension waits for its payment -------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
+    client, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (medium): order_credit_time checks the lots only up to end + hours lost, and keeps an
+    extension's hold as it was (Greatest). The hold covered end + 3 days; the credit moves the end, so the paid
+    extension now needs end + hours lost + 3 days, which another booking took (legitimately: it starts after the
+    hold). When the extension's payment confirms, order_extend refuses, _settle keeps the payment "for an
+    operator" and opens no refund (the order is READY/ACTIVE, not cancelled): the customer paid for days they do
+    not get and nothing owes them back."""
+    from booking.services import order_reassign_lot
+
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    end = order.ends_at
+    failing, target = other_free_lot(order)
+    extension = checkout.order_extension_request(order=order, days=3, actor=None)  # lots held to end + 3 days
+
+    # Another lab books the target lot from end + 5 days (after the hold: a legitimate booking).
+    other, _other_token = place(
+        client,
+        booking_data(
+            lots="1", contact_email="lab@example.org", start_date=(end + timedelta(days=5)).date().isoformat()
+        ),
+    )
+    invoice_mark_paid(invoice=current_invoice(other), user=admin_user, reason="test: paid by wire")
+    other_lot = other.allocations.get(released_at__isnull=True).lot_id
+    if other_lot != target.pk:
+        order_reassign_lot(order=other, from_lot_id=other_lot, to_lot_id=target.pk, actor=admin_user)
+
+    # The host fails: the operator moves the order to the target lot and credits 72 hours as a longer window.
+    client.force_login(operator)
+    answer = act(
+        client,
+        order,
+        "move",
+        {"from_lot": failing.pk, "to_lot": target.pk, "hours_lost": "72", "credit": "extension"},
+        capture,
+    )
+    assert "move (the customer is e-mailed) done" in answer.content.decode()
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(hours=72)
+
+    with capture(execute=True):
+        invoice_mark_paid(invoice=extension, user=admin_user, reason="the extension's transfer confirmed")
+
+    order.refresh_from_db()
+    extension.refresh_from_db()
+    delivered = order.ends_at == end + timedelta(hours=72) + timedelta(days=3)
+    refunded = Refund.objects.filter(invoice=extension).exists()
+    assert delivered or refunded, (
+        f"extension paid ({extension.status}, needs_operator={extension.needs_operator}), window ends "
+        f"{order.ends_at:%Y-%m-%d %H:%M} (credited end {end + timedelta(hours=72):%Y-%m-%d %H:%M}), no refund opened"
+    )
