@@ -505,3 +505,64 @@ def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
         f"extension paid ({extension.status}, needs_operator={extension.needs_operator}), window ends "
         f"{order.ends_at:%Y-%m-%d %H:%M} (credited end {end + timedelta(hours=72):%Y-%m-%d %H:%M}), no refund opened"
     )
+
+
+# --- 9. a published terms version and a concurrent save of its draft ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_terms_version_being_published_cannot_be_overwritten_by_a_concurrent_save_of_its_draft():
+    """VULNERABILITY (low: two admins racing): TermsVersion.save guards a published row with an unlocked
+    `exists()` read, then saves every field. An admin saving the draft's form while another publishes it reads
+    "not published" (the publication is not committed yet), then its UPDATE waits for the publication's row lock
+    and, once it commits, writes the stale number=NULL, published_at=NULL and the edited rules over it: the
+    version that was published (and that the booking form may have offered meanwhile) is a draft again, with
+    other cancellation rules."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from booking.models import TermsVersion
+    from booking.terms import terms_draft_from, terms_publish, terms_seed_demo
+
+    draft = terms_draft_from(version=terms_seed_demo())
+    stale = TermsVersion.objects.get(pk=draft.pk)  # the admin's change form, read while it is a draft
+    stale.partial_refund_percent, stale.cancellation_en = 100, "Everything is refunded, always."
+    published, go, errors = threading.Event(), threading.Event(), []
+
+    def publish() -> None:
+        try:
+            with transaction.atomic():
+                terms_publish(version=draft)
+                published.set()
+                go.wait(10)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            published.set()
+        finally:
+            connection.close()
+
+    def save() -> None:
+        try:
+            stale.save()
+        except BaseException as exc:  # the guard refusing is the boundary holding
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    published.wait(10)
+    saver = threading.Thread(target=save)
+    saver.start()
+    time.sleep(1.0)  # the save's check has run; its UPDATE waits on the row the publication locked
+    go.set()
+    publisher.join(20)
+    saver.join(20)
+
+    version = TermsVersion.objects.get(pk=draft.pk)
+    assert version.published_at is not None and version.number is not None, (
+        f"published version {draft.pk} is a draft again (errors: {errors})"
+    )
+    assert version.partial_refund_percent == draft.partial_refund_percent, "its cancellation rules changed"
