@@ -566,3 +566,41 @@ def test_a_terms_version_being_published_cannot_be_overwritten_by_a_concurrent_s
         f"published version {draft.pk} is a draft again (errors: {errors})"
     )
     assert version.partial_refund_percent == draft.partial_refund_percent, "its cancellation rules changed"
+
+
+# --- 10. billing details the invoice's XML cannot hold ---------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_billing_details_accepted_at_booking_always_print_on_the_invoice(
+    booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (medium): billing_check and the forms refuse C0 controls but not the Unicode noncharacters
+    U+FFFE / U+FFFF, which XML 1.0 (and lxml) refuse. The details are accepted at booking and snapshotted on the
+    immutable invoice; printing it (facturx_xml) raises ValueError, so the order page's invoice download answers
+    500 for ever, the issue task fails without retry (it retries OSError only), and beat's sweep
+    (fiscal_invoices_without_document: the 20 oldest unprinted, by issue date) queues it again every run. Ten
+    such orders cancelled at no fee (an invoice and a credit note each, both unprintable) fill that batch: the
+    sweep then never reaches another customer's invoice whose first print was lost."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from payments.fiscal_documents import fiscal_invoices_without_document
+
+    client = Client(raise_request_exception=False)
+    order, token = place(client, booking_data(lots="1", organisation="Analytical Engines Lab\ufffe"))
+    order.refresh_from_db()
+    assert "\ufffe" in order.organisation  # accepted as the billing organisation
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    fiscal_invoice = FiscalInvoice.objects.get(order=order)
+
+    response = client.get(
+        reverse(
+            "booking:order-invoice-pdf",
+            kwargs={"public_id": order.public_id, "token": token, "number": fiscal_invoice.number},
+        )
+    )
+
+    stuck = fiscal_invoices_without_document(now=timezone.now() + timedelta(hours=1))
+    assert response.status_code == 200, f"the invoice download answered {response.status_code}"
+    assert fiscal_invoice.pk not in stuck
