@@ -604,3 +604,59 @@ def test_billing_details_accepted_at_booking_always_print_on_the_invoice(
     stuck = fiscal_invoices_without_document(now=timezone.now() + timedelta(hours=1))
     assert response.status_code == 200, f"the invoice download answered {response.status_code}"
     assert fiscal_invoice.pk not in stuck
+
+
+# --- 11. one batched payout for two refunds ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_two_refunds_paid_in_one_batched_transaction_are_both_counted(
+    client, chain, booking_data, operator, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (medium): refund_credit_tx refuses a hash when *any* of its logs is counted for another
+    refund (`RefundPayment.filter(chain_id, tx_hash).exclude(refund=refund)`: the hash, not the (hash, log index)
+    the unique constraint is on). An operator who pays two refunds in one transaction (a Safe multisend,
+    Multicall3, Disperse: how payouts are usually batched, BTCPay included) can prove the first only; the second
+    answers "already counted for another refund" and stays open, and the scan's watch counts only a transfer of
+    exactly the amount left, so a partial payment of it is never counted either: the operator pays it again."""
+    from payments.tasks import scan_chain
+
+    capture = django_capture_on_commit_callbacks
+    first_order, first_token, _ = paid_on_chain(client, chain, booking_data)
+    second_order, second_token, _ = paid_on_chain(client, chain, booking_data, contact_email="bob@example.org")
+    first = cancel(client, first_order, first_token, capture)
+    second = cancel(client, second_order, second_token, capture)
+    give_address(client, first_order, first_token, first, checksum(chain.accounts()[CUSTOMER_WALLET]))
+    give_address(client, second_order, second_token, second, checksum(chain.accounts()[4]))
+    first.refresh_from_db()
+    second.refresh_from_db()
+
+    # The operator's batch: the first refund in full, half of the second, in one transaction.
+    operator_wallet = chain.accounts()[2]
+    batcher = chain.deploy("Multicall3", sender=operator_wallet)
+    token = checksum(first.asset_contract)
+    half = int(second.amount_units) // 2
+    chain.mint(first.asset_contract, batcher, int(first.amount_units) + half, sender=operator_wallet)
+    calls = [
+        (
+            token,
+            False,
+            chain._call_data("DemoStablecoin", "transfer", checksum(first.address), int(first.amount_units)),
+        ),
+        (token, False, chain._call_data("DemoStablecoin", "transfer", checksum(second.address), half)),
+    ]
+    tx_hash = chain.call("Multicall3", batcher, "aggregate3", calls, sender=operator_wallet)["transactionHash"]
+    with capture(execute=True):
+        confirm(chain)
+        scan_chain(CHAIN_ID)  # the scan and its refund watch
+    client.force_login(operator)
+    enter_hash(client, first, tx_hash, capture)
+    console = enter_hash(client, second, tx_hash, capture)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == Refund.Status.PAID
+    assert int(second.amount_paid_units) == half, (
+        f"the second refund received {half} units in that transaction, counted {second.amount_paid_units}; "
+        f"console: {'already counted for another refund' in console}"
+    )
