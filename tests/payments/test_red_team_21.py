@@ -613,12 +613,11 @@ def test_billing_details_accepted_at_booking_always_print_on_the_invoice(
 def test_two_refunds_paid_in_one_batched_transaction_are_both_counted(
     client, chain, booking_data, operator, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (medium): refund_credit_tx refuses a hash when *any* of its logs is counted for another
-    refund (`RefundPayment.filter(chain_id, tx_hash).exclude(refund=refund)`: the hash, not the (hash, log index)
-    the unique constraint is on). An operator who pays two refunds in one transaction (a Safe multisend,
-    Multicall3, Disperse: how payouts are usually batched, BTCPay included) can prove the first only; the second
-    answers "already counted for another refund" and stays open, and the scan's watch counts only a transfer of
-    exactly the amount left, so a partial payment of it is never counted either: the operator pays it again."""
+    """HELD (was a medium finding: a batched payout proved only its first refund): refund_credit_tx counts each
+    transfer (hash and log index, as the unique constraint) for the refund it pays, not the whole hash for the
+    first refund that counted one of its logs. An operator who pays two refunds in one transaction (a Safe
+    multisend, Multicall3, Disperse: how payouts are usually batched) proves both: the first, counted by the scan's
+    watch, stays counted once, and the second is credited with what that transaction paid to its address."""
     from payments.tasks import scan_chain
 
     capture = django_capture_on_commit_callbacks
