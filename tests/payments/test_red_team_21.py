@@ -283,11 +283,10 @@ def test_a_cancel_racing_the_settlement_gives_the_refund_the_rules_give_not_a_fu
 
 @pytest.mark.usefixtures("full_refund_rules")
 def test_invoice_numbers_follow_their_issue_dates(client, chain, booking_data, admin_user):
-    """VULNERABILITY (low, fiscal): the number is taken under the counter's lock, but the issue date is the
-    caller's `now`, read before: a scan cycle reads its clock once at its start (scanner.chain_scan) and settles
-    after its log reads, so an admin's "mark paid" (or another chain's scan) during the cycle takes number N with a
-    later date than number N+1. French invoices must be numbered in chronological order (CGI art. 242 nonies A);
-    across New Year's Eve a cycle started on 31 December issues a 2026 number after 2027's first."""
+    """HELD (was a low, fiscal finding: numbers out of date order): the issue date is read when the number is
+    taken, under the counter's lock, not the caller's `now`. A scan cycle that read its clock at its start and
+    settles after an admin's "mark paid" during the cycle still dates its invoice after the admin's: French
+    invoices are numbered in chronological order (CGI art. 242 nonies A), and the number's year is its date's."""
     scanned, _token = place(client, booking_data(lots="1", contact_email="scan@example.org"))
     marked, _token2 = place(client, booking_data(lots="1", contact_email="mark@example.org"))
     cycle_started = timezone.now()
