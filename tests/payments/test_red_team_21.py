@@ -511,12 +511,10 @@ def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_terms_version_being_published_cannot_be_overwritten_by_a_concurrent_save_of_its_draft():
-    """VULNERABILITY (low: two admins racing): TermsVersion.save guards a published row with an unlocked
-    `exists()` read, then saves every field. An admin saving the draft's form while another publishes it reads
-    "not published" (the publication is not committed yet), then its UPDATE waits for the publication's row lock
-    and, once it commits, writes the stale number=NULL, published_at=NULL and the edited rules over it: the
-    version that was published (and that the booking form may have offered meanwhile) is a draft again, with
-    other cancellation rules."""
+    """HELD (was a low finding: two admins racing): TermsVersion.save reads "published?" under the row's lock. An
+    admin saving the draft's form while another publishes it waits for the publication to commit, then sees it
+    published and is refused (TermsPublished; the admin answers it with a message): the published version keeps its
+    number, its date and the cancellation rules that orders accepted."""
     import threading
     import time
 
