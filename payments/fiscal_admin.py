@@ -1,29 +1,50 @@
 """The admin of the fiscal invoices (imported by payments/admin.py): the seller's details and VAT rate the operator
 sets, and the issued invoices, read-only (an issued invoice never changes; it is corrected by a credit note)."""
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from booking.billing import NOT_PRINTABLE_MESSAGE, printable
 from payments import fiscal_documents
 from payments.models import FiscalInvoice, InvoicingSettings
 from portal.singleton import SingletonAdmin
 
+SETTINGS_FIELDS = [
+    "seller_name",
+    "seller_address",
+    "seller_country",
+    "seller_vat_number",
+    "seller_registration",
+    "legal_mentions",
+    "vat_rate_percent",
+    "number_prefix",
+]
+
+
+class InvoicingSettingsForm(forms.ModelForm):
+    """The seller's details are printed on every invoice, in its XML too: what XML cannot hold is refused here, or
+    every invoice issued after the change would be unprintable."""
+
+    class Meta:
+        model = InvoicingSettings
+        fields = SETTINGS_FIELDS
+
+    def clean(self):
+        cleaned = super().clean()
+        for name, value in list(cleaned.items()):
+            if isinstance(value, str) and not printable(value):
+                self.add_error(name, NOT_PRINTABLE_MESSAGE)
+        return cleaned
+
 
 @admin.register(InvoicingSettings)
 class InvoicingSettingsAdmin(SingletonAdmin):
-    fields = [
-        "seller_name",
-        "seller_address",
-        "seller_country",
-        "seller_vat_number",
-        "seller_registration",
-        "legal_mentions",
-        "vat_rate_percent",
-        "number_prefix",
-    ]
+    form = InvoicingSettingsForm
+    fields = SETTINGS_FIELDS
 
 
 @admin.register(FiscalInvoice)

@@ -568,39 +568,64 @@ def test_a_terms_version_being_published_cannot_be_overwritten_by_a_concurrent_s
 # --- 10. billing details the invoice's XML cannot hold ---------------------------------------------------------------
 
 
+NOT_PRINTABLE = "invisible or reserved characters (such as U+FFFE) that cannot be printed"
+
+
 @pytest.mark.usefixtures("full_refund_rules")
-def test_billing_details_accepted_at_booking_always_print_on_the_invoice(
-    booking_data, admin_user, django_capture_on_commit_callbacks
-):
-    """VULNERABILITY (medium): billing_check and the forms refuse C0 controls but not the Unicode noncharacters
-    U+FFFE / U+FFFF, which XML 1.0 (and lxml) refuse. The details are accepted at booking and snapshotted on the
-    immutable invoice; printing it (facturx_xml) raises ValueError, so the order page's invoice download answers
-    500 for ever, the issue task fails without retry (it retries OSError only), and beat's sweep
-    (fiscal_invoices_without_document: the 20 oldest unprinted, by issue date) queues it again every run. Ten
-    such orders cancelled at no fee (an invoice and a credit note each, both unprintable) fill that batch: the
-    sweep then never reaches another customer's invoice whose first print was lost."""
+def test_billing_details_accepted_at_booking_always_print_on_the_invoice(booking_data, admin_client):
+    """HELD (was a medium finding: billing details the invoice's XML cannot hold): U+FFFE / U+FFFF, lone
+    surrogates, the other noncharacters and C1 controls, which XML 1.0 (and lxml) refuse, are refused with a message
+    in the user's language wherever details printed on an invoice are entered: the booking form, the order page's
+    billing change, the service behind both, and the admin's invoicing settings (the seller's details)."""
     from django.test import Client
     from django.urls import reverse
 
-    from payments.fiscal_documents import fiscal_invoices_without_document
+    from booking.billing import BillingDetails, billing_check
+    from booking.rules import BookingError
+    from payments.models import InvoicingSettings
 
     client = Client(raise_request_exception=False)
-    order, token = place(client, booking_data(lots="1", organisation="Analytical Engines Lab\ufffe"))
-    order.refresh_from_db()
-    assert "\ufffe" in order.organisation  # accepted as the billing organisation
-    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
-    fiscal_invoice = FiscalInvoice.objects.get(order=order)
+    refused = client.post(reverse("booking:book"), booking_data(lots="1", organisation="Analytical Engines Lab\ufffe"))
+    assert refused.status_code == 200 and NOT_PRINTABLE in refused.content.decode()
+    assert not Order.objects.exists()
+    client.cookies["django_language"] = "fr"
+    in_french = client.post(reverse("booking:book"), booking_data(lots="1", billing_address="1 rue Babbage\uffff"))
+    assert "caractères invisibles ou réservés" in in_french.content.decode()
+    client.cookies["django_language"] = "en"
 
-    response = client.get(
-        reverse(
-            "booking:order-invoice-pdf",
-            kwargs={"public_id": order.public_id, "token": token, "number": fiscal_invoice.number},
-        )
+    order, token = place(client, booking_data(lots="1", organisation="Analytical Engines Lab"))
+    change = {
+        "organisation": "Analytical Engines Lab",
+        "billing_address": "12 Difference Row\n\U0010fffe",
+        "billing_country": "GB",
+        "vat_number": "",
+        "purchase_order": "",
+    }
+    page = client.post(
+        reverse("booking:order-billing", kwargs={"public_id": order.public_id, "token": token}), change, follow=True
     )
+    assert NOT_PRINTABLE in page.content.decode()
+    order.refresh_from_db()
+    assert "\U0010fffe" not in order.billing_address
+    for unprintable in ("\ud800", "\ufdd0", "\x85"):
+        with pytest.raises(BookingError) as refusal:
+            billing_check(BillingDetails(organisation=f"La{unprintable}b", address="1 Main St", country="US"))
+        assert refusal.value.field == "organisation"
 
-    stuck = fiscal_invoices_without_document(now=timezone.now() + timedelta(hours=1))
-    assert response.status_code == 200, f"the invoice download answered {response.status_code}"
-    assert fiscal_invoice.pk not in stuck
+    settings_url = reverse("admin:payments_invoicingsettings_change", args=[1])
+    InvoicingSettings.current()  # the one row, made on first use
+    seller = {
+        "seller_name": "Binôme\ufffe",
+        "seller_address": "1 rue de l'Exemple\n75001 Paris",
+        "seller_country": "FR",
+        "seller_vat_number": "FR40303265045",
+        "seller_registration": "",
+        "legal_mentions": "",
+        "vat_rate_percent": "20.00",
+        "number_prefix": "F",
+    }
+    admin_page = admin_client.post(settings_url, seller)
+    assert admin_page.status_code == 200 and NOT_PRINTABLE in admin_page.content.decode()
 
 
 # --- 11. one batched payout for two refunds ----------------------------------------------------------------------
