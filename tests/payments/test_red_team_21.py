@@ -628,6 +628,47 @@ def test_billing_details_accepted_at_booking_always_print_on_the_invoice(booking
     assert admin_page.status_code == 200 and NOT_PRINTABLE in admin_page.content.decode()
 
 
+@pytest.mark.usefixtures("full_refund_rules")
+def test_an_invoice_that_cannot_be_printed_answers_a_page_and_never_starves_the_sweep(
+    booking_data, admin_user, mailoutbox
+):
+    """HELD (the other half of that finding): an issued invoice whose document cannot be printed for good (here
+    details stored before the check existed) is recorded as unprintable the first time it is tried, by the order
+    page's download or by the task: the download answers a page that says so (not a 500), the task stops without
+    retrying or mailing, and beat's sweep no longer queues it, so it never holds a place in the sweep's batch that
+    another customer's unprinted invoice needs."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from payments.fiscal_documents import fiscal_invoices_without_document
+    from payments.models import FiscalDocumentFailure
+    from payments.tasks import issue_fiscal_document
+
+    client = Client(raise_request_exception=False)
+    order, token = place(client, booking_data(lots="1", organisation="Analytical Engines Lab"))
+    Order.objects.filter(pk=order.pk).update(organisation="Analytical Engines Lab\ufffe")  # stored before the check
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    unprintable = FiscalInvoice.objects.get(order=order)
+    other, _other_token = place(client, booking_data(lots="1", contact_email="ada@example.org"))
+    invoice_mark_paid(invoice=current_invoice(other), user=admin_user, reason="test: paid by wire")
+    printable = FiscalInvoice.objects.get(order=other)  # its first print was lost (no worker ran it)
+
+    response = client.get(
+        reverse(
+            "booking:order-invoice-pdf",
+            kwargs={"public_id": order.public_id, "token": token, "number": unprintable.number},
+        )
+    )
+    assert response.status_code == 200, f"the invoice download answered {response.status_code}"
+    assert f"Invoice {unprintable.number} cannot be printed" in response.content.decode()
+    assert FiscalDocumentFailure.objects.filter(fiscal_invoice=unprintable).exists()
+    assert issue_fiscal_document(unprintable.pk) == "not printable"
+    assert not [message for message in mailoutbox if unprintable.number in message.subject]
+
+    stuck = fiscal_invoices_without_document(now=timezone.now() + timedelta(hours=1), limit=1)
+    assert stuck == [printable.pk]
+
+
 # --- 11. one batched payout for two refunds ----------------------------------------------------------------------
 
 
