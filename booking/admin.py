@@ -4,6 +4,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import BooleanField, ExpressionWrapper
 from django.http import HttpRequest
+from django.shortcuts import redirect
 from django.utils.translation import gettext_lazy as _
 
 from booking import terms
@@ -15,6 +16,7 @@ from booking.models import (
     OrderEvent,
     OrderSshKey,
     Price,
+    TermsPublished,
     TermsVersion,
 )
 from booking.selectors import OFFERED_LOT, offered_lots
@@ -241,6 +243,31 @@ class TermsVersionAdmin(admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+    def changeform_view(self, request: HttpRequest, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except TermsPublished:
+            return self._published_meanwhile(request, object_id)
+
+    def delete_view(self, request: HttpRequest, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except TermsPublished:
+            return self._published_meanwhile(request, object_id)
+
+    def _published_meanwhile(self, request: HttpRequest, object_id):
+        # Another admin published this draft while the form was open: nothing of this form was written (the
+        # view's transaction rolled back), and the version is shown again, published and read-only.
+        self.message_user(
+            request,
+            _(
+                "This version was published while you were editing it: your changes were not saved. Make a new "
+                "draft from it to change the terms."
+            ),
+            messages.ERROR,
+        )
+        return redirect("admin:booking_termsversion_change", object_id)
+
     def get_actions(self, request: HttpRequest):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # a bulk delete would bypass the per-row guard on published versions
@@ -252,7 +279,11 @@ class TermsVersionAdmin(admin.ModelAdmin):
         if len(drafts) != 1 or queryset.count() != 1:
             self.message_user(request, _("Select exactly one draft to publish."), messages.ERROR)
             return
-        version = terms.terms_publish(version=drafts[0])
+        try:
+            version = terms.terms_publish(version=drafts[0])
+        except TermsPublished:  # another admin published it first
+            self.message_user(request, _("This draft was published meanwhile by someone else."), messages.ERROR)
+            return
         self.message_user(
             request, _("Version %(number)s is published and is now the current one.") % {"number": version.number}
         )

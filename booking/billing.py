@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from stdnum.eu import vat as eu_vat
 
 from booking.models import Order, OrderEvent
@@ -45,9 +46,28 @@ ADDRESS_MAX_LINES = 6
 _MARKUP = re.compile(r"<\s*+[/!?]?\s*+[a-zA-Z]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f]")
+# What XML 1.0 cannot hold (the invoice's Factur-X XML, so the invoice could never be printed): C0 controls but tab
+# and newlines, lone surrogates, U+FFFE and U+FFFF; and with them the other Unicode noncharacters and the C1
+# controls, which no billing detail or message needs.
+_NOT_PRINTABLE = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff"
+    + "".join(f"{chr(plane << 16 | 0xFFFE)}{chr(plane << 16 | 0xFFFF)}" for plane in range(1, 17))
+    + "]"
+)
 _VAT_SEPARATORS = re.compile(r"[\s.\-/]")
 _FOREIGN_VAT = re.compile(r"[A-Z0-9]{4,20}")
 _PURCHASE_ORDER = re.compile(r"[\w .,:;/#()+&'’-]*")
+
+
+NOT_PRINTABLE_MESSAGE = gettext_lazy(
+    "This contains invisible or reserved characters (such as U+FFFE) that cannot be printed: type it again as "
+    "plain text."
+)
+
+
+def printable(value: str) -> bool:
+    """Whether `value` holds only characters an invoice (its XML and its page) can print."""
+    return not _NOT_PRINTABLE.search(value)
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,8 @@ def _text(value: str, *, field: str, max_length: int, multiline: bool = False) -
         raise BookingError(
             _("Control characters are not accepted.") if multiline else _("Write this on one line."), field=field
         )
+    if not printable(value):
+        raise BookingError(NOT_PRINTABLE_MESSAGE, field=field)
     return value
 
 

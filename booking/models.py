@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
@@ -224,15 +224,27 @@ class TermsVersion(models.Model):
 
     def save(self, *args, **kwargs) -> None:
         # The guard behind the admin's read-only form: a published row is never written again (publishing itself
-        # is one UPDATE in booking/terms.py, from a draft).
-        if self.pk is not None and TermsVersion.objects.filter(pk=self.pk, published_at__isnull=False).exists():
-            raise TermsPublished(f"terms version {self.number} is published and cannot change")
-        super().save(*args, **kwargs)
+        # is one UPDATE in booking/terms.py, from a draft, under the row's lock).
+        if self.pk is None or kwargs.get("force_insert"):
+            super().save(*args, **kwargs)
+            return
+        with transaction.atomic():
+            if self._published_under_lock():
+                raise TermsPublished(f"terms version {self.pk} is published and cannot change")
+            super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):
-        if TermsVersion.objects.filter(pk=self.pk, published_at__isnull=False).exists():
-            raise TermsPublished(f"terms version {self.number} is published and cannot be deleted")
-        return super().delete(*args, **kwargs)
+        with transaction.atomic():
+            if self._published_under_lock():
+                raise TermsPublished(f"terms version {self.pk} is published and cannot be deleted")
+            return super().delete(*args, **kwargs)
+
+    def _published_under_lock(self) -> bool:
+        """Whether the stored row is published, read under its lock: a publication not yet committed is waited for
+        and then seen (an unlocked read would see the draft, and the write that follows would turn the published
+        version back into one). The lock is on the row by key: a filter on `published_at` would skip the row."""
+        stored = TermsVersion.objects.select_for_update().filter(pk=self.pk).values_list("published_at", flat=True)
+        return any(published_at is not None for published_at in stored)
 
     @property
     def is_published(self) -> bool:

@@ -3,8 +3,9 @@ billing details it is made out to, changeable until then.
 
 `fiscal_invoice_issue` runs inside the settling transaction (`settlement._settle`), after the order and the
 payment request are locked: it takes the year's next number from `FiscalInvoiceCounter`, locked last (so the lock
-that serialises every settlement of the year is held only for the few statements that follow), and writes the
-figures once. A settlement that rolls back gives its number back: numbers have no gap and no duplicate. The PDF
+that serialises every settlement of the year is held only for the few statements that follow), reads the issue
+date under that lock (numbers follow their dates, whatever clock the caller read), and writes the figures once. A
+settlement that rolls back gives its number back: numbers have no gap and no duplicate. The PDF
 (payments/fiscal_documents.py) is written after the commit, by a task, and e-mailed.
 
 VAT: the catalog's prices include the VAT where it is due, so a customer pays the same price whatever their VAT
@@ -121,6 +122,24 @@ def _next_number(*, year: int, prefix: str) -> tuple[int, str]:
     return counter.last_sequence, f"{prefix}-{year}-{counter.last_sequence:06d}"
 
 
+def _take_number(*, prefix: str) -> tuple[int, int, str, datetime]:
+    """The next number and its issue date, read under the counter's lock: an invoice numbered later is dated later
+    (CGI art. 242 nonies A), whatever clock the caller read before (a scan cycle reads its own once, at its start).
+    The number's year is its date's: a wait for the lock across New Year's Eve moves on to the new year's counter
+    (years are locked in ascending order)."""
+    year = timezone.now().year
+    while True:
+        FiscalInvoiceCounter.objects.bulk_create([FiscalInvoiceCounter(year=year)], ignore_conflicts=True)
+        counter = FiscalInvoiceCounter.objects.select_for_update().get(year=year)
+        issued_at = timezone.now()
+        if issued_at.year == year:
+            break
+        year = issued_at.year
+    counter.last_sequence += 1
+    counter.save(update_fields=["last_sequence"])
+    return year, counter.last_sequence, f"{prefix}-{year}-{counter.last_sequence:06d}", issued_at
+
+
 def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> FiscalInvoice:
     """Issue the fiscal invoice of a settled payment request, in the settling transaction (order and payment request
     locked by the caller). Issued once per payment request; its PDF is written and e-mailed after the commit."""
@@ -140,14 +159,14 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
         .order_by("block_number", "log_index")
         .values_list("tx_hash", flat=True)
     )
-    sequence, number = _next_number(year=now.year, prefix=seller.number_prefix)  # the last lock taken
+    year, sequence, number, issued_at = _take_number(prefix=seller.number_prefix)  # the last lock taken
     fiscal_invoice = FiscalInvoice.objects.create(
         number=number,
-        year=now.year,
+        year=year,
         sequence=sequence,
         order=order,
         payment=invoice,
-        issued_at=now,
+        issued_at=issued_at,
         language=order.language,
         seller={
             "name": seller.seller_name,

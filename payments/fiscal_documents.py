@@ -14,12 +14,13 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.db.models import Q
 from django.dispatch import Signal
 from django.utils import timezone
 from lxml import etree
 
-from payments.models import FiscalInvoice
+from payments.models import FiscalDocumentFailure, FiscalInvoice
 
 logger = logging.getLogger(__name__)
 
@@ -212,12 +213,42 @@ def fiscal_invoice_pdf(fiscal_invoice: FiscalInvoice) -> bytes:
     )
 
 
+class DocumentNotPrintable(Exception):
+    """The invoice's document cannot be printed, and printing it again would fail the same way (recorded as a
+    `FiscalDocumentFailure`): the customer is shown a page saying so, the operator sees it in the admin."""
+
+    def __init__(self, failure: FiscalDocumentFailure) -> None:
+        super().__init__(f"fiscal invoice {failure.fiscal_invoice.number} cannot be printed: {failure.error}")
+        self.failure = failure
+
+
+# What a retry may cure: the disk, a font file, the database. Anything else is the invoice's own content (lxml's
+# ValueError for a character XML cannot hold, factur-x's Exception for what the schema refuses, WeasyPrint's): the
+# same figures fail the same way every time.
+TRANSIENT_ERRORS = (OSError, DatabaseError, MemoryError)
+
+
 def fiscal_invoice_write_document(*, fiscal_invoice: FiscalInvoice) -> FiscalInvoice:
     """Print the invoice once: the PDF and its hash are written by one UPDATE that only an invoice without a PDF
-    matches, so two workers racing write one document and a written one is never replaced."""
+    matches, so two workers racing write one document and a written one is never replaced. An invoice that cannot
+    be printed for good is recorded as such and raises DocumentNotPrintable, now and on every later call (until the
+    operator deletes the record); a transient error is raised as it is, to be tried again."""
     if fiscal_invoice.pdf_sha256:
         return fiscal_invoice
-    pdf = fiscal_invoice_pdf(fiscal_invoice)
+    failure = FiscalDocumentFailure.objects.filter(fiscal_invoice=fiscal_invoice).first()
+    if failure is not None:
+        raise DocumentNotPrintable(failure)
+    try:
+        pdf = fiscal_invoice_pdf(fiscal_invoice)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:
+        logger.exception("fiscal invoice %s cannot be printed", fiscal_invoice.number)
+        failure, _created = FiscalDocumentFailure.objects.get_or_create(
+            fiscal_invoice=fiscal_invoice,
+            defaults={"failed_at": timezone.now(), "error": f"{type(exc).__name__}: {exc}"[:2000]},
+        )
+        raise DocumentNotPrintable(failure) from exc
     written = FiscalInvoice.objects.filter(pk=fiscal_invoice.pk, pdf_sha256="").update(
         pdf=pdf, pdf_sha256=hashlib.sha256(pdf).hexdigest(), pdf_written_at=timezone.now()
     )
@@ -243,11 +274,12 @@ DOCUMENT_GRACE = timedelta(minutes=5)
 
 
 def fiscal_invoices_without_document(*, now, limit: int = 20) -> list[int]:
-    """Issued invoices whose PDF was not written or not e-mailed in time: a capped batch, safe to queue twice
-    (printing is once by construction; a second e-mail is the worst case)."""
+    """Issued invoices whose PDF was not written or not e-mailed in time, but for those that cannot be printed: a
+    capped batch, safe to queue twice (printing is once by construction; a second e-mail is the worst case)."""
     return list(
         FiscalInvoice.objects.filter(issued_at__lt=now - DOCUMENT_GRACE)
         .filter(Q(pdf_sha256="") | Q(emailed_at__isnull=True))
+        .filter(document_failure__isnull=True)  # printing it again fails again: it would hold a place for ever
         .order_by("issued_at")
         .values_list("pk", flat=True)[:limit]
     )

@@ -191,3 +191,24 @@ class FiscalInvoice(models.Model):
     @property
     def filename(self) -> str:
         return f"{'credit-note' if self.is_credit_note else 'invoice'}-{self.number}.pdf"
+
+
+class FiscalDocumentFailure(models.Model):
+    """An issued invoice whose document could not be printed for a reason that printing again does not cure (its
+    XML or the schema refused what it holds): recorded once, so that beat's sweep stops queueing it (it would fill
+    the sweep's batch for ever and starve the others) and the operator sees it. Deleting the row, once the cause is
+    fixed, lets the sweep print it again."""
+
+    fiscal_invoice = models.OneToOneField(
+        FiscalInvoice, on_delete=models.CASCADE, related_name="document_failure", verbose_name=_("fiscal invoice")
+    )
+    failed_at = models.DateTimeField(_("failed"))
+    error = models.TextField(_("error"))
+
+    class Meta:
+        ordering = ["-failed_at"]
+        verbose_name = _("unprintable fiscal document")
+        verbose_name_plural = _("unprintable fiscal documents")
+
+    def __str__(self) -> str:
+        return str(self.fiscal_invoice)

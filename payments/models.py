@@ -374,4 +374,9 @@ class RefundPayment(models.Model):
 
 
 # The fiscal invoices (the numbered documents a settled payment issues) live in their own module.
-from payments.fiscal_models import FiscalInvoice, FiscalInvoiceCounter, InvoicingSettings  # noqa: E402, F401
+from payments.fiscal_models import (  # noqa: E402, F401
+    FiscalDocumentFailure,
+    FiscalInvoice,
+    FiscalInvoiceCounter,
+    InvoicingSettings,
+)

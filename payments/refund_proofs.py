@@ -4,8 +4,9 @@ transaction's hash; the portal reads the transaction and its receipt itself, wit
 native coin of a transaction sent to it) and the invoice chain's confirmation rules: final only at or below both the
 chain's confirmed block and the scanner's proven cursor, and only on the canonical block.
 
-Each credit is a `RefundPayment`, unique on (chain_id, tx_hash, log_index): the same hash entered twice, or for
-two refunds, counts once. The refund is paid when its confirmed credits reach its amount; less leaves it partly
+Each credit is a `RefundPayment`, unique on (chain_id, tx_hash, log_index): the same transfer, scanned or entered
+twice, or for two refunds, counts once; one transaction paying several refunds (a batched payout) counts each
+transfer for the refund it pays. The refund is paid when its confirmed credits reach its amount; less leaves it partly
 paid with the remainder; a transfer to another address credits nothing. A credit still confirming is read again by
 `payments.check_refund_tx` until it is final or gone.
 """
@@ -82,9 +83,6 @@ def refund_credit_tx(
         raise PaymentError(_("Enter the transaction hash: 0x followed by 64 hexadecimal characters."), field="tx_hash")
     if not refund.address:
         raise PaymentError(_("This refund has no address yet: the customer has not given one."), field="tx_hash")
-    counted = RefundPayment.objects.filter(chain_id=refund.chain_id, tx_hash=tx_hash).exclude(refund=refund)
-    if counted.exists():
-        return RefundTxOutcome.OTHER_REFUND
     if refund.status == Refund.Status.PAID and not refund.payments.filter(tx_hash=tx_hash).exists():
         raise PaymentError(_("This refund is already paid in full."), field="tx_hash")
     chain = config.chain(refund.chain_id)
@@ -106,6 +104,11 @@ def refund_credit_tx(
         return RefundTxOutcome.FAILED
     if not credits:
         return RefundTxOutcome.ELSEWHERE
+    # Counted once per transfer, not per transaction: a batched payout (Multicall3, a Safe multisend) pays several
+    # refunds in one transaction, one log each; only a log already counted for another refund is left out.
+    credits = [credit for credit in credits if not _counted_for_another(refund=refund, credit=credit)]
+    if not credits:
+        return RefundTxOutcome.OTHER_REFUND
     head = client.head()
     # Final only as far as the scanner has proven the chain (as for a customer's pasted hash, payments/tx_hints.py).
     proven = ChainCursor.objects.filter(chain_id=chain.chain_id).values_list("confirmed_block", flat=True).first()
@@ -120,14 +123,24 @@ def refund_credit_tx(
     return RefundTxOutcome.CREDITED if final else RefundTxOutcome.CONFIRMING
 
 
+def _counted_for_another(*, refund: Refund, credit: TransferLog) -> bool:
+    return (
+        RefundPayment.objects.filter(chain_id=refund.chain_id, tx_hash=credit.tx_hash, log_index=credit.log_index)
+        .exclude(refund=refund)
+        .exists()
+    )
+
+
 @transaction.atomic
 def _record_credits(
     *, refund: Refund, credits: list[TransferLog], final: bool, user: AbstractBaseUser | None, now: datetime
 ) -> bool:
     """Record the credits of one transaction to a refund (locked: order, invoice, refund) and move it to what its
-    confirmed credits add up to. False, and nothing counted, when a credit is already another refund's."""
+    confirmed credits add up to. A credit (one transfer: hash and log index) already another refund's is left
+    out; False, and nothing counted, when every credit is."""
     order, _invoice = lock_invoice(refund.invoice)
     refund = Refund.objects.select_for_update().get(pk=refund.pk)
+    recorded = 0
     for credit in credits:
         payment, _created = RefundPayment.objects.get_or_create(
             chain_id=refund.chain_id,
@@ -146,14 +159,16 @@ def _record_credits(
             },
         )
         if payment.refund_id != refund.pk:
-            transaction.set_rollback(True)
-            return False
+            continue  # counted for another refund meanwhile (the same address): not counted twice
+        recorded += 1
         if payment.status == RefundPayment.Status.CONFIRMED:
             continue  # counted once, for good
         payment.block_number, payment.block_hash = credit.block_number, credit.block_hash
         if final:
             payment.status, payment.confirmed_at = RefundPayment.Status.CONFIRMED, now
         payment.save()
+    if not recorded:
+        return False
     _refund_apply_payments(refund=refund, order=order, tx_hash=credits[0].tx_hash, user=user, now=now)
     return True
 

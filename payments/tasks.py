@@ -178,7 +178,10 @@ def issue_fiscal_document(fiscal_invoice_id: int) -> str:
     fiscal_invoice = FiscalInvoice.objects.select_related("order").filter(pk=fiscal_invoice_id).first()
     if fiscal_invoice is None:
         return "unknown"
-    fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    try:
+        fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    except fiscal_documents.DocumentNotPrintable:
+        return "not printable"  # recorded for the operator; retrying would fail the same way
     if fiscal_invoice.emailed_at is None:
         notices.send(Notice.INVOICE_ISSUED, order=fiscal_invoice.order, fiscal_invoice=fiscal_invoice)
         fiscal_documents.fiscal_invoice_mark_emailed(fiscal_invoice=fiscal_invoice)

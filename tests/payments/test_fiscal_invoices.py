@@ -469,3 +469,35 @@ def test_printing_reads_no_file_and_no_address_even_when_the_page_asks(
         fiscal_documents.document_html.connect(fiscal_invoice_html, dispatch_uid="web-fiscal-invoice")
 
     assert fiscal_invoice.number in text and "LEAKED-FROM-DISK" not in text
+
+
+def test_an_invoice_download_during_a_disk_error_says_to_try_again_and_records_no_failure(
+    client, catalog, booking_data, monkeypatch
+):
+    import weasyprint
+
+    from payments.models import FiscalDocumentFailure
+
+    # given: an issued invoice, not printed yet, and a disk that refuses writes for a moment
+    order, token = place(client, booking_data())
+    invoice_mark_paid(invoice=current_invoice(order), user=get_user_model().objects.create(username="op"), reason="x")
+    fiscal_invoice = FiscalInvoice.objects.get()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(weasyprint.HTML, "write_pdf", disk_full)
+    url = reverse(
+        "booking:order-invoice-pdf",
+        kwargs={"public_id": order.public_id, "token": token, "number": fiscal_invoice.number},
+    )
+
+    # when: the customer downloads it
+    response = Client(raise_request_exception=False).get(url)
+
+    # then: a page says to try again; nothing marks it unprintable, so the sweep still prints it
+    assert response.status_code == 503 and "download it again in a minute" in response.content.decode()
+    assert not FiscalDocumentFailure.objects.exists()
+    assert fiscal_documents.fiscal_invoices_without_document(now=timezone.now() + timedelta(hours=1)) == [
+        fiscal_invoice.pk
+    ]

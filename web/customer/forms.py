@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MaxValueValidator
 from django.utils.translation import gettext_lazy as _
 
+from booking.billing import NOT_PRINTABLE_MESSAGE, printable
 from booking.models import CHECKPOINT_INTERVAL_HOURS, EnvironmentImage, Hypothesis, Sharing, WindowDays
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
 from inventory.models import HardwareClass
@@ -24,6 +25,8 @@ def no_markup(value: str) -> None:
         raise ValidationError(_("HTML tags are not accepted here."), code="markup")
     if _CONTROL.search(value):
         raise ValidationError(_("Control characters are not accepted."), code="control")
+    if not printable(value):  # what XML cannot hold would make the invoice (or an e-mail) unprintable
+        raise ValidationError(NOT_PRINTABLE_MESSAGE, code="not_printable")
 
 
 def single_line(value: str) -> None:

@@ -522,7 +522,14 @@ def order_invoice_pdf(request: HttpRequest, public_id: str, token: str, number: 
     fiscal_invoice = fiscal.fiscal_invoice_of(order=order, number=number)
     if fiscal_invoice is None:
         raise Http404("No such invoice.")
-    fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    try:
+        fiscal_invoice = fiscal_documents.fiscal_invoice_write_document(fiscal_invoice=fiscal_invoice)
+    except fiscal_documents.DocumentNotPrintable:
+        context = {"order": order, "token": token, "fiscal_invoice": fiscal_invoice}
+        return mark_private(render(request, "customer/invoice_not_printable.html", context))
+    except OSError:  # the disk or a font file, for a moment: the worker prints it again by itself
+        context = {"order": order, "token": token, "fiscal_invoice": fiscal_invoice, "try_again": True}
+        return mark_private(render(request, "customer/invoice_not_printable.html", context, status=503))
     response = HttpResponse(bytes(fiscal_invoice.pdf), content_type="application/pdf")
     response["Content-Disposition"] = f'attachment; filename="{fiscal_invoice.filename}"'
     response["ETag"] = f'"{fiscal_invoice.pdf_sha256}"'

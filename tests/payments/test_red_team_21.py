@@ -1,0 +1,724 @@
+"""Red team, issue 21 (money after the payment): attacks on refunds, cancellation, credit notes and the provider-fault
+remedy. Each test states the behaviour the product promises; a test that FAILS here is a VULNERABILITY that
+reproduces (its docstring starts with "VULNERABILITY"); a test that passes is an attack the product held against
+("HELD"). Real Postgres and anvil, through the same fixtures as tests/payments/test_refunds.py."""
+
+import contextlib
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from booking.cancellation import refund_quote
+from booking.models import Order, OrderStatus
+from booking.rules import BookingError
+from booking.services import order_cancel_by_customer, order_cancel_by_operator
+from payments import checkout, scanner
+from payments.chain import checksum
+from payments.demo import pay_invoice
+from payments.models import FiscalInvoice, Invoice, Refund
+from payments.selectors import current_invoice
+from payments.settlement import invoice_mark_paid
+from provisioning import runs
+from provisioning import services as provisioning_services
+from tests.booking.test_cancellation import rules  # noqa: F401 (a fixture)
+from tests.booking.test_pages import place
+from tests.payments.test_refunds import (
+    CHAIN_ID,
+    CUSTOMER_WALLET,
+    cancel,
+    confirm,
+    console_uri,
+    enter_hash,
+    give_address,
+    paid_on_chain,
+    pay_uri,
+)
+from tests.provisioning.test_console import act
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(django_user_model):
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("olga", password="a-long-operator-password", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
+    return user
+
+
+def total_refunded_units(order: Order, invoice: Invoice) -> int:
+    return sum(int(refund.amount_units) for refund in Refund.objects.filter(order=order, invoice=invoice))
+
+
+def ready_order(client, booking_data, admin_user, capture, lots: str = "1") -> tuple[Order, str]:
+    """A paid order (marked paid by an admin), approved and provisioned on the demo's dry-run hosts before its
+    window starts: READY, still cancellable by its customer with a refund."""
+    order, token = place(client, booking_data(lots=lots))
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    order.refresh_from_db()
+    provisioning_services.order_approve(order=order, actor=admin_user)
+    with capture(execute=True):
+        runs.provisioning_start(order=order, actor=admin_user)
+    order.refresh_from_db()
+    assert order.status == OrderStatus.READY and order.starts_at > timezone.now()
+    return order, token
+
+
+def other_free_lot(order: Order):
+    from inventory.models import Lot
+
+    live = order.allocations.filter(released_at__isnull=True).select_related("lot__host")
+    hosts = {allocation.lot.host_id for allocation in live}
+    taken = order.allocations.values_list("lot_id", flat=True)
+    free = Lot.objects.filter(hardware_class=order.hardware_class).exclude(pk__in=taken).exclude(host_id__in=hosts)
+    return live.first().lot, free.order_by("host__name", "name").first()
+
+
+# --- 1. the refund address changed after the operator paid ----------------------------------------------------------
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_refund_address_changed_after_the_operator_paid_does_not_make_the_operator_pay_twice(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,
+):
+    """VULNERABILITY (high): the refund address stays editable until the refund is *recorded* paid, and only a
+    transfer to the address saved at the moment of the check counts (refund_proofs.refund_credit_tx `to_address=
+    refund.address`; refunds_detect restarts its watch on a new address). The customer gives address A, the
+    operator pays the console's link to A, the customer sees the transfer arrive and changes the address to B
+    before the scan or the operator's hash entry counts it: the transfer to A (which the customer gave and holds)
+    counts for nothing, the refund stays due in full, and the console now asks the operator to pay B."""
+    capture = django_capture_on_commit_callbacks
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, capture)
+    first = checksum(chain.accounts()[CUSTOMER_WALLET])
+    give_address(client, order, token, refund, first)
+    client.force_login(operator)
+    owed = int(refund.amount_units)
+    before = chain.balance_of(refund.asset_contract, first.lower())
+
+    tx_hash = pay_uri(chain, console_uri(client, refund))  # the operator pays the link, to the address given
+    # The customer sees it in their wallet (mempool or first block) and gives another address of theirs at once.
+    second = checksum(chain.accounts()[4])
+    answer = give_address(client, order, token, refund, second)
+    with capture(execute=True):
+        confirm(chain)  # the scan, with its refund watch
+    console = enter_hash(client, refund, tx_hash, capture)
+
+    assert chain.balance_of(refund.asset_contract, first.lower()) - before == owed  # the customer holds the refund
+    refund.refresh_from_db()
+    assert "Refund address saved" in answer  # the change was accepted after the transfer was sent
+    assert refund.status == Refund.Status.PAID, (
+        f"the customer holds the {owed} units sent to the address they gave, yet the refund is {refund.status} "
+        f"with {refund.amount_left_units} units left, now to be paid to {refund.address}; console: "
+        f"{'pays nothing' in console}"
+    )
+
+
+# --- 2. a provider-fault refund and a cancellation refund on the same invoice ---------------------------------------
+
+
+@pytest.fixture
+def full_refund_rules(rules):  # noqa: F811
+    return rules(days=3, fee="0.00", percent=50)
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+@pytest.mark.parametrize("who", ["customer", "operator"])
+def test_provider_fault_refund_then_cancellation_never_refunds_more_than_was_paid(
+    client,
+    booking_data,
+    admin_user,
+    operator,
+    who,
+    django_capture_on_commit_callbacks,
+):
+    """VULNERABILITY (high): a READY order (provisioned before its window) is both movable with a pro-rata refund
+    (booking.services.MOVABLE) and cancellable with a refund (PAID_CANCELLABLE_STATUSES). The provider-fault
+    refund (reason provider_fault) and the cancellation refund (reason cancellation) are separate rows on the same
+    invoice; refunds_open_for_order refunds min(refund_due, invoice.fiat_amount) without subtracting what was
+    refunded already, so the total owed back exceeds what the customer paid. And fiscal_credit_notes_for_refund
+    returns early when any credit note exists, so the cancellation has no credit note: the books show revenue the
+    operator refunded."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    invoice = order.invoices.get(status=Invoice.Status.SETTLED)
+    failing, target = other_free_lot(order)
+    client.force_login(operator)
+    act(
+        client,
+        order,
+        "move",
+        {"from_lot": failing.pk, "to_lot": target.pk, "hours_lost": "24", "credit": "refund"},
+        capture,
+    )
+    assert Refund.objects.get(order=order).reason == Refund.Reason.PROVIDER_FAULT
+
+    order.refresh_from_db()
+    with capture(execute=True):
+        if who == "customer":  # still before the window: a full refund (no fee) by the rules it accepted
+            order_cancel_by_customer(order=order, refund_shown=refund_quote(order=order, now=timezone.now()).amount)
+        else:
+            order_cancel_by_operator(order=order, actor=operator, reason="customer asked after the fault")
+
+    order.refresh_from_db()
+    assert order.status == OrderStatus.CANCELLED
+    refunds = list(Refund.objects.filter(order=order))
+    refunded_fiat = sum(refund.fiat_amount for refund in refunds)
+    credited = sum(note.total_gross for note in FiscalInvoice.objects.filter(order=order, kind="credit_note"))
+    assert (
+        total_refunded_units(order, invoice) <= int(invoice.amount_due_units) and refunded_fiat <= invoice.fiat_amount
+    ), (
+        f"refunds {[(r.reason, str(r.fiat_amount)) for r in refunds]} add up to {refunded_fiat} "
+        f"{invoice.fiat_currency} ({total_refunded_units(order, invoice)} units) on an invoice of "
+        f"{invoice.fiat_amount} ({invoice.amount_due_units} units)"
+    )
+    assert credited == refunded_fiat, f"credit notes {credited}, refunds {refunded_fiat}"
+
+
+# --- 3. a paid extension, then a cancellation: the quote shown vs what is refunded, and the credit notes ----------
+
+
+@pytest.fixture
+def partial_refund_rules(rules):  # noqa: F811
+    # Full refund only until 30 days before the start: the booking (7+ days ahead) is in the 50 % period already.
+    return rules(days=30, fee="0.00", percent=50)
+
+
+@pytest.mark.usefixtures("partial_refund_rules")
+def test_a_cancelled_order_with_a_paid_extension_refunds_what_the_customer_was_shown_with_credit_notes_for_it(
+    client, booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (medium): a READY order can be extended before its window starts and still be cancelled with
+    a refund. The cancel button shows (and the service checks) refund_quote on Order.total_price only, 50 % here;
+    refunds_open_for_order then refunds the extension invoice in full besides (purpose != ORDER branch), so more is
+    owed back than the customer was shown and than the 50 % rule gives; and fiscal_credit_notes_for_refund credits
+    only Order.refund_due, so the extension's refund has no credit note."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    extension = checkout.order_extension_request(order=order, days=3, actor=None)
+    with capture(execute=True):
+        invoice_mark_paid(invoice=extension, user=admin_user, reason="test: paid by wire")
+    order.refresh_from_db()
+    extension.refresh_from_db()
+    assert extension.status == Invoice.Status.SETTLED and order.status == OrderStatus.READY
+
+    shown = refund_quote(order=order, now=timezone.now())
+    assert shown.rule == "partial"
+    with capture(execute=True):
+        order_cancel_by_customer(order=order, refund_shown=shown.amount)
+
+    refunds = list(Refund.objects.filter(order=order))
+    refunded = sum(refund.fiat_amount for refund in refunds)
+    credited = sum(note.total_gross for note in FiscalInvoice.objects.filter(order=order, kind="credit_note"))
+    assert refunded == credited, f"refunded {refunded} ({[str(r.fiat_amount) for r in refunds]}), credited {credited}"
+    assert refunded == shown.amount, f"the customer was shown {shown.amount}, {refunded} is owed back"
+
+
+# --- 4. a second payment after settlement --------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_held_every_payment_received_after_settlement_is_owed_back(client, chain, booking_data):
+    """HELD: a second and a third payment after settlement (a wallet that sent twice) each open their own
+    late-payment refund (the unique constraint on (invoice, reason) leaves late_payment out), and a scan read
+    again counts nothing twice."""
+    order, _token = place(client, booking_data(lots="1"))
+    invoice = current_invoice(order)
+    pay_invoice(chain, invoice)
+    confirm(chain)
+    invoice.refresh_from_db()
+    assert invoice.status == Invoice.Status.SETTLED
+
+    pay_invoice(chain, invoice, units=3_000000)
+    confirm(chain)
+    pay_invoice(chain, invoice, units=2_000000)
+    confirm(chain)
+
+    scanner.chain_scan(chain_id=CHAIN_ID)
+    owed = sum(int(refund.amount_units) for refund in order.refunds.all())
+    assert owed == 5_000000, f"5 received after settlement, {owed / 1e6} owed back"
+
+
+# --- 5. a cancel posted on an unpaid order while its payment settles ---------------------------------------------
+
+
+@pytest.mark.usefixtures("partial_refund_rules")
+def test_a_cancel_racing_the_settlement_gives_the_refund_the_rules_give_not_a_full_one(
+    client, booking_data, admin_user, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (low: a race): order_cancel_by_customer decides "unpaid" on the order as the view read it,
+    then order_transition locks and accepts PAID -> CANCELLED. A cancel posted while the payment settles (the view
+    read AWAITING_PAYMENT, the scan committed PAID before the lock) cancels the paid order without refund_due:
+    refunds_open_for_order treats it as an operator's cancellation and refunds the whole invoice, ignoring the
+    fee and the 50 % rule the customer accepted (and no refund was ever shown to them)."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = place(client, booking_data(lots="1"))
+    as_the_view_read_it = Order.objects.get(pk=order.pk)
+    assert as_the_view_read_it.status == OrderStatus.AWAITING_PAYMENT
+    invoice = current_invoice(order)
+    with capture(execute=True):
+        invoice_mark_paid(invoice=invoice, user=admin_user, reason="the scan settles it meanwhile")
+    invoice.refresh_from_db()
+
+    with capture(execute=True), contextlib.suppress(BookingError):  # refused: the boundary held
+        order_cancel_by_customer(order=as_the_view_read_it)
+
+    order.refresh_from_db()
+    refunded = sum(refund.fiat_amount for refund in order.refunds.all())
+    rules_give = refund_quote(order=order, now=timezone.now()).amount
+    assert order.status != OrderStatus.CANCELLED or refunded <= rules_give, (
+        f"cancelled through the unpaid path: {refunded} refunded, the rules give {rules_give}"
+    )
+
+
+# --- 6. fiscal numbering follows the issue dates -------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_invoice_numbers_follow_their_issue_dates(client, chain, booking_data, admin_user):
+    """HELD (was a low, fiscal finding: numbers out of date order): the issue date is read when the number is
+    taken, under the counter's lock, not the caller's `now`. A scan cycle that read its clock at its start and
+    settles after an admin's "mark paid" during the cycle still dates its invoice after the admin's: French
+    invoices are numbered in chronological order (CGI art. 242 nonies A), and the number's year is its date's."""
+    scanned, _token = place(client, booking_data(lots="1", contact_email="scan@example.org"))
+    marked, _token2 = place(client, booking_data(lots="1", contact_email="mark@example.org"))
+    cycle_started = timezone.now()
+    pay_invoice(chain, current_invoice(scanned))
+    chain.mine(3)
+    invoice_mark_paid(invoice=current_invoice(marked), user=admin_user, reason="paid by wire, during the cycle")
+    scanner.chain_scan(chain_id=CHAIN_ID, now=cycle_started)  # the cycle that began before the admin's click
+
+    issued = list(FiscalInvoice.objects.order_by("year", "sequence").values_list("number", "issued_at"))
+    assert len(issued) == 2
+    dates = [issued_at for _number, issued_at in issued]
+    assert dates == sorted(dates), f"numbers out of date order: {issued}"
+
+
+# --- what held ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rules_published(rules):  # noqa: F811
+    return rules(days=3, fee="25.00", percent=40)
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_held_one_transaction_cannot_pay_two_refunds_even_at_the_same_address(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,
+):
+    """HELD: two refunds with the same address and the same amount; one transfer is counted for one of them only,
+    by the scan and by the hash entered for the other."""
+    capture = django_capture_on_commit_callbacks
+    wallet = checksum(chain.accounts()[CUSTOMER_WALLET])
+    first_order, first_token, _ = paid_on_chain(client, chain, booking_data)
+    second_order, second_token, _ = paid_on_chain(client, chain, booking_data, contact_email="bob@example.org")
+    first = cancel(client, first_order, first_token, capture)
+    second = cancel(client, second_order, second_token, capture)
+    assert first.amount_units == second.amount_units
+    give_address(client, first_order, first_token, first, wallet)
+    give_address(client, second_order, second_token, second, wallet)
+    client.force_login(operator)
+    tx_hash = pay_uri(chain, console_uri(client, first))
+    with capture(execute=True):
+        confirm(chain)
+        from payments.tasks import scan_chain
+
+        scan_chain(CHAIN_ID)
+    enter_hash(client, first, tx_hash, capture)
+    enter_hash(client, second, tx_hash, capture)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert sorted([first.status, second.status]) == sorted([Refund.Status.PAID, Refund.Status.DUE])
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_held_bad_refund_shown_and_bad_inputs_answer_in_words_and_change_nothing(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,
+):
+    """HELD: the cancel form's refund_shown (NaN, sNaN, huge exponents, a higher amount), the refund address form
+    (another order's refund, overflowing ids, NUL bytes) and the console's hash form answer without a 500 and
+    change nothing."""
+    from django.urls import reverse
+
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    url = reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token})
+    quote = refund_quote(order=order, now=timezone.now()).amount
+    for shown in [
+        "NaN",
+        "sNaN",
+        "-0",
+        "1E+999999999",
+        "1e-999999999",
+        str(quote + Decimal("0.01")),
+        "Infinity",
+        "9" * 25,
+        "",
+        "0x10",
+        " ".join("1" * 5),
+    ]:
+        response = client.post(url, {"refund_shown": shown})
+        assert response.status_code == 302, shown
+        order.refresh_from_db()
+        assert order.status == OrderStatus.PAID and order.refund_due is None, shown
+    refund = cancel(client, order, token, django_capture_on_commit_callbacks)
+    address_url = reverse("booking:order-refund-address", kwargs={"public_id": order.public_id, "token": token})
+    for data in [
+        {"refund": "9" * 40, "address": "0x" + "1" * 40},
+        {"refund": str(refund.pk), "address": "0x\x00"},
+        {"refund": "-1"},
+        {"refund": str(refund.pk), "address": "\u0660x" + "1" * 40},
+    ]:
+        assert client.post(address_url, data).status_code == 302, data
+    refund.refresh_from_db()
+    assert refund.address == "" and refund.status == Refund.Status.AWAITING_ADDRESS
+    client.force_login(operator)
+    for tx_hash in ["0x" + "g" * 64, "0x" + "0" * 64, "\x00", "0X" + "1" * 64]:
+        response = client.post(reverse("console:refund-pay", kwargs={"refund_id": refund.pk}), {"tx_hash": tx_hash})
+        assert response.status_code == 302, tx_hash
+    assert client.post(reverse("console:refund-pay", kwargs={"refund_id": 10**12}), {"tx_hash": "x"}).status_code in (
+        302,
+        404,
+    )
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_held_a_transfer_in_another_token_pays_nothing(
+    client,
+    chain,
+    booking_data,
+    operator,
+    django_capture_on_commit_callbacks,
+):
+    """HELD: a transfer of the full amount in another allow-listed token (same decimals) to the refund address
+    counts for nothing, by the scan or by its hash."""
+    capture = django_capture_on_commit_callbacks
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, capture)
+    wallet = checksum(chain.accounts()[CUSTOMER_WALLET])
+    give_address(client, order, token, refund, wallet)
+    client.force_login(operator)
+    operator_wallet = chain.accounts()[2]
+    other = "dUSDT" if refund.asset_symbol == "dEURC" else "dEURC"
+    other_token = chain.chain.asset(other).contract
+    chain.mint(other_token, operator_wallet, int(refund.amount_units), sender=operator_wallet)
+    wrong = chain.send_token(other_token, wallet.lower(), int(refund.amount_units), sender=operator_wallet)
+    with capture(execute=True):
+        confirm(chain)
+    console = enter_hash(client, refund, wrong["transactionHash"], capture)
+    assert "pays nothing in the refund's asset" in console
+    refund.refresh_from_db()
+    assert refund.status == Refund.Status.DUE and not refund.payments.exists()
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_the_contact_is_told_when_the_refund_address_changes(
+    client, chain, booking_data, mailoutbox, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (low-medium): the order link is the only credential for the refund address, and a change is
+    recorded in the order's events but told to nobody: whoever holds a forwarded or leaked link (a collaborator,
+    a mail archive) redirects the refund to their own address silently, and the contact learns it only from the
+    "refund sent" e-mail, after the money left. BTCPay-style claims confirm the destination to the owner."""
+    capture = django_capture_on_commit_callbacks
+    order, token, _invoice = paid_on_chain(client, chain, booking_data)
+    refund = cancel(client, order, token, capture)
+    give_address(client, order, token, refund, checksum(chain.accounts()[CUSTOMER_WALLET]))
+    mailoutbox.clear()
+
+    with capture(execute=True):
+        answer = give_address(client, order, token, refund, checksum(chain.accounts()[5]))  # someone with the link
+
+    refund.refresh_from_db()
+    assert "Refund address saved" in answer and refund.address == chain.accounts()[5].lower()
+    assert [mail for mail in mailoutbox if order.contact_email in mail.to], "the contact was not told"
+
+
+# --- 8. a lost-time credit while an extension waits for its payment -------------------------------------------------
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
+    client, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    """VULNERABILITY (medium): order_credit_time checks the lots only up to end + hours lost, and keeps an
+    extension's hold as it was (Greatest). The hold covered end + 3 days; the credit moves the end, so the paid
+    extension now needs end + hours lost + 3 days, which another booking took (legitimately: it starts after the
+    hold). When the extension's payment confirms, order_extend refuses, _settle keeps the payment "for an
+    operator" and opens no refund (the order is READY/ACTIVE, not cancelled): the customer paid for days they do
+    not get and nothing owes them back."""
+    from booking.services import order_reassign_lot
+
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    end = order.ends_at
+    failing, target = other_free_lot(order)
+    extension = checkout.order_extension_request(order=order, days=3, actor=None)  # lots held to end + 3 days
+
+    # Another lab books the target lot from end + 5 days (after the hold: a legitimate booking).
+    other, _other_token = place(
+        client,
+        booking_data(
+            lots="1", contact_email="lab@example.org", start_date=(end + timedelta(days=5)).date().isoformat()
+        ),
+    )
+    invoice_mark_paid(invoice=current_invoice(other), user=admin_user, reason="test: paid by wire")
+    other_lot = other.allocations.get(released_at__isnull=True).lot_id
+    if other_lot != target.pk:
+        order_reassign_lot(order=other, from_lot_id=other_lot, to_lot_id=target.pk, actor=admin_user)
+
+    # The host fails: the operator moves the order to the target lot and credits 72 hours as a longer window.
+    client.force_login(operator)
+    answer = act(
+        client,
+        order,
+        "move",
+        {"from_lot": failing.pk, "to_lot": target.pk, "hours_lost": "72", "credit": "extension"},
+        capture,
+    )
+    assert "move (the customer is e-mailed) done" in answer.content.decode()
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(hours=72)
+
+    with capture(execute=True):
+        invoice_mark_paid(invoice=extension, user=admin_user, reason="the extension's transfer confirmed")
+
+    order.refresh_from_db()
+    extension.refresh_from_db()
+    delivered = order.ends_at == end + timedelta(hours=72) + timedelta(days=3)
+    refunded = Refund.objects.filter(invoice=extension).exists()
+    assert delivered or refunded, (
+        f"extension paid ({extension.status}, needs_operator={extension.needs_operator}), window ends "
+        f"{order.ends_at:%Y-%m-%d %H:%M} (credited end {end + timedelta(hours=72):%Y-%m-%d %H:%M}), no refund opened"
+    )
+
+
+# --- 9. a published terms version and a concurrent save of its draft ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_terms_version_being_published_cannot_be_overwritten_by_a_concurrent_save_of_its_draft():
+    """HELD (was a low finding: two admins racing): TermsVersion.save reads "published?" under the row's lock. An
+    admin saving the draft's form while another publishes it waits for the publication to commit, then sees it
+    published and is refused (TermsPublished; the admin answers it with a message): the published version keeps its
+    number, its date and the cancellation rules that orders accepted."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from booking.models import TermsVersion
+    from booking.terms import terms_draft_from, terms_publish, terms_seed_demo
+
+    draft = terms_draft_from(version=terms_seed_demo())
+    stale = TermsVersion.objects.get(pk=draft.pk)  # the admin's change form, read while it is a draft
+    stale.partial_refund_percent, stale.cancellation_en = 100, "Everything is refunded, always."
+    published, go, errors = threading.Event(), threading.Event(), []
+
+    def publish() -> None:
+        try:
+            with transaction.atomic():
+                terms_publish(version=draft)
+                published.set()
+                go.wait(10)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            published.set()
+        finally:
+            connection.close()
+
+    def save() -> None:
+        try:
+            stale.save()
+        except BaseException as exc:  # the guard refusing is the boundary holding
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    published.wait(10)
+    saver = threading.Thread(target=save)
+    saver.start()
+    time.sleep(1.0)  # the save's check has run; its UPDATE waits on the row the publication locked
+    go.set()
+    publisher.join(20)
+    saver.join(20)
+
+    version = TermsVersion.objects.get(pk=draft.pk)
+    assert version.published_at is not None and version.number is not None, (
+        f"published version {draft.pk} is a draft again (errors: {errors})"
+    )
+    assert version.partial_refund_percent == draft.partial_refund_percent, "its cancellation rules changed"
+
+
+# --- 10. billing details the invoice's XML cannot hold ---------------------------------------------------------------
+
+
+NOT_PRINTABLE = "invisible or reserved characters (such as U+FFFE) that cannot be printed"
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_billing_details_accepted_at_booking_always_print_on_the_invoice(booking_data, admin_client):
+    """HELD (was a medium finding: billing details the invoice's XML cannot hold): U+FFFE / U+FFFF, lone
+    surrogates, the other noncharacters and C1 controls, which XML 1.0 (and lxml) refuse, are refused with a message
+    in the user's language wherever details printed on an invoice are entered: the booking form, the order page's
+    billing change, the service behind both, and the admin's invoicing settings (the seller's details)."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from booking.billing import BillingDetails, billing_check
+    from booking.rules import BookingError
+    from payments.models import InvoicingSettings
+
+    client = Client(raise_request_exception=False)
+    refused = client.post(reverse("booking:book"), booking_data(lots="1", organisation="Analytical Engines Lab\ufffe"))
+    assert refused.status_code == 200 and NOT_PRINTABLE in refused.content.decode()
+    assert not Order.objects.exists()
+    client.cookies["django_language"] = "fr"
+    in_french = client.post(reverse("booking:book"), booking_data(lots="1", billing_address="1 rue Babbage\uffff"))
+    assert "caractères invisibles ou réservés" in in_french.content.decode()
+    client.cookies["django_language"] = "en"
+
+    order, token = place(client, booking_data(lots="1", organisation="Analytical Engines Lab"))
+    change = {
+        "organisation": "Analytical Engines Lab",
+        "billing_address": "12 Difference Row\n\U0010fffe",
+        "billing_country": "GB",
+        "vat_number": "",
+        "purchase_order": "",
+    }
+    page = client.post(
+        reverse("booking:order-billing", kwargs={"public_id": order.public_id, "token": token}), change, follow=True
+    )
+    assert NOT_PRINTABLE in page.content.decode()
+    order.refresh_from_db()
+    assert "\U0010fffe" not in order.billing_address
+    for unprintable in ("\ud800", "\ufdd0", "\x85"):
+        with pytest.raises(BookingError) as refusal:
+            billing_check(BillingDetails(organisation=f"La{unprintable}b", address="1 Main St", country="US"))
+        assert refusal.value.field == "organisation"
+
+    settings_url = reverse("admin:payments_invoicingsettings_change", args=[1])
+    InvoicingSettings.current()  # the one row, made on first use
+    seller = {
+        "seller_name": "Binôme\ufffe",
+        "seller_address": "1 rue de l'Exemple\n75001 Paris",
+        "seller_country": "FR",
+        "seller_vat_number": "FR40303265045",
+        "seller_registration": "",
+        "legal_mentions": "",
+        "vat_rate_percent": "20.00",
+        "number_prefix": "F",
+    }
+    admin_page = admin_client.post(settings_url, seller)
+    assert admin_page.status_code == 200 and NOT_PRINTABLE in admin_page.content.decode()
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_an_invoice_that_cannot_be_printed_answers_a_page_and_never_starves_the_sweep(
+    booking_data, admin_user, mailoutbox
+):
+    """HELD (the other half of that finding): an issued invoice whose document cannot be printed for good (here
+    details stored before the check existed) is recorded as unprintable the first time it is tried, by the order
+    page's download or by the task: the download answers a page that says so (not a 500), the task stops without
+    retrying or mailing, and beat's sweep no longer queues it, so it never holds a place in the sweep's batch that
+    another customer's unprinted invoice needs."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from payments.fiscal_documents import fiscal_invoices_without_document
+    from payments.models import FiscalDocumentFailure
+    from payments.tasks import issue_fiscal_document
+
+    client = Client(raise_request_exception=False)
+    order, token = place(client, booking_data(lots="1", organisation="Analytical Engines Lab"))
+    Order.objects.filter(pk=order.pk).update(organisation="Analytical Engines Lab\ufffe")  # stored before the check
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
+    unprintable = FiscalInvoice.objects.get(order=order)
+    other, _other_token = place(client, booking_data(lots="1", contact_email="ada@example.org"))
+    invoice_mark_paid(invoice=current_invoice(other), user=admin_user, reason="test: paid by wire")
+    printable = FiscalInvoice.objects.get(order=other)  # its first print was lost (no worker ran it)
+
+    response = client.get(
+        reverse(
+            "booking:order-invoice-pdf",
+            kwargs={"public_id": order.public_id, "token": token, "number": unprintable.number},
+        )
+    )
+    assert response.status_code == 200, f"the invoice download answered {response.status_code}"
+    assert f"Invoice {unprintable.number} cannot be printed" in response.content.decode()
+    assert FiscalDocumentFailure.objects.filter(fiscal_invoice=unprintable).exists()
+    assert issue_fiscal_document(unprintable.pk) == "not printable"
+    assert not [message for message in mailoutbox if unprintable.number in message.subject]
+
+    stuck = fiscal_invoices_without_document(now=timezone.now() + timedelta(hours=1), limit=1)
+    assert stuck == [printable.pk]
+
+
+# --- 11. one batched payout for two refunds ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("rules_published")
+def test_two_refunds_paid_in_one_batched_transaction_are_both_counted(
+    client, chain, booking_data, operator, django_capture_on_commit_callbacks
+):
+    """HELD (was a medium finding: a batched payout proved only its first refund): refund_credit_tx counts each
+    transfer (hash and log index, as the unique constraint) for the refund it pays, not the whole hash for the
+    first refund that counted one of its logs. An operator who pays two refunds in one transaction (a Safe
+    multisend, Multicall3, Disperse: how payouts are usually batched) proves both: the first, counted by the scan's
+    watch, stays counted once, and the second is credited with what that transaction paid to its address."""
+    from payments.tasks import scan_chain
+
+    capture = django_capture_on_commit_callbacks
+    first_order, first_token, _ = paid_on_chain(client, chain, booking_data)
+    second_order, second_token, _ = paid_on_chain(client, chain, booking_data, contact_email="bob@example.org")
+    first = cancel(client, first_order, first_token, capture)
+    second = cancel(client, second_order, second_token, capture)
+    give_address(client, first_order, first_token, first, checksum(chain.accounts()[CUSTOMER_WALLET]))
+    give_address(client, second_order, second_token, second, checksum(chain.accounts()[4]))
+    first.refresh_from_db()
+    second.refresh_from_db()
+
+    # The operator's batch: the first refund in full, half of the second, in one transaction.
+    operator_wallet = chain.accounts()[2]
+    batcher = chain.deploy("Multicall3", sender=operator_wallet)
+    token = checksum(first.asset_contract)
+    half = int(second.amount_units) // 2
+    chain.mint(first.asset_contract, batcher, int(first.amount_units) + half, sender=operator_wallet)
+    calls = [
+        (
+            token,
+            False,
+            chain._call_data("DemoStablecoin", "transfer", checksum(first.address), int(first.amount_units)),
+        ),
+        (token, False, chain._call_data("DemoStablecoin", "transfer", checksum(second.address), half)),
+    ]
+    tx_hash = chain.call("Multicall3", batcher, "aggregate3", calls, sender=operator_wallet)["transactionHash"]
+    with capture(execute=True):
+        confirm(chain)
+        scan_chain(CHAIN_ID)  # the scan and its refund watch
+    client.force_login(operator)
+    enter_hash(client, first, tx_hash, capture)
+    console = enter_hash(client, second, tx_hash, capture)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == Refund.Status.PAID
+    assert int(second.amount_paid_units) == half, (
+        f"the second refund received {half} units in that transaction, counted {second.amount_paid_units}; "
+        f"console: {'already counted for another refund' in console}"
+    )
