@@ -94,6 +94,8 @@ def _status_fresh_for(order: Order, *, now) -> float:
 
 
 ACCESS_SHOWN = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+# Paid for and called off: the page says what is owed back, then that it went back.
+REFUNDED_STATUSES = (OrderStatus.CANCELLED, OrderStatus.REJECTED)
 
 
 def _order_context(order: Order, token: str) -> dict:
@@ -122,6 +124,7 @@ def _order_context(order: Order, token: str) -> dict:
         "payment": payment_selectors.payment_view(order),  # the current invoice: address, amount, QR code
         "extension": _extension_payment(order),
         "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
+        "refunded": order.status in REFUNDED_STATUSES and payment_selectors.order_refunds_paid(order),
     }
 
 
