@@ -511,18 +511,20 @@ def order_keys_change(
 def order_cancel_by_customer(*, order: Order, refund_shown: Decimal | None = None, now: datetime | None = None) -> None:
     """Cancel the order and release its lots. Unpaid: nothing is owed. Paid and not started: the refund its terms
     give now is recorded as owed, but only if it is the amount the customer was shown (a deadline passed between
-    the page and the click changes it: they are asked again, with the new amount)."""
-    if order.can_be_cancelled_by_customer:
-        order_transition(
-            order=order,
-            to_status=OrderStatus.CANCELLED,
-            actor_kind=OrderEvent.Actor.CUSTOMER,
-            reason="cancelled by customer",
-        )
-        return
+    the page and the click changes it: they are asked again, with the new amount). Paid or not is read from the
+    locked row: a payment settled since the page was read takes the paid path (and its refund check)."""
     now = now or timezone.now()
     with transaction.atomic():
         order = lock_order(order.pk)
+        if order.can_be_cancelled_by_customer:
+            order_transition(
+                order=order,
+                to_status=OrderStatus.CANCELLED,
+                actor_kind=OrderEvent.Actor.CUSTOMER,
+                reason="cancelled by customer",
+                now=now,
+            )
+            return
         if not order.can_be_cancelled_with_refund:
             raise InvalidTransition(_("This order can no longer be cancelled here: write to us instead."))
         quote = refund_quote(order=order, now=now)

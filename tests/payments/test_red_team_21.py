@@ -253,11 +253,11 @@ def test_held_every_payment_received_after_settlement_is_owed_back(client, chain
 def test_a_cancel_racing_the_settlement_gives_the_refund_the_rules_give_not_a_full_one(
     client, booking_data, admin_user, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (low: a race): order_cancel_by_customer decides "unpaid" on the order as the view read it,
-    then order_transition locks and accepts PAID -> CANCELLED. A cancel posted while the payment settles (the view
-    read AWAITING_PAYMENT, the scan committed PAID before the lock) cancels the paid order without refund_due:
-    refunds_open_for_order treats it as an operator's cancellation and refunds the whole invoice, ignoring the
-    fee and the 50 % rule the customer accepted (and no refund was ever shown to them)."""
+    """Fixed (was low, a race): order_cancel_by_customer decides paid or unpaid from the order row it locked, not
+    from the order as the view read it. A cancel posted while the payment settles (the view read
+    AWAITING_PAYMENT, the settlement committed PAID before the lock) takes the paid path: the refund the
+    customer was shown (none) is not the quote, so nothing is cancelled and they are asked again; a paid order is
+    never cancelled through the unpaid path with a full refund."""
     capture = django_capture_on_commit_callbacks
     order, _token = place(client, booking_data(lots="1"))
     as_the_view_read_it = Order.objects.get(pk=order.pk)
