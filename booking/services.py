@@ -441,6 +441,14 @@ def order_extend(*, order: Order, days: int, evidence: dict) -> None:
     )
 
 
+def order_record_fault_refund(*, order: Order, amount: Decimal) -> None:
+    """Payments refunded `amount` of the price for time lost to a provider fault: a cancellation refunds only what
+    is left of the price (booking/cancellation.py). In the caller's transaction."""
+    order = lock_order(order.pk)
+    order.fault_refunds += amount
+    order.save(update_fields=["fault_refunds", "updated_at"])
+
+
 def order_end_early(*, order: Order, now: datetime | None = None) -> None:
     """The customer ends their window now: access is torn down at once (provisioning reacts to the transition) and
     the lots can be booked again. What the unused days return is the terms' to say; the order records them."""

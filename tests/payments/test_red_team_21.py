@@ -139,13 +139,11 @@ def test_provider_fault_refund_then_cancellation_never_refunds_more_than_was_pai
     who,
     django_capture_on_commit_callbacks,
 ):
-    """VULNERABILITY (high): a READY order (provisioned before its window) is both movable with a pro-rata refund
-    (booking.services.MOVABLE) and cancellable with a refund (PAID_CANCELLABLE_STATUSES). The provider-fault
-    refund (reason provider_fault) and the cancellation refund (reason cancellation) are separate rows on the same
-    invoice; refunds_open_for_order refunds min(refund_due, invoice.fiat_amount) without subtracting what was
-    refunded already, so the total owed back exceeds what the customer paid. And fiscal_credit_notes_for_refund
-    returns early when any credit note exists, so the cancellation has no credit note: the books show revenue the
-    operator refunded."""
+    """Fixed (was high): a READY order (provisioned before its window) is both movable with a pro-rata refund and
+    cancellable with a refund. The refunds of an invoice's price (provider fault, cancellation, rejection) never
+    add up to more than it received: refunds_open_for_order opens only what is left of it, the quote shown to the
+    customer is capped by what is left of the price (Order.fault_refunds), and the credit notes follow the
+    refunds (fiscal_credit_notes_for_refund credits what they add up to, less the notes issued already)."""
     capture = django_capture_on_commit_callbacks
     order, _token = ready_order(client, booking_data, admin_user, capture)
     invoice = order.invoices.get(status=Invoice.Status.SETTLED)
