@@ -424,15 +424,17 @@ def extension_holds_release(*, now: datetime | None = None, batch_size: int = 20
 
 
 @transaction.atomic
-def order_extend(*, order: Order, days: int, evidence: dict) -> None:
-    """The extension is paid: move the end and the lots' periods. The exclusion constraint re-checks them; the
-    end warnings are kept per window end, so they run again before the new one."""
+def order_extend(*, order: Order, days: int, evidence: dict, price: Decimal = Decimal(0)) -> None:
+    """The extension is paid (`price`, counted in what a cancellation refunds): move the end and the lots'
+    periods. The exclusion constraint re-checks them; the end warnings are kept per window end, so they run again
+    before the new one."""
     order = lock_order(order.pk)
     window = extension_check(order=order, days=days)
     Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
     order.ends_at = window.ends_at
     order.extension_held_until = None
-    order.save(update_fields=["ends_at", "extension_held_until", "updated_at"])
+    order.extensions_price += price
+    order.save(update_fields=["ends_at", "extension_held_until", "extensions_price", "updated_at"])
     order_note(
         order=order,
         reason=f"window extended by {days} days",

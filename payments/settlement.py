@@ -226,7 +226,7 @@ def _settle(
     carried = True
     try:
         if invoice.purpose == Invoice.Purpose.EXTENSION:
-            booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
+            booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence, price=invoice.fiat_amount)
         elif order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
             booking.order_transition(
                 order=order,

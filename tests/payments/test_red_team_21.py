@@ -193,11 +193,10 @@ def partial_refund_rules(rules):  # noqa: F811
 def test_a_cancelled_order_with_a_paid_extension_refunds_what_the_customer_was_shown_with_credit_notes_for_it(
     client, booking_data, admin_user, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (medium): a READY order can be extended before its window starts and still be cancelled with
-    a refund. The cancel button shows (and the service checks) refund_quote on Order.total_price only, 50 % here;
-    refunds_open_for_order then refunds the extension invoice in full besides (purpose != ORDER branch), so more is
-    owed back than the customer was shown and than the 50 % rule gives; and fiscal_credit_notes_for_refund credits
-    only Order.refund_due, so the extension's refund has no credit note."""
+    """Fixed (was medium): a READY order can be extended before its window starts and still be cancelled with a
+    refund. The cancellation rules apply to everything paid for the window (Order.total_price plus the paid
+    extensions, Order.extensions_price): the quote on the cancel button is what is refunded, spread over the
+    booking's invoice first and then the extension's, and credited by credit notes of the same total."""
     capture = django_capture_on_commit_callbacks
     order, _token = ready_order(client, booking_data, admin_user, capture)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)
