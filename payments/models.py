@@ -268,6 +268,7 @@ class Refund(models.Model):
         OVERPAYMENT = "overpayment", _("Paid more than the amount due")
         LATE_PAYMENT = "late_payment", _("Paid after the invoice was settled or the order closed")
         PROVIDER_FAULT = "provider_fault", _("Provider fault")
+        EXTENSION_REFUSED = "extension_refused", _("Extension paid when it was no longer possible")
 
     class Status(models.TextChoices):
         AWAITING_ADDRESS = "awaiting_address", _("Waiting for your refund address")

@@ -452,12 +452,11 @@ def test_the_contact_is_told_when_the_refund_address_changes(
 def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
     client, booking_data, admin_user, operator, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (medium): order_credit_time checks the lots only up to end + hours lost, and keeps an
-    extension's hold as it was (Greatest). The hold covered end + 3 days; the credit moves the end, so the paid
-    extension now needs end + hours lost + 3 days, which another booking took (legitimately: it starts after the
-    hold). When the extension's payment confirms, order_extend refuses, _settle keeps the payment "for an
-    operator" and opens no refund (the order is READY/ACTIVE, not cancelled): the customer paid for days they do
-    not get and nothing owes them back."""
+    """Fixed (was medium): a lost-time credit while an extension waits for its payment. order_credit_time moves
+    the extension's hold after the new end when the lots are free for it; when they are not (here another lab
+    booked the lot from end + 5 days), the credit is still given and the hold ends with the new window. When the
+    extension's payment then confirms and order_extend refuses it, _settle opens a refund of it (reason
+    extension_refused) instead of keeping the money for an operator with nothing owed back."""
     from booking.services import order_reassign_lot
 
     capture = django_capture_on_commit_callbacks
@@ -502,6 +501,38 @@ def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
         f"extension paid ({extension.status}, needs_operator={extension.needs_operator}), window ends "
         f"{order.ends_at:%Y-%m-%d %H:%M} (credited end {end + timedelta(hours=72):%Y-%m-%d %H:%M}), no refund opened"
     )
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_a_held_extension_keeps_its_days_after_a_lost_time_credit(
+    client, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    """A lost-time credit moves a held extension's days after the new end when the lots are free for them: the
+    extension paid afterwards is given in full (end + hours lost + its days), and nobody can book those days
+    meanwhile."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    end = order.ends_at
+    failing, target = other_free_lot(order)
+    extension = checkout.order_extension_request(order=order, days=3, actor=None)
+
+    client.force_login(operator)
+    act(
+        client,
+        order,
+        "move",
+        {"from_lot": failing.pk, "to_lot": target.pk, "hours_lost": "72", "credit": "extension"},
+        capture,
+    )
+    held = order.allocations.filter(released_at__isnull=True).values_list("ends_at", flat=True)
+    assert all(until >= end + timedelta(hours=72) + timedelta(days=3) for until in held)
+
+    with capture(execute=True):
+        invoice_mark_paid(invoice=extension, user=admin_user, reason="the extension's transfer confirmed")
+
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(hours=72) + timedelta(days=3)
+    assert not Refund.objects.filter(invoice=extension).exists()
 
 
 # --- 9. a published terms version and a concurrent save of its draft ------------------------------------------------
