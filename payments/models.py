@@ -335,6 +335,28 @@ class Refund(models.Model):
         return self.status != self.Status.PAID
 
 
+class RefundAddress(models.Model):
+    """Every address a refund was given, kept after a change: a transfer to any of them pays the refund (by its hash
+    or the scan's watch). The customer may change the address while the operator's payout to the previous one is
+    on its way; that payout still counts, so the operator never pays twice (payments/refunds.py)."""
+
+    refund = models.ForeignKey(Refund, on_delete=models.PROTECT, related_name="addresses")
+    address = models.CharField(_("refund address"), max_length=42)
+    given_at = models.DateTimeField()
+    # The scanner's proven block when it was given: the scan's watch counts transfers to it after this block only
+    # (null: an address given before the history was kept, watched from the refund's own watch).
+    watch_from_block = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["given_at", "pk"]
+        verbose_name = _("refund address")
+        verbose_name_plural = _("refund addresses")
+        constraints = [models.UniqueConstraint(fields=["refund", "address"], name="refund_address_once")]
+
+    def __str__(self) -> str:
+        return self.address
+
+
 class RefundPayment(models.Model):
     """A transaction that paid (part of) a refund, read on chain by the portal from the hash the operator entered:
     an ERC-20 Transfer log of the refund's token to its address, or the native coin of the transaction (log_index

@@ -10,7 +10,7 @@ The amount is fixed in base units of the original payment's asset when the refun
 - from base units (an overpayment), as they were received.
 
     awaiting_address ──address given──▶ due ──part paid──▶ partly_paid ──rest paid──▶ paid
-          ▲   (the address stays editable until paid)
+          ▲   (the address stays editable until paid; every address given stays a destination that pays it)
 
 Locks: order, then invoice (`lock_invoice`), then the refund (conventions.md #4).
 """
@@ -29,7 +29,7 @@ from booking.models import Order, OrderEvent, OrderStatus
 from payments.chain import checksum
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
-from payments.models import ChainCursor, Invoice, Refund
+from payments.models import ChainCursor, Invoice, Refund, RefundAddress
 
 logger = logging.getLogger(__name__)
 
@@ -231,9 +231,16 @@ def refund_address_problem(*, refund: Refund, text: str) -> str | None:
     return None
 
 
+# Addresses one refund may be given over its life: each is watched by the scan until the refund is paid.
+MAX_REFUND_ADDRESSES = 5
+
+
 def refund_set_address(*, refund: Refund, address: str, now: datetime | None = None) -> Refund:
     """The customer gives (or changes) the address to refund to: on the paid chain, for the same asset, in its
-    checksummed form. Editable until the refund is paid."""
+    checksummed form. Editable until the refund is paid, at most MAX_REFUND_ADDRESSES different ones. Every
+    address given is kept (`RefundAddress`): a transfer to any of them pays the refund, so a change made while the
+    operator's payout to the previous one is on its way does not make the operator pay twice. The contact is
+    e-mailed when the address changes."""
     now = now or timezone.now()
     problem = refund_address_problem(refund=refund, text=address)
     if problem:
@@ -247,11 +254,22 @@ def refund_set_address(*, refund: Refund, address: str, now: datetime | None = N
         if refund.address == lowered:
             return refund
         previous = refund.address
-        refund.address, refund.address_set_at = lowered, now
-        # The scan watches a token refund's address from the chain's proven block (refund_proofs.refunds_detect).
-        refund.scanned_to_block = (
-            ChainCursor.objects.filter(chain_id=refund.chain_id).values_list("confirmed_block", flat=True).first()
+        proven = ChainCursor.objects.filter(chain_id=refund.chain_id).values_list("confirmed_block", flat=True).first()
+        if previous:  # given before the history was kept: it stays a destination too
+            RefundAddress.objects.get_or_create(refund=refund, address=previous, defaults={"given_at": now})
+        known = set(refund.addresses.values_list("address", flat=True))
+        if lowered not in known and len(known) >= MAX_REFUND_ADDRESSES:
+            raise PaymentError(
+                _("This refund has had too many addresses: write to us to change it again."), field="address"
+            )
+        # The scan watches each address from the chain's proven block when it was given (refund_proofs.
+        # refunds_detect); the refund's own watch goes on, so a transfer to a previous address is still seen.
+        RefundAddress.objects.get_or_create(
+            refund=refund, address=lowered, defaults={"given_at": now, "watch_from_block": proven}
         )
+        refund.address, refund.address_set_at = lowered, now
+        if not previous:
+            refund.scanned_to_block = proven
         if refund.status == Refund.Status.AWAITING_ADDRESS:
             refund.status = Refund.Status.DUE
         refund.save(update_fields=["address", "address_set_at", "scanned_to_block", "status"])
@@ -262,6 +280,14 @@ def refund_set_address(*, refund: Refund, address: str, now: datetime | None = N
             evidence={"refund": refund.pk, "address": lowered, "previous": previous},
         )
     return refund
+
+
+def refund_destinations(refund: Refund) -> list[tuple[str, int | None]]:
+    """Every address the refund was given, with the proven block from which the scan watches it (None: from the
+    refund's own watch); a transfer to any of them pays the refund. The current address comes first."""
+    history = dict(refund.addresses.values_list("address", "watch_from_block"))
+    current = [(refund.address, history.pop(refund.address, None))] if refund.address else []
+    return current + sorted(history.items())
 
 
 def refund_uri(refund: Refund) -> str:

@@ -88,12 +88,11 @@ def test_refund_address_changed_after_the_operator_paid_does_not_make_the_operat
     operator,
     django_capture_on_commit_callbacks,
 ):
-    """VULNERABILITY (high): the refund address stays editable until the refund is *recorded* paid, and only a
-    transfer to the address saved at the moment of the check counts (refund_proofs.refund_credit_tx `to_address=
-    refund.address`; refunds_detect restarts its watch on a new address). The customer gives address A, the
-    operator pays the console's link to A, the customer sees the transfer arrive and changes the address to B
-    before the scan or the operator's hash entry counts it: the transfer to A (which the customer gave and holds)
-    counts for nothing, the refund stays due in full, and the console now asks the operator to pay B."""
+    """Fixed (was high): the refund address stays editable until the refund is paid, but every address it was
+    given is kept (RefundAddress) and a transfer to any of them pays it. The customer gives address A, the operator
+    pays the console's link to A, the customer sees the transfer arrive and changes the address to B before the
+    scan counts it: the scan's watch (which goes on reading A) and the operator's hash both count the transfer to A,
+    and the refund is paid; the operator is not asked to pay B."""
     capture = django_capture_on_commit_callbacks
     order, token, _invoice = paid_on_chain(client, chain, booking_data)
     refund = cancel(client, order, token, capture)
