@@ -279,6 +279,9 @@ def refund_set_address(*, refund: Refund, address: str, now: datetime | None = N
             actor_kind=OrderEvent.Actor.CUSTOMER,
             evidence={"refund": refund.pk, "address": lowered, "previous": previous},
         )
+        from payments.tasks import send_refund_address_changed
+
+        send_refund_address_changed.delay_on_commit(refund.pk, lowered, previous)
     return refund
 
 

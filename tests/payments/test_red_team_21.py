@@ -426,10 +426,10 @@ def test_held_a_transfer_in_another_token_pays_nothing(
 def test_the_contact_is_told_when_the_refund_address_changes(
     client, chain, booking_data, mailoutbox, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (low-medium): the order link is the only credential for the refund address, and a change is
-    recorded in the order's events but told to nobody: whoever holds a forwarded or leaked link (a collaborator,
-    a mail archive) redirects the refund to their own address silently, and the contact learns it only from the
-    "refund sent" e-mail, after the money left. BTCPay-style claims confirm the destination to the owner."""
+    """Fixed (was low-medium): the order link is the only credential for the refund address, so whoever holds a
+    forwarded or leaked link could redirect the refund silently. Every address given or changed is now e-mailed
+    to the contact (Notice.REFUND_ADDRESS_CHANGED, with the previous address), who can undo a change they did not
+    make before the operator pays; a payout sent to the previous address still counts."""
     capture = django_capture_on_commit_callbacks
     order, token, _invoice = paid_on_chain(client, chain, booking_data)
     refund = cancel(client, order, token, capture)
@@ -441,7 +441,10 @@ def test_the_contact_is_told_when_the_refund_address_changes(
 
     refund.refresh_from_db()
     assert "Refund address saved" in answer and refund.address == chain.accounts()[5].lower()
-    assert [mail for mail in mailoutbox if order.contact_email in mail.to], "the contact was not told"
+    told = [mail for mail in mailoutbox if order.contact_email in mail.to]
+    assert told, "the contact was not told"
+    assert checksum(chain.accounts()[5]) in told[0].body
+    assert checksum(chain.accounts()[CUSTOMER_WALLET]) in told[0].body
 
 
 # --- 8. a lost-time credit while an extension waits for its payment -------------------------------------------------
