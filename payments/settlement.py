@@ -255,6 +255,9 @@ def _settle(
         # Money that buys nothing goes back: an order that will not be served, or an extension that can no longer
         # be given (its lots were taken meanwhile, the window ended).
         if order.status in refunds.REFUND_REASON_BY_STATUS or invoice.purpose == Invoice.Purpose.EXTENSION:
+            received = int(invoice.amount_confirmed_units)
+            if invoice.marked:  # marked paid by hand: the amount due came by another route
+                received = max(received, int(invoice.amount_due_units))
             refunds.refund_open(
                 order=order,
                 invoice=invoice,
@@ -263,8 +266,7 @@ def _settle(
                     if order.status in refunds.REFUND_REASON_BY_STATUS
                     else Refund.Reason.EXTENSION_REFUSED
                 ),
-                # Marked paid by hand: the amount due came by another route.
-                amount_units=max(int(invoice.amount_confirmed_units), int(invoice.amount_due_units) * invoice.marked),
+                amount_units=received,
                 evidence=evidence,
             )
     invoice.save()
