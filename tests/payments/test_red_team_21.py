@@ -8,6 +8,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from booking.cancellation import refund_quote
@@ -106,6 +107,8 @@ def test_refund_address_changed_after_the_operator_paid_does_not_make_the_operat
     # The customer sees it in their wallet (mempool or first block) and gives another address of theirs at once.
     second = checksum(chain.accounts()[4])
     answer = give_address(client, order, token, refund, second)
+    queue = client.get(reverse("console:queue")).content.decode()
+    assert "Address changed" in queue and first in queue  # the operator is told a payout to the first counts
     with capture(execute=True):
         confirm(chain)  # the scan, with its refund watch
     console = enter_hash(client, refund, tx_hash, capture)
