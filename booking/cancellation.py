@@ -1,5 +1,9 @@
 """What a paid order's cancellation refunds, by the rules of the terms version its customer accepted: in full less
-the fee until N days before the start, a percentage until the start, nothing once the window has started."""
+the fee until N days before the start, a percentage until the start, nothing once the window has started.
+
+"The price" is everything paid for the window: the booking and its paid extensions. What was refunded already
+for a provider fault is not refunded twice: the quote never exceeds what is left of the price. The quote is the
+amount shown on the cancel button, checked by the cancel service, and refunded (payments/refunds.py)."""
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,7 +35,7 @@ def refund_quote(*, order: Order, now: datetime) -> RefundQuote:
     """The refund if `order` (paid) were cancelled at `now`."""
     terms: TermsVersion = order.terms_version
     full_until = order.starts_at - timedelta(days=terms.full_refund_days_before)
-    total = order.total_price
+    total = order.total_price + order.extensions_price
     if now < full_until:
         amount, rule, until = max(total - terms.cancellation_fee, Decimal("0")), RefundRule.FULL, full_until
     elif now < order.starts_at:
@@ -39,8 +43,12 @@ def refund_quote(*, order: Order, now: datetime) -> RefundQuote:
         rule, until = RefundRule.PARTIAL, order.starts_at
     else:
         amount, rule, until = Decimal("0"), RefundRule.NONE, None
+    left = max(total - order.fault_refunds, Decimal("0"))
     return RefundQuote(
-        amount=amount.quantize(CENT, rounding=ROUND_HALF_UP), currency=order.currency, rule=rule, valid_until=until
+        amount=min(amount.quantize(CENT, rounding=ROUND_HALF_UP), left),
+        currency=order.currency,
+        rule=rule,
+        valid_until=until,
     )
 
 

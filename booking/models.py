@@ -382,6 +382,11 @@ class Order(models.Model):
     currency = models.CharField(_("currency"), max_length=3)
     price_per_lot = models.DecimalField(_("price per lot"), max_digits=12, decimal_places=2)
     total_price = models.DecimalField(_("total"), max_digits=14, decimal_places=2)
+    # What the paid extensions of the window cost (booking.services.order_extend), and what was refunded already
+    # for time lost to provider faults: the cancellation rules apply to everything paid, and never give back more
+    # than is left of it (booking/cancellation.py).
+    extensions_price = models.DecimalField(_("extensions paid"), max_digits=14, decimal_places=2, default=0)
+    fault_refunds = models.DecimalField(_("refunded for provider faults"), max_digits=14, decimal_places=2, default=0)
     hold_expires_at = models.DateTimeField(_("lots held until"), null=True, blank=True)
     # While an extension's invoice is open, the lots stay held past the window for it until then (booking.services
     # extension_hold); the sweep gives the extra days back when it passes unpaid.

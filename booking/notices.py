@@ -24,6 +24,9 @@ class Notice(StrEnum):
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
     ORDER_CANCELLED = "order_cancelled"  # order=, refund_due=: a paid order cancelled by its customer
     REFUND_REQUESTED = "refund_requested"  # order=, refund=, link=: money is owed back, give an address
+    # order=, refund=, address=, previous= ("" when first given): to the contact, who can undo a change they did
+    # not make before the operator pays
+    REFUND_ADDRESS_CHANGED = "refund_address_changed"
     REFUND_SENT = "refund_sent"  # order=, refund=, payments=[RefundPayment]: the refund is paid, with its transactions
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
     INVOICE_ISSUED = "invoice_issued"  # order=, fiscal_invoice=: the invoice's PDF attached, to the contact

@@ -6,8 +6,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Min, Value
-from django.db.models.functions import Greatest
+from django.db.models import Max, Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -260,29 +259,41 @@ def order_move_lot(
 def order_credit_time(*, order: Order, lost: timedelta, actor: AbstractBaseUser) -> datetime:
     """Give back time lost to a provider fault as a longer window: the end and the lots' periods move by `lost`,
     if the lots are free for it (no other booking, no maintenance of their hosts), else BookingError. Returns the
-    new end. The end warnings are kept per window end, so they run again before the new one."""
+    new end. The end warnings are kept per window end, so they run again before the new one.
+
+    An extension waiting for its payment keeps its days after the new end when the lots are free for them too (its
+    hold moves with the end); when they are not, the credit is still given and the hold ends with the new window:
+    a payment of that extension is then refused and refunded (payments/settlement.py)."""
     order = lock_order(order.pk)
     if order.status not in MOVABLE:
         raise BookingError(_("Only a ready or running window can be lengthened."))
     turnaround = BookingPolicy.current().turnaround
-    held_until = order.ends_at + lost + turnaround
-    booked, maintenance = _lots_busy_from(order=order, after=order.ends_at + turnaround)
-    if (booked is not None and booked < held_until) or (maintenance is not None and maintenance < held_until):
+    window_held_until = order.ends_at + turnaround
+    held_until = window_held_until + lost
+    booked, maintenance = _lots_busy_from(order=order, after=window_held_until)
+    next_use = min((moment for moment in (booked, maintenance) if moment is not None), default=None)
+    if next_use is not None and next_use < held_until:
         raise BookingError(
             _("The lots are taken after this window: credit the lost time as a refund instead."), field="credit"
         )
-    # Greatest: an extension waiting for its payment holds the lots longer already, and keeps its hold.
-    Allocation.objects.filter(order=order, released_at__isnull=True).update(
-        ends_at=Greatest("ends_at", Value(held_until))
-    )
+    live = Allocation.objects.filter(order=order, released_at__isnull=True)
+    extension_days_held = timedelta(0)
+    if order.extension_held_until is not None:
+        lots_held_until = live.aggregate(until=Max("ends_at"))["until"] or window_held_until
+        extension_days_held = max(lots_held_until - window_held_until, timedelta(0))
+    extension_kept = next_use is None or next_use >= held_until + extension_days_held
+    live.update(ends_at=held_until + (extension_days_held if extension_kept else timedelta(0)))
     order.ends_at += lost
     order.save(update_fields=["ends_at", "updated_at"])
+    evidence = {"hours": round(lost.total_seconds() / 3600, 2), "new_end": order.ends_at.isoformat()}
+    if extension_days_held:
+        evidence["extension_hold"] = "kept after the new end" if extension_kept else "dropped: its payment is refunded"
     order_note(
         order=order,
         reason="window lengthened: time lost to a provider fault",
         actor_kind=OrderEvent.Actor.OPERATOR,
         actor=actor,
-        evidence={"hours": round(lost.total_seconds() / 3600, 2), "new_end": order.ends_at.isoformat()},
+        evidence=evidence,
     )
     return order.ends_at
 
@@ -424,21 +435,31 @@ def extension_holds_release(*, now: datetime | None = None, batch_size: int = 20
 
 
 @transaction.atomic
-def order_extend(*, order: Order, days: int, evidence: dict) -> None:
-    """The extension is paid: move the end and the lots' periods. The exclusion constraint re-checks them; the
-    end warnings are kept per window end, so they run again before the new one."""
+def order_extend(*, order: Order, days: int, evidence: dict, price: Decimal = Decimal(0)) -> None:
+    """The extension is paid (`price`, counted in what a cancellation refunds): move the end and the lots'
+    periods. The exclusion constraint re-checks them; the end warnings are kept per window end, so they run again
+    before the new one."""
     order = lock_order(order.pk)
     window = extension_check(order=order, days=days)
     Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
     order.ends_at = window.ends_at
     order.extension_held_until = None
-    order.save(update_fields=["ends_at", "extension_held_until", "updated_at"])
+    order.extensions_price += price
+    order.save(update_fields=["ends_at", "extension_held_until", "extensions_price", "updated_at"])
     order_note(
         order=order,
         reason=f"window extended by {days} days",
         actor_kind=OrderEvent.Actor.SYSTEM,
         evidence={**evidence, "new_end": window.ends_at.isoformat()},
     )
+
+
+def order_record_fault_refund(*, order: Order, amount: Decimal) -> None:
+    """Payments refunded `amount` of the price for time lost to a provider fault: a cancellation refunds only what
+    is left of the price (booking/cancellation.py). In the caller's transaction."""
+    order = lock_order(order.pk)
+    order.fault_refunds += amount
+    order.save(update_fields=["fault_refunds", "updated_at"])
 
 
 def order_end_early(*, order: Order, now: datetime | None = None) -> None:
@@ -511,18 +532,20 @@ def order_keys_change(
 def order_cancel_by_customer(*, order: Order, refund_shown: Decimal | None = None, now: datetime | None = None) -> None:
     """Cancel the order and release its lots. Unpaid: nothing is owed. Paid and not started: the refund its terms
     give now is recorded as owed, but only if it is the amount the customer was shown (a deadline passed between
-    the page and the click changes it: they are asked again, with the new amount)."""
-    if order.can_be_cancelled_by_customer:
-        order_transition(
-            order=order,
-            to_status=OrderStatus.CANCELLED,
-            actor_kind=OrderEvent.Actor.CUSTOMER,
-            reason="cancelled by customer",
-        )
-        return
+    the page and the click changes it: they are asked again, with the new amount). Paid or not is read from the
+    locked row: a payment settled since the page was read takes the paid path (and its refund check)."""
     now = now or timezone.now()
     with transaction.atomic():
         order = lock_order(order.pk)
+        if order.can_be_cancelled_by_customer:
+            order_transition(
+                order=order,
+                to_status=OrderStatus.CANCELLED,
+                actor_kind=OrderEvent.Actor.CUSTOMER,
+                reason="cancelled by customer",
+                now=now,
+            )
+            return
         if not order.can_be_cancelled_with_refund:
             raise InvalidTransition(_("This order can no longer be cancelled here: write to us instead."))
         quote = refund_quote(order=order, now=now)

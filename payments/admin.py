@@ -12,7 +12,16 @@ from django.utils.translation import gettext_lazy as _
 
 from payments import config, invoices, settlement
 from payments.errors import PaymentError
-from payments.models import ChainCursor, Invoice, OperatorRate, PaymentSettings, Refund, RefundPayment, Transfer
+from payments.models import (
+    ChainCursor,
+    Invoice,
+    OperatorRate,
+    PaymentSettings,
+    Refund,
+    RefundAddress,
+    RefundPayment,
+    Transfer,
+)
 from payments.selectors import format_units
 from portal.singleton import SingletonAdmin
 
@@ -246,6 +255,18 @@ class RefundPaymentInline(admin.TabularInline):
         return False
 
 
+class RefundAddressInline(admin.TabularInline):
+    """Every address the refund was given: a transfer to any of them pays it."""
+
+    model = RefundAddress
+    extra = 0
+    can_delete = False
+    readonly_fields = [field.name for field in RefundAddress._meta.fields]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Refund)
 class RefundAdmin(admin.ModelAdmin):
     """Read only: a refund moves only through the customer's address form and a transaction read on chain (the
@@ -253,9 +274,9 @@ class RefundAdmin(admin.ModelAdmin):
 
     list_display = ["pk", "order", "reason", "status", "asset_symbol", "chain_id", "amount", "address", "created_at"]
     list_filter = ["status", "reason", "chain_id", "asset_symbol"]
-    search_fields = ["order__public_id", "address", "payments__tx_hash"]
+    search_fields = ["order__public_id", "address", "addresses__address", "payments__tx_hash"]
     readonly_fields = [field.name for field in Refund._meta.fields]
-    inlines = [RefundPaymentInline]
+    inlines = [RefundAddressInline, RefundPaymentInline]
 
     @admin.display(description=_("amount"))
     def amount(self, refund: Refund) -> str:

@@ -269,30 +269,31 @@ def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
 
 @transaction.atomic
 def fiscal_credit_notes_for_refund(*, order_id: int, now: datetime | None = None) -> list[FiscalInvoice]:
-    """Credit notes for what a cancelled or rejected order is owed back: the refund its terms gave when the customer
-    cancelled (`Order.refund_due`, on the oldest invoices first), else everything invoiced. Once per order: the
-    transitions that call it end the order."""
+    """Credit notes follow the refunds: each fiscal invoice of a cancelled or rejected order is credited by what
+    the refunds of its price add up to (payments/refunds.py PRICE_REFUND_REASONS: the cancellation's, the
+    rejection's, a provider fault's), less what its credit notes credit already. Run again, it credits nothing
+    more; a refund given later (a cancellation after a provider-fault refund) is credited then."""
+    from payments.refunds import PRICE_REFUND_REASONS
+
     now = now or timezone.now()
     order = lock_order(order_id)
-    issued = FiscalInvoice.objects.filter(order=order)
-    if issued.filter(kind=FiscalInvoice.Kind.CREDIT_NOTE).exists():
-        return []
-    invoices = list(issued.filter(kind=FiscalInvoice.Kind.INVOICE).order_by("year", "sequence"))
-    owed = order.refund_due if order.refund_due is not None else sum(i.total_gross for i in invoices)
+    invoices = FiscalInvoice.objects.filter(order=order, kind=FiscalInvoice.Kind.INVOICE, payment__isnull=False)
     reason = (
         gettext_lazy("order cancelled, refund by the cancellation policy")
         if order.status == OrderStatus.CANCELLED and order.refund_due is not None
         else gettext_lazy("order cancelled or refused: paid amount refunded")
     )
     notes = []
-    for invoice in invoices:
+    for invoice in invoices.select_related("payment").order_by("year", "sequence"):
+        refunded = invoice.payment.refunds.filter(reason__in=PRICE_REFUND_REASONS, fiat_amount__isnull=False)
+        owed = sum((refund.fiat_amount for refund in refunded), Decimal(0))
+        owed -= sum((note.total_gross for note in invoice.credit_notes.all()), Decimal(0))
         if owed <= 0:
-            break
+            continue
         with translation.override(invoice.language):
             reason_text = str(reason)
         note = fiscal_credit_note_issue(invoice=invoice, amount=owed, reason=reason_text, now=now)
         if note is not None:
-            owed -= note.total_gross
             notes.append(note)
     return notes
 

@@ -268,6 +268,7 @@ class Refund(models.Model):
         OVERPAYMENT = "overpayment", _("Paid more than the amount due")
         LATE_PAYMENT = "late_payment", _("Paid after the invoice was settled or the order closed")
         PROVIDER_FAULT = "provider_fault", _("Provider fault")
+        EXTENSION_REFUSED = "extension_refused", _("Extension paid when it was no longer possible")
 
     class Status(models.TextChoices):
         AWAITING_ADDRESS = "awaiting_address", _("Waiting for your refund address")
@@ -332,6 +333,28 @@ class Refund(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status != self.Status.PAID
+
+
+class RefundAddress(models.Model):
+    """Every address a refund was given, kept after a change: a transfer to any of them pays the refund (by its hash
+    or the scan's watch). The customer may change the address while the operator's payout to the previous one is
+    on its way; that payout still counts, so the operator never pays twice (payments/refunds.py)."""
+
+    refund = models.ForeignKey(Refund, on_delete=models.PROTECT, related_name="addresses")
+    address = models.CharField(_("refund address"), max_length=42)
+    given_at = models.DateTimeField()
+    # The scanner's proven block when it was given: the scan's watch counts transfers to it after this block only
+    # (null: an address given before the history was kept, watched from the refund's own watch).
+    watch_from_block = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["given_at", "pk"]
+        verbose_name = _("refund address")
+        verbose_name_plural = _("refund addresses")
+        constraints = [models.UniqueConstraint(fields=["refund", "address"], name="refund_address_once")]
+
+    def __str__(self) -> str:
+        return self.address
 
 
 class RefundPayment(models.Model):

@@ -29,6 +29,7 @@ from payments.chain_answers import TransferLog
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
 from payments.models import ChainCursor, Refund, RefundPayment
+from payments.refunds import refund_destinations
 from payments.tx_hints import Outcome as HintOutcome
 from payments.tx_hints import credits_of
 
@@ -90,13 +91,18 @@ def refund_credit_tx(
         raise PaymentError(_("The refund's network is no longer configured: it cannot be read."), field="tx_hash")
     client = client or ChainClient(chain)
     transaction_, receipt = client.transaction_and_receipt(tx_hash)
-    outcome, credits = credits_of(
-        tx_hash=tx_hash,
-        transaction_=transaction_,
-        receipt=receipt,
-        to_address=refund.address,
-        tokens=frozenset({refund.asset_contract} if refund.asset_contract else ()),
-    )
+    outcome, credits = HintOutcome.ELSEWHERE, []
+    for address, _watch_from in refund_destinations(refund):  # any address the refund was given pays it
+        outcome, paid_there = credits_of(
+            tx_hash=tx_hash,
+            transaction_=transaction_,
+            receipt=receipt,
+            to_address=address,
+            tokens=frozenset({refund.asset_contract} if refund.asset_contract else ()),
+        )
+        credits += paid_there
+        if outcome in (HintOutcome.NOT_FOUND, HintOutcome.FAILED):
+            break
     credits = [credit for credit in credits if credit.token == refund.asset_contract]  # its asset, nothing else
     if outcome == HintOutcome.NOT_FOUND:
         return RefundTxOutcome.NOT_FOUND
@@ -244,10 +250,14 @@ def refunds_detect(*, chain_id: int, client: ChainClient | None = None, now: dat
     for refund in refunds:
         start = int(refund.scanned_to_block) + 1
         end = min(proven, start + DETECT_BLOCKS_PER_READ - 1)
-        try:
-            logs, _start_time = client.token_transfers_to(
-                token=refund.asset_contract, address=refund.address, start=start, end=end
-            )
+        logs = []
+        try:  # every address the refund was given, each from the block it was given at
+            for address, watch_from in refund_destinations(refund):
+                first = max(start, int(watch_from) + 1 if watch_from is not None else start)
+                if first <= end:
+                    logs += client.token_transfers_to(
+                        token=refund.asset_contract, address=address, start=first, end=end
+                    )[0]
         except (RangeRefused, RangeNotReady, ChainUnavailable):
             continue
         for log in sorted(logs, key=lambda log: (log.block_number, log.log_index)):
@@ -258,8 +268,6 @@ def refunds_detect(*, chain_id: int, client: ChainClient | None = None, now: dat
                 continue
             if _record_credits(refund=refund, credits=[log], final=True, user=None, now=now):
                 counted += 1
-        # Only while the address is still the one read: a changed address starts its own watch.
-        Refund.objects.filter(pk=refund.pk, address=refund.address, scanned_to_block=start - 1).update(
-            scanned_to_block=end
-        )
+        # Every address is read to `end` (a new address given meanwhile is watched from its own block).
+        Refund.objects.filter(pk=refund.pk, scanned_to_block=start - 1).update(scanned_to_block=end)
     return counted

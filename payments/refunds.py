@@ -10,7 +10,7 @@ The amount is fixed in base units of the original payment's asset when the refun
 - from base units (an overpayment), as they were received.
 
     awaiting_address ──address given──▶ due ──part paid──▶ partly_paid ──rest paid──▶ paid
-          ▲   (the address stays editable until paid)
+          ▲   (the address stays editable until paid; every address given stays a destination that pays it)
 
 Locks: order, then invoice (`lock_invoice`), then the refund (conventions.md #4).
 """
@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
 
 from django.db import IntegrityError, transaction
+from django.db.models import Case, When
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
@@ -28,7 +29,7 @@ from booking.models import Order, OrderEvent, OrderStatus
 from payments.chain import checksum
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
-from payments.models import ChainCursor, Invoice, Refund
+from payments.models import ChainCursor, Invoice, Refund, RefundAddress
 
 logger = logging.getLogger(__name__)
 
@@ -100,23 +101,46 @@ REFUND_REASON_BY_STATUS = {
 }
 
 
+# The refunds that give back (part of) an invoice's price: together never more than the invoice received, and each
+# credited on its fiscal invoice. Overpayments and late payments give back money beyond the price.
+PRICE_REFUND_REASONS = (
+    Refund.Reason.CANCELLATION,
+    Refund.Reason.REJECTION,
+    Refund.Reason.PROVIDER_FAULT,
+)
+
+
+def price_left_to_refund(invoice: Invoice) -> tuple[Decimal, int]:
+    """What is left of `invoice`'s price once the refunds of its price opened so far are given: (fiat, units)."""
+    given = Refund.objects.filter(invoice=invoice, reason__in=PRICE_REFUND_REASONS)
+    fiat = sum((refund.fiat_amount or Decimal(0) for refund in given), Decimal(0))
+    units = sum(int(refund.amount_units) for refund in given)
+    return max(invoice.fiat_amount - fiat, Decimal(0)), max(int(invoice.amount_due_units) - units, 0)
+
+
 def refunds_open_for_order(*, order_id: int) -> list[Refund]:
-    """The refunds of an order that will not be served, one per settled invoice: for a customer's cancellation, the
-    amount its rules gave (`Order.refund_due`, nothing when they give nothing); otherwise (rejected, cancelled by an
-    operator) what the invoice asked for."""
+    """The refunds of an order that will not be served, one per settled invoice, each at most what is left of that
+    invoice's price (a provider-fault refund given before counts): for a customer's cancellation, the amount its
+    rules gave and the customer was shown (`Order.refund_due`, over the booking's invoice first, then the
+    extensions'; nothing when they give nothing); otherwise (rejected, cancelled by an operator) all that is left.
+    The credit notes follow the refunds, in the same transaction (payments/fiscal.py)."""
+    from payments import fiscal
+
     opened = []
     with transaction.atomic():
         order = Order.objects.filter(pk=order_id).first()
         if order is None or order.status not in REFUND_REASON_BY_STATUS or order.refund_due == 0:
             return []
         reason = REFUND_REASON_BY_STATUS[order.status]
-        for invoice in Invoice.objects.filter(order_id=order_id, status=Invoice.Status.SETTLED).order_by("pk"):
+        still_due = order.refund_due
+        settled = Invoice.objects.filter(order_id=order_id, status=Invoice.Status.SETTLED)
+        for invoice in settled.order_by(Case(When(purpose=Invoice.Purpose.ORDER, then=0), default=1), "pk"):
             order, invoice = lock_invoice(invoice)
-            if invoice.purpose == Invoice.Purpose.ORDER and order.refund_due is not None:
-                fiat = min(order.refund_due, invoice.fiat_amount)
-                units = units_for_fiat(invoice=invoice, fiat_amount=fiat)
-            else:
-                fiat, units = invoice.fiat_amount, int(invoice.amount_due_units)
+            left_fiat, left_units = price_left_to_refund(invoice)
+            fiat = left_fiat if still_due is None else min(still_due, left_fiat)
+            units = left_units
+            if fiat < left_fiat:
+                units = min(units_for_fiat(invoice=invoice, fiat_amount=fiat), left_units)
             refund = refund_open(
                 order=order,
                 invoice=invoice,
@@ -127,6 +151,9 @@ def refunds_open_for_order(*, order_id: int) -> list[Refund]:
             )
             if refund is not None:
                 opened.append(refund)
+            if still_due is not None:
+                still_due -= fiat  # given on this invoice (now, or by the same reaction run before)
+        fiscal.fiscal_credit_notes_for_refund(order_id=order_id)
     return opened
 
 
@@ -162,7 +189,7 @@ def refund_for_lost_time(*, order: Order, lost: timedelta, lots: int, now: datet
         raise PaymentError(
             _("A refund for a provider fault was given on this order already: credit this time as a longer window.")
         )
-    fiat = min(lost_time_share(order=order, lost=lost, lots=lots), invoice.fiat_amount)
+    fiat = min(lost_time_share(order=order, lost=lost, lots=lots), price_left_to_refund(invoice)[0])
     hours = round(lost.total_seconds() / 3600, 2)
     refund = refund_open(
         order=order,
@@ -174,6 +201,7 @@ def refund_for_lost_time(*, order: Order, lost: timedelta, lots: int, now: datet
     )
     if refund is None:
         raise PaymentError(_("The time lost is worth nothing to refund: credit it as a longer window."))
+    booking.order_record_fault_refund(order=order, amount=fiat)
     fiscal_invoice = getattr(invoice, "fiscal_invoice", None)
     if fiscal_invoice is not None:
         with translation.override(fiscal_invoice.language):
@@ -203,9 +231,16 @@ def refund_address_problem(*, refund: Refund, text: str) -> str | None:
     return None
 
 
+# Addresses one refund may be given over its life: each is watched by the scan until the refund is paid.
+MAX_REFUND_ADDRESSES = 5
+
+
 def refund_set_address(*, refund: Refund, address: str, now: datetime | None = None) -> Refund:
     """The customer gives (or changes) the address to refund to: on the paid chain, for the same asset, in its
-    checksummed form. Editable until the refund is paid."""
+    checksummed form. Editable until the refund is paid, at most MAX_REFUND_ADDRESSES different ones. Every
+    address given is kept (`RefundAddress`): a transfer to any of them pays the refund, so a change made while the
+    operator's payout to the previous one is on its way does not make the operator pay twice. The contact is
+    e-mailed when the address changes."""
     now = now or timezone.now()
     problem = refund_address_problem(refund=refund, text=address)
     if problem:
@@ -219,11 +254,22 @@ def refund_set_address(*, refund: Refund, address: str, now: datetime | None = N
         if refund.address == lowered:
             return refund
         previous = refund.address
-        refund.address, refund.address_set_at = lowered, now
-        # The scan watches a token refund's address from the chain's proven block (refund_proofs.refunds_detect).
-        refund.scanned_to_block = (
-            ChainCursor.objects.filter(chain_id=refund.chain_id).values_list("confirmed_block", flat=True).first()
+        proven = ChainCursor.objects.filter(chain_id=refund.chain_id).values_list("confirmed_block", flat=True).first()
+        if previous:  # given before the history was kept: it stays a destination too
+            RefundAddress.objects.get_or_create(refund=refund, address=previous, defaults={"given_at": now})
+        known = set(refund.addresses.values_list("address", flat=True))
+        if lowered not in known and len(known) >= MAX_REFUND_ADDRESSES:
+            raise PaymentError(
+                _("This refund has had too many addresses: write to us to change it again."), field="address"
+            )
+        # The scan watches each address from the chain's proven block when it was given (refund_proofs.
+        # refunds_detect); the refund's own watch goes on, so a transfer to a previous address is still seen.
+        RefundAddress.objects.get_or_create(
+            refund=refund, address=lowered, defaults={"given_at": now, "watch_from_block": proven}
         )
+        refund.address, refund.address_set_at = lowered, now
+        if not previous:
+            refund.scanned_to_block = proven
         if refund.status == Refund.Status.AWAITING_ADDRESS:
             refund.status = Refund.Status.DUE
         refund.save(update_fields=["address", "address_set_at", "scanned_to_block", "status"])
@@ -233,7 +279,18 @@ def refund_set_address(*, refund: Refund, address: str, now: datetime | None = N
             actor_kind=OrderEvent.Actor.CUSTOMER,
             evidence={"refund": refund.pk, "address": lowered, "previous": previous},
         )
+        from payments.tasks import send_refund_address_changed
+
+        send_refund_address_changed.delay_on_commit(refund.pk, lowered, previous)
     return refund
+
+
+def refund_destinations(refund: Refund) -> list[tuple[str, int | None]]:
+    """Every address the refund was given, with the proven block from which the scan watches it (None: from the
+    refund's own watch); a transfer to any of them pays the refund. The current address comes first."""
+    history = dict(refund.addresses.values_list("address", "watch_from_block"))
+    current = [(refund.address, history.pop(refund.address, None))] if refund.address else []
+    return current + sorted(history.items())
 
 
 def refund_uri(refund: Refund) -> str:

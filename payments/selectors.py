@@ -192,6 +192,8 @@ class RefundView:
     uri: str  # EIP-681 for what is left to pay, "" without an address
     qr_svg: str
     payments: list[RefundPayment]
+    # Addresses the refund was given before the current one, checksummed: a payout sent to one still pays it.
+    previous_addresses: list[str]
 
 
 def refund_view(refund: Refund, *, with_qr: bool = False) -> RefundView:
@@ -206,12 +208,16 @@ def refund_view(refund: Refund, *, with_qr: bool = False) -> RefundView:
         uri=uri,
         qr_svg=qr_svg(uri) if with_qr and uri else "",
         payments=list(refund.payments.all()),
+        previous_addresses=[
+            checksum(entry.address) for entry in refund.addresses.all() if entry.address != refund.address
+        ],
     )
 
 
 def order_refunds(order: Order) -> list[RefundView]:
     """An order's refunds for its page, oldest first, with the transactions that paid them."""
-    return [refund_view(refund) for refund in Refund.objects.filter(order=order).prefetch_related("payments")]
+    refunds = Refund.objects.filter(order=order).prefetch_related("payments", "addresses")
+    return [refund_view(refund) for refund in refunds]
 
 
 def order_refunds_paid(order: Order) -> bool:
@@ -225,11 +231,11 @@ REFUNDS_QUEUE_SIZE = 100
 
 def open_refunds() -> list[RefundView]:
     """The console's refunds queue: every refund not paid yet, oldest first, with its EIP-681 link and QR code.
-    A fixed number of queries (refunds, their orders, their payments)."""
+    A fixed number of queries (refunds, their orders, their payments, their addresses)."""
     refunds = (
         Refund.objects.exclude(status=Refund.Status.PAID)
         .select_related("order")
-        .prefetch_related("payments")
+        .prefetch_related("payments", "addresses")
         .order_by("created_at")[:REFUNDS_QUEUE_SIZE]
     )
     return [refund_view(refund, with_qr=True) for refund in refunds]

@@ -220,13 +220,14 @@ def _settle(
     scanner or marked by an admin. An extension moves the window's end; a first payment makes the order paid
     (what follows, such as auto-approval, reacts to that transition), or holds its lots again when it came after
     the hold expired. When the order cannot take the payment any more (cancelled meanwhile, lots taken), the
-    invoice is flagged for an operator: a refund or a new date is owed. An order that will never be served (cancelled,
-    rejected) owes back the whole payment received: a refund opens. Returns whether the order took the payment."""
+    invoice is flagged for an operator: a refund or a new date is owed. An order that will never be served
+    (cancelled, rejected), or an extension that can no longer be given, owes back the whole payment received: a
+    refund opens. Returns whether the order took the payment."""
     invoice.status, invoice.settled_at = Invoice.Status.SETTLED, now
     carried = True
     try:
         if invoice.purpose == Invoice.Purpose.EXTENSION:
-            booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence)
+            booking.order_extend(order=order, days=invoice.extension_days, evidence=evidence, price=invoice.fiat_amount)
         elif order.status in (OrderStatus.AWAITING_PAYMENT, OrderStatus.PAYMENT_PROCESSING):
             booking.order_transition(
                 order=order,
@@ -251,12 +252,21 @@ def _settle(
             actor=actor,
             evidence=evidence,
         )
-        if order.status in refunds.REFUND_REASON_BY_STATUS:
+        # Money that buys nothing goes back: an order that will not be served, or an extension that can no longer
+        # be given (its lots were taken meanwhile, the window ended).
+        if order.status in refunds.REFUND_REASON_BY_STATUS or invoice.purpose == Invoice.Purpose.EXTENSION:
+            received = int(invoice.amount_confirmed_units)
+            if invoice.marked:  # marked paid by hand: the amount due came by another route
+                received = max(received, int(invoice.amount_due_units))
             refunds.refund_open(
                 order=order,
                 invoice=invoice,
-                reason=Refund.Reason.LATE_PAYMENT,
-                amount_units=int(invoice.amount_confirmed_units),
+                reason=(
+                    Refund.Reason.LATE_PAYMENT
+                    if order.status in refunds.REFUND_REASON_BY_STATUS
+                    else Refund.Reason.EXTENSION_REFUSED
+                ),
+                amount_units=received,
                 evidence=evidence,
             )
     invoice.save()

@@ -164,6 +164,16 @@ def send_refund_requested(refund_id: int) -> None:
         notices.send(Notice.REFUND_REQUESTED, order=refund.order, refund=refund, link=link)
 
 
+@shared_task(name="payments.send_refund_address_changed", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_refund_address_changed(refund_id: int, address: str, previous: str) -> None:
+    """Tell the contact the refund's address was given or changed (by whoever holds the order link)."""
+    refund = Refund.objects.select_related("order").filter(pk=refund_id).first()
+    if refund is not None:
+        notices.send(
+            Notice.REFUND_ADDRESS_CHANGED, order=refund.order, refund=refund, address=address, previous=previous
+        )
+
+
 @shared_task(name="payments.send_refund_sent", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def send_refund_sent(refund_id: int) -> None:
     refund = Refund.objects.select_related("order").filter(pk=refund_id, status=Refund.Status.PAID).first()

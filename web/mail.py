@@ -193,6 +193,25 @@ def _refund_requested(*, order: Order, refund, link: str) -> None:
         send_mail(f"[Binôme] {order.public_id}: refund opened", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])
 
 
+def _refund_address_changed(*, order: Order, refund, address: str, previous: str) -> None:
+    from payments.chain import checksum
+
+    send_to_order_contact(
+        order=order,
+        subject=(
+            gettext_lazy("The refund address of your Binôme order %(number)s changed")
+            if previous
+            else gettext_lazy("The refund address of your Binôme order %(number)s is saved")
+        ),
+        template="email/refund_address_changed.txt",
+        context={
+            "refund": refund,
+            "address": checksum(address),
+            "previous": checksum(previous) if previous else "",
+        },
+    )
+
+
 def _refund_sent(*, order: Order, refund, payments: list) -> None:
     from payments.chain import checksum
     from payments.selectors import format_units
@@ -242,6 +261,7 @@ WRITERS = {
     Notice.ORDER_MOVED: _order_moved,
     Notice.ORDER_CANCELLED: _order_cancelled,
     Notice.REFUND_REQUESTED: _refund_requested,
+    Notice.REFUND_ADDRESS_CHANGED: _refund_address_changed,
     Notice.REFUND_SENT: _refund_sent,
     Notice.INVOICE_ISSUED: _invoice_issued,
 }

@@ -8,6 +8,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from booking.cancellation import refund_quote
@@ -88,12 +89,11 @@ def test_refund_address_changed_after_the_operator_paid_does_not_make_the_operat
     operator,
     django_capture_on_commit_callbacks,
 ):
-    """VULNERABILITY (high): the refund address stays editable until the refund is *recorded* paid, and only a
-    transfer to the address saved at the moment of the check counts (refund_proofs.refund_credit_tx `to_address=
-    refund.address`; refunds_detect restarts its watch on a new address). The customer gives address A, the
-    operator pays the console's link to A, the customer sees the transfer arrive and changes the address to B
-    before the scan or the operator's hash entry counts it: the transfer to A (which the customer gave and holds)
-    counts for nothing, the refund stays due in full, and the console now asks the operator to pay B."""
+    """Fixed (was high): the refund address stays editable until the refund is paid, but every address it was
+    given is kept (RefundAddress) and a transfer to any of them pays it. The customer gives address A, the operator
+    pays the console's link to A, the customer sees the transfer arrive and changes the address to B before the
+    scan counts it: the scan's watch (which goes on reading A) and the operator's hash both count the transfer to A,
+    and the refund is paid; the operator is not asked to pay B."""
     capture = django_capture_on_commit_callbacks
     order, token, _invoice = paid_on_chain(client, chain, booking_data)
     refund = cancel(client, order, token, capture)
@@ -107,6 +107,8 @@ def test_refund_address_changed_after_the_operator_paid_does_not_make_the_operat
     # The customer sees it in their wallet (mempool or first block) and gives another address of theirs at once.
     second = checksum(chain.accounts()[4])
     answer = give_address(client, order, token, refund, second)
+    queue = client.get(reverse("console:queue")).content.decode()
+    assert "Address changed" in queue and first in queue  # the operator is told a payout to the first counts
     with capture(execute=True):
         confirm(chain)  # the scan, with its refund watch
     console = enter_hash(client, refund, tx_hash, capture)
@@ -139,13 +141,11 @@ def test_provider_fault_refund_then_cancellation_never_refunds_more_than_was_pai
     who,
     django_capture_on_commit_callbacks,
 ):
-    """VULNERABILITY (high): a READY order (provisioned before its window) is both movable with a pro-rata refund
-    (booking.services.MOVABLE) and cancellable with a refund (PAID_CANCELLABLE_STATUSES). The provider-fault
-    refund (reason provider_fault) and the cancellation refund (reason cancellation) are separate rows on the same
-    invoice; refunds_open_for_order refunds min(refund_due, invoice.fiat_amount) without subtracting what was
-    refunded already, so the total owed back exceeds what the customer paid. And fiscal_credit_notes_for_refund
-    returns early when any credit note exists, so the cancellation has no credit note: the books show revenue the
-    operator refunded."""
+    """Fixed (was high): a READY order (provisioned before its window) is both movable with a pro-rata refund and
+    cancellable with a refund. The refunds of an invoice's price (provider fault, cancellation, rejection) never
+    add up to more than it received: refunds_open_for_order opens only what is left of it, the quote shown to the
+    customer is capped by what is left of the price (Order.fault_refunds), and the credit notes follow the
+    refunds (fiscal_credit_notes_for_refund credits what they add up to, less the notes issued already)."""
     capture = django_capture_on_commit_callbacks
     order, _token = ready_order(client, booking_data, admin_user, capture)
     invoice = order.invoices.get(status=Invoice.Status.SETTLED)
@@ -195,11 +195,10 @@ def partial_refund_rules(rules):  # noqa: F811
 def test_a_cancelled_order_with_a_paid_extension_refunds_what_the_customer_was_shown_with_credit_notes_for_it(
     client, booking_data, admin_user, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (medium): a READY order can be extended before its window starts and still be cancelled with
-    a refund. The cancel button shows (and the service checks) refund_quote on Order.total_price only, 50 % here;
-    refunds_open_for_order then refunds the extension invoice in full besides (purpose != ORDER branch), so more is
-    owed back than the customer was shown and than the 50 % rule gives; and fiscal_credit_notes_for_refund credits
-    only Order.refund_due, so the extension's refund has no credit note."""
+    """Fixed (was medium): a READY order can be extended before its window starts and still be cancelled with a
+    refund. The cancellation rules apply to everything paid for the window (Order.total_price plus the paid
+    extensions, Order.extensions_price): the quote on the cancel button is what is refunded, spread over the
+    booking's invoice first and then the extension's, and credited by credit notes of the same total."""
     capture = django_capture_on_commit_callbacks
     order, _token = ready_order(client, booking_data, admin_user, capture)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)
@@ -253,11 +252,11 @@ def test_held_every_payment_received_after_settlement_is_owed_back(client, chain
 def test_a_cancel_racing_the_settlement_gives_the_refund_the_rules_give_not_a_full_one(
     client, booking_data, admin_user, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (low: a race): order_cancel_by_customer decides "unpaid" on the order as the view read it,
-    then order_transition locks and accepts PAID -> CANCELLED. A cancel posted while the payment settles (the view
-    read AWAITING_PAYMENT, the scan committed PAID before the lock) cancels the paid order without refund_due:
-    refunds_open_for_order treats it as an operator's cancellation and refunds the whole invoice, ignoring the
-    fee and the 50 % rule the customer accepted (and no refund was ever shown to them)."""
+    """Fixed (was low, a race): order_cancel_by_customer decides paid or unpaid from the order row it locked, not
+    from the order as the view read it. A cancel posted while the payment settles (the view read
+    AWAITING_PAYMENT, the settlement committed PAID before the lock) takes the paid path: the refund the
+    customer was shown (none) is not the quote, so nothing is cancelled and they are asked again; a paid order is
+    never cancelled through the unpaid path with a full refund."""
     capture = django_capture_on_commit_callbacks
     order, _token = place(client, booking_data(lots="1"))
     as_the_view_read_it = Order.objects.get(pk=order.pk)
@@ -429,10 +428,10 @@ def test_held_a_transfer_in_another_token_pays_nothing(
 def test_the_contact_is_told_when_the_refund_address_changes(
     client, chain, booking_data, mailoutbox, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (low-medium): the order link is the only credential for the refund address, and a change is
-    recorded in the order's events but told to nobody: whoever holds a forwarded or leaked link (a collaborator,
-    a mail archive) redirects the refund to their own address silently, and the contact learns it only from the
-    "refund sent" e-mail, after the money left. BTCPay-style claims confirm the destination to the owner."""
+    """Fixed (was low-medium): the order link is the only credential for the refund address, so whoever holds a
+    forwarded or leaked link could redirect the refund silently. Every address given or changed is now e-mailed
+    to the contact (Notice.REFUND_ADDRESS_CHANGED, with the previous address), who can undo a change they did not
+    make before the operator pays; a payout sent to the previous address still counts."""
     capture = django_capture_on_commit_callbacks
     order, token, _invoice = paid_on_chain(client, chain, booking_data)
     refund = cancel(client, order, token, capture)
@@ -444,7 +443,10 @@ def test_the_contact_is_told_when_the_refund_address_changes(
 
     refund.refresh_from_db()
     assert "Refund address saved" in answer and refund.address == chain.accounts()[5].lower()
-    assert [mail for mail in mailoutbox if order.contact_email in mail.to], "the contact was not told"
+    told = [mail for mail in mailoutbox if order.contact_email in mail.to]
+    assert told, "the contact was not told"
+    assert checksum(chain.accounts()[5]) in told[0].body
+    assert checksum(chain.accounts()[CUSTOMER_WALLET]) in told[0].body
 
 
 # --- 8. a lost-time credit while an extension waits for its payment -------------------------------------------------
@@ -454,12 +456,11 @@ def test_the_contact_is_told_when_the_refund_address_changes(
 def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
     client, booking_data, admin_user, operator, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY (medium): order_credit_time checks the lots only up to end + hours lost, and keeps an
-    extension's hold as it was (Greatest). The hold covered end + 3 days; the credit moves the end, so the paid
-    extension now needs end + hours lost + 3 days, which another booking took (legitimately: it starts after the
-    hold). When the extension's payment confirms, order_extend refuses, _settle keeps the payment "for an
-    operator" and opens no refund (the order is READY/ACTIVE, not cancelled): the customer paid for days they do
-    not get and nothing owes them back."""
+    """Fixed (was medium): a lost-time credit while an extension waits for its payment. order_credit_time moves
+    the extension's hold after the new end when the lots are free for it; when they are not (here another lab
+    booked the lot from end + 5 days), the credit is still given and the hold ends with the new window. When the
+    extension's payment then confirms and order_extend refuses it, _settle opens a refund of it (reason
+    extension_refused) instead of keeping the money for an operator with nothing owed back."""
     from booking.services import order_reassign_lot
 
     capture = django_capture_on_commit_callbacks
@@ -504,6 +505,38 @@ def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
         f"extension paid ({extension.status}, needs_operator={extension.needs_operator}), window ends "
         f"{order.ends_at:%Y-%m-%d %H:%M} (credited end {end + timedelta(hours=72):%Y-%m-%d %H:%M}), no refund opened"
     )
+
+
+@pytest.mark.usefixtures("full_refund_rules")
+def test_a_held_extension_keeps_its_days_after_a_lost_time_credit(
+    client, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    """A lost-time credit moves a held extension's days after the new end when the lots are free for them: the
+    extension paid afterwards is given in full (end + hours lost + its days), and nobody can book those days
+    meanwhile."""
+    capture = django_capture_on_commit_callbacks
+    order, _token = ready_order(client, booking_data, admin_user, capture)
+    end = order.ends_at
+    failing, target = other_free_lot(order)
+    extension = checkout.order_extension_request(order=order, days=3, actor=None)
+
+    client.force_login(operator)
+    act(
+        client,
+        order,
+        "move",
+        {"from_lot": failing.pk, "to_lot": target.pk, "hours_lost": "72", "credit": "extension"},
+        capture,
+    )
+    held = order.allocations.filter(released_at__isnull=True).values_list("ends_at", flat=True)
+    assert all(until >= end + timedelta(hours=72) + timedelta(days=3) for until in held)
+
+    with capture(execute=True):
+        invoice_mark_paid(invoice=extension, user=admin_user, reason="the extension's transfer confirmed")
+
+    order.refresh_from_db()
+    assert order.ends_at == end + timedelta(hours=72) + timedelta(days=3)
+    assert not Refund.objects.filter(invoice=extension).exists()
 
 
 # --- 9. a published terms version and a concurrent save of its draft ------------------------------------------------
