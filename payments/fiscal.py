@@ -112,16 +112,6 @@ def _payment_amount(invoice: Invoice) -> str:
     return f"{Decimal(units).scaleb(-invoice.asset_decimals).normalize():f}"
 
 
-def _next_number(*, year: int, prefix: str) -> tuple[int, str]:
-    """The year's next sequence under the counter's row lock (created on first use without a race: an insert that
-    finds the row already there does nothing, then both lock the one row)."""
-    FiscalInvoiceCounter.objects.bulk_create([FiscalInvoiceCounter(year=year)], ignore_conflicts=True)
-    counter = FiscalInvoiceCounter.objects.select_for_update().get(year=year)
-    counter.last_sequence += 1
-    counter.save(update_fields=["last_sequence"])
-    return counter.last_sequence, f"{prefix}-{year}-{counter.last_sequence:06d}"
-
-
 def _take_number(*, prefix: str) -> tuple[int, int, str, datetime]:
     """The next number and its issue date, read under the counter's lock: an invoice numbered later is dated later
     (CGI art. 242 nonies A), whatever clock the caller read before (a scan cycle reads its own once, at its start).
@@ -198,9 +188,7 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
     return fiscal_invoice
 
 
-def fiscal_credit_note_issue(
-    *, invoice: FiscalInvoice, amount: Decimal, reason: str, now: datetime
-) -> FiscalInvoice | None:
+def fiscal_credit_note_issue(*, invoice: FiscalInvoice, amount: Decimal, reason: str) -> FiscalInvoice | None:
     """A credit note correcting `invoice` by `amount` (at most what it has not credited yet), in the caller's
     transaction with the order locked: numbered in the same sequence, same buyer, seller and VAT treatment as the
     invoice it names. None when nothing is left to credit."""
@@ -216,16 +204,16 @@ def fiscal_credit_note_issue(
             "reason": reason,
         }
     seller = InvoicingSettings.current()
-    sequence, number = _next_number(year=now.year, prefix=seller.number_prefix)
+    year, sequence, number, issued_at = _take_number(prefix=seller.number_prefix)  # dated when numbered, as invoices
     credit_note = FiscalInvoice.objects.create(
         kind=FiscalInvoice.Kind.CREDIT_NOTE,
         number=number,
-        year=now.year,
+        year=year,
         sequence=sequence,
         order=invoice.order,
         corrects=invoice,
         reason=reason,
-        issued_at=now,
+        issued_at=issued_at,
         language=invoice.language,
         seller=invoice.seller,
         buyer=invoice.buyer,
@@ -268,14 +256,13 @@ def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
 
 
 @transaction.atomic
-def fiscal_credit_notes_for_refund(*, order_id: int, now: datetime | None = None) -> list[FiscalInvoice]:
+def fiscal_credit_notes_for_refund(*, order_id: int) -> list[FiscalInvoice]:
     """Credit notes follow the refunds: each fiscal invoice of a cancelled or rejected order is credited by what
     the refunds of its price add up to (payments/refunds.py PRICE_REFUND_REASONS: the cancellation's, the
     rejection's, a provider fault's), less what its credit notes credit already. Run again, it credits nothing
     more; a refund given later (a cancellation after a provider-fault refund) is credited then."""
     from payments.refunds import PRICE_REFUND_REASONS
 
-    now = now or timezone.now()
     order = lock_order(order_id)
     invoices = FiscalInvoice.objects.filter(order=order, kind=FiscalInvoice.Kind.INVOICE, payment__isnull=False)
     reason = (
@@ -292,7 +279,7 @@ def fiscal_credit_notes_for_refund(*, order_id: int, now: datetime | None = None
             continue
         with translation.override(invoice.language):
             reason_text = str(reason)
-        note = fiscal_credit_note_issue(invoice=invoice, amount=owed, reason=reason_text, now=now)
+        note = fiscal_credit_note_issue(invoice=invoice, amount=owed, reason=reason_text)
         if note is not None:
             notes.append(note)
     return notes

@@ -172,13 +172,12 @@ def lost_time_share(*, order: Order, lost: timedelta, lots: int) -> Decimal:
     return share.quantize(Decimal("0.01"), rounding=ROUND_FLOOR)
 
 
-def refund_for_lost_time(*, order: Order, lost: timedelta, lots: int, now: datetime | None = None) -> Refund:
+def refund_for_lost_time(*, order: Order, lost: timedelta, lots: int) -> Refund:
     """A provider fault credited as money: the pro-rata share of the time lost (`lost_time_share`) is refunded on the
     order's invoice, in its asset at its rate, and a credit note corrects the fiscal invoice by the same amount.
     In the caller's transaction. PaymentError when there is nothing to refund on, or one is open already."""
     from payments import fiscal
 
-    now = now or timezone.now()
     invoice = Invoice.objects.filter(order=order, purpose=Invoice.Purpose.ORDER, status=Invoice.Status.SETTLED).first()
     if invoice is None:
         raise PaymentError(
@@ -209,7 +208,7 @@ def refund_for_lost_time(*, order: Order, lost: timedelta, lots: int, now: datet
                 "hours": hours,
                 "lots": lots,
             }
-        fiscal.fiscal_credit_note_issue(invoice=fiscal_invoice, amount=fiat, reason=reason, now=now)
+        fiscal.fiscal_credit_note_issue(invoice=fiscal_invoice, amount=fiat, reason=reason)
     return refund
 
 
