@@ -106,6 +106,8 @@ def _order_context(order: Order, token: str) -> dict:
     accesses = order.accesses.select_related("host")
     if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
         accesses = accesses.exclude(status="revoked")
+    shown = list(accesses) if order.status in ACCESS_SHOWN else []
+    volumes = [access for access in shown if access.disk_gib]
     return {
         "order": order,
         "token": token,
@@ -115,7 +117,10 @@ def _order_context(order: Order, token: str) -> dict:
         "ssh_keys": list(order.ssh_keys.all()),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
-        "accesses": list(accesses) if order.status in ACCESS_SHOWN else [],
+        "accesses": shown,
+        # The data volumes as made, once the machines are prepared; until then what the lots' hosts promise.
+        "volumes": volumes,
+        "disk": None if volumes else selectors.order_disk(order=order),
         "now": now,
         "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
         "progress": _provisioning_progress(order),
