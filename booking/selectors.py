@@ -149,6 +149,15 @@ class OrderDisk:
     shared: bool
 
 
+# An order that carries another's data and is still live: it holds that data until its own end.
+CARRY_RELEASED = (OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.REJECTED)
+
+
+def order_data_carried(*, order: Order) -> Order | None:
+    """The live order that carries this order's data volume, if any."""
+    return Order.objects.filter(carry_data_from=order).exclude(status__in=CARRY_RELEASED).first()
+
+
 def order_disk(*, order: Order) -> OrderDisk:
     """The data disk of the order's live lots (one aggregated query)."""
     found = Allocation.objects.filter(order=order, released_at__isnull=True).aggregate(
@@ -158,11 +167,13 @@ def order_disk(*, order: Order) -> OrderDisk:
     return OrderDisk(per_lot_gib=found["per_lot_gib"], shared=found["shared"] > 0)
 
 
-def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -> list[int]:
-    """Up to `limit` free lots of the class for the window, spread across hosts in a stable order."""
+def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int, host_id: int | None = None) -> list[int]:
+    """Up to `limit` free lots of the class for the window (on one host, when given), spread across hosts in a
+    stable order."""
+    on_host = {"host_id": host_id} if host_id is not None else {}
     return list(
         offered_lots()
-        .filter(hardware_class=hardware_class)
+        .filter(hardware_class=hardware_class, **on_host)
         .filter(~_unavailable(window=window))
         .order_by("host__name", "name")
         .values_list("pk", flat=True)[:limit]

@@ -57,6 +57,7 @@ def _context(order: Order, access: Access, host: Host) -> StepContext:
         lots_on_host=max(lots, host.lots.count()),
         disk_gib=host.disk_per_lot_gib * lots,
         device_dir=settings.PROVISIONING_DEVICE_DIR,
+        carry_from_username=selectors.carried_volume_username(order, host=host),
         **selectors.container_limits(host, lots=lots),
     )
 

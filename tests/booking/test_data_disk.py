@@ -96,9 +96,9 @@ def test_the_order_page_says_what_disk_the_lots_come_with_before_they_are_prepar
 
 def test_the_order_page_gives_each_data_volume_as_it_was_made(
     client,
-    paid_order,
-    operator,
-    django_capture_on_commit_callbacks,  # noqa: F811
+    paid_order,  # noqa: F811
+    operator,  # noqa: F811
+    django_capture_on_commit_callbacks,
 ):
     # given: two lots on a host whose disk is shared (no size set): the size is known only once the volume is made
     order, token = paid_order

@@ -31,9 +31,15 @@ from web import status_cache
 from web.customer.forms import BillingForm, KeysAddForm
 
 
-def _order_or_404(public_id: str, token: str) -> Order:
+def order_behind_link(public_id: str, token: str) -> Order | None:
+    """The order behind a secret link that still works, or None."""
     order = selectors.order_for_link(public_id=public_id, token=token)
-    if order is None or _link_expired(order):
+    return None if order is None or _link_expired(order) else order
+
+
+def _order_or_404(public_id: str, token: str) -> Order:
+    order = order_behind_link(public_id, token)
+    if order is None:
         raise Http404("No such order.")
     return order
 
@@ -127,6 +133,14 @@ def _order_context(order: Order, token: str) -> dict:
         "payment": payment_selectors.payment_view(order),  # the current invoice: address, amount, QR code
         "extension": _extension_payment(order),
         "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
+        # Data continuity: the volume this order can still hand to a next booking, where its data went, and whose
+        # data this order carries.
+        "kept_data": provisioning_selectors.kept_data_access(order),
+        "data_carried_to": (
+            selectors.order_data_carried(order=order)
+            if order.status in provisioning_selectors.DATA_KEPT_STATUSES
+            else None
+        ),
     }
 
 
