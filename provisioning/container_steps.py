@@ -32,6 +32,24 @@ HOST_RESERVE = 0.9
 PIDS_PER_LOT = 4096
 
 
+def download_container_name(username: str) -> str:
+    """The container of the read-only download window after the end (provisioning.download_steps)."""
+    return f"binome-{username}-files"
+
+
+def remove_download(conn: Connection, ctx: StepContext, *, username: str = "") -> bool:
+    """The download window's container of `username` (the order's by default) removed, checked; True when there was
+    one. Closed by the wipe, and by the next order that takes the volume it mounts."""
+    runtime, name = runtime_of(ctx), download_container_name(username or ctx.username)
+    exists = runtime.command("container", "inspect", "--format", "{{.Id}}", name)
+    if not conn.run(exists, check=False).ok or is_dry_run(conn):
+        return False
+    conn.run(runtime.remove(name), timeout=120)
+    if conn.run(exists, check=False).ok:
+        raise StepFailed(f"the download container {name} is still there")
+    return True
+
+
 def _container(ctx: StepContext, verb: str, *args: str) -> list[str]:
     return runtime_of(ctx).command(verb, *args)
 
@@ -108,6 +126,7 @@ def _take_over_data(conn: Connection, ctx: StepContext) -> StepOutput:
             f"the container {source_container} of the order whose data this order carries still exists: its window "
             "must be torn down before the volume moves"
         )
+    remove_download(conn, ctx, username=source_user)  # its download window mounts the volume: it closes now
     # the earlier order's runtime volume points at the old path: nothing may mount it again
     if conn.run(runtime.command("volume", "inspect", f"{source_container}-data"), check=False).ok:
         conn.run(runtime.command("volume", "rm", f"{source_container}-data"), timeout=120)

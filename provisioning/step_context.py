@@ -40,6 +40,8 @@ class StepContext:
     device_dir: str = "/dev"  # where the host's GPU device nodes are (tests: mknod stand-ins)
     # The account on this host of the customer's earlier order whose data volume this order takes over ("" = none).
     carry_from_username: str = ""
+    # When the order's files are deleted, for a window that ended: its read-only download window lasts until then.
+    download_until: datetime | None = None
 
     @property
     def container_name(self) -> str:

@@ -3,6 +3,7 @@ volume of order 1 is carried to order 2 on the same host (opted in from order 1'
 the checkpoints of the trial. Against the real sshd on loopback and podman with runc (tests/provisioning/conftest)."""
 
 import re
+import subprocess
 from datetime import timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from payments.settlement import invoice_mark_paid
 from provisioning import rules, runs, services
 from provisioning.models import Access, ProvisioningRun
 from tests.booking.test_pages import order_url, place
-from tests.provisioning.conftest import customer_ssh, remove_user
+from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
 from tests.provisioning.test_container_access import _hand_over, _in
 
 pytestmark = pytest.mark.django_db
@@ -113,3 +114,83 @@ def test_data_written_in_order_1_is_in_order_2_on_the_same_host(
     finally:
         for username in made:
             remove_user(admin, username)
+
+
+def _download(tool: str, access, private_key, tmp_path, *args: str, **run) -> subprocess.CompletedProcess:
+    """The researcher's own `sftp` or `ssh` to the download window, as the order page tells them (port, host key)."""
+    known_hosts = tmp_path / f"known_hosts-download-{access.pk}"
+    known_hosts.write_text(access.download_known_hosts_line + "\n")
+    port = ["-P" if tool == "sftp" else "-p", str(access.download_port)]
+    argv = [tool, *customer_ssh_options(private_key, known_hosts), *port, *args[:-1]]
+    argv += [f"{access.username}@{access.host.address}", *args[-1:]] if tool == "ssh" else [*args[-1:]]
+    if "input" not in run:
+        run["stdin"] = subprocess.DEVNULL
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **run)
+
+
+def _sftp(access, private_key, batch: str, tmp_path) -> subprocess.CompletedProcess:
+    return _download(
+        "sftp", access, private_key, tmp_path, "-b", "-", f"{access.username}@{access.host.address}", input=batch
+    )
+
+
+def test_after_the_end_sftp_reads_the_files_until_the_wipe_but_cannot_write_and_nothing_runs(
+    client, container_host, catalog, booking_data, keypair, admin_user, admin, tmp_path,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    callbacks = django_capture_on_commit_callbacks
+    private_key, public_key = keypair("ada")
+    order, token = place(client, booking_data(lots="1", days="3", ssh_keys=public_key))
+    try:
+        access = _approve_and_provision(order, admin_user, callbacks)
+        _in(
+            access, private_key, "mkdir -p ~/results && echo 'loss 1.93' > ~/results/final.txt && chmod 600 ~/results/*"
+        )
+
+        # when: the window ends; the teardown takes the window away and opens the download window
+        with callbacks(execute=True):
+            order_end_early(order=order)
+        access.refresh_from_db()
+        order.refresh_from_db()
+        assert access.status == Access.Status.REVOKED and access.download_port
+        assert access.download_until == order.ends_at + timedelta(days=7)
+        assert customer_ssh(access, private_key, "true").returncode != 0  # the window's own server is gone
+        page = _text(client.get(order_url(order, token)))
+        assert access.sftp_command in page and access.download_known_hosts_line in page
+        client.cookies["django_language"] = "fr"
+        assert "Téléchargez vos fichiers Jusqu’au" in _text(client.get(order_url(order, token))).replace("'", "’")
+        client.cookies["django_language"] = "en"
+
+        # then: sftp reads the files ...
+        got = _sftp(access, private_key, f"get results/final.txt {tmp_path}/final.txt\n", tmp_path)
+        assert got.returncode == 0, got.stderr
+        assert (tmp_path / "final.txt").read_text() == "loss 1.93\n"
+        # ... but writes nothing: no upload, no new directory, no removal, no change of mode
+        (tmp_path / "payload.sh").write_text("#!/bin/sh\necho ran > /tmp/ran\n")
+        for batch in (
+            f"put {tmp_path}/payload.sh payload.sh\n",
+            "mkdir made\n",
+            "rm results/final.txt\n",
+            "chmod 755 results/final.txt\n",
+        ):
+            assert _sftp(access, private_key, batch, tmp_path).returncode != 0, batch
+        assert _sftp(access, private_key, "ls results\n", tmp_path).stdout.split()[-1:] == ["results/final.txt"]
+        # ... and no command of the customer's runs: every session is sshd's read-only internal-sftp
+        assert "ran" not in _download("ssh", access, private_key, tmp_path, "echo ran").stdout
+        shell = _download("ssh", access, private_key, tmp_path, "-tt", "", input="id\n")
+        assert "uid=" not in shell.stdout
+        forward = _download("ssh", access, private_key, tmp_path, "-W", "127.0.0.1:22", "")
+        assert forward.returncode != 0 and "SSH-2.0" not in forward.stdout
+        # the same client did log in: the key and the host key are right, only the session is sftp's
+        assert _sftp(access, private_key, "pwd\n", tmp_path).returncode == 0
+        listed = admin.run(["podman", "top", f"binome-{access.username}-files", "comm"]).stdout.split()[1:]
+        assert set(listed) <= {"catatonit", "podman-init", "sshd", "sshd-session"}, listed
+
+        # and: the wipe closes the window with the files
+        with callbacks(execute=True):
+            runs.access_wipe_start(order=order, actor=admin_user)
+        assert order.provisioning_runs.get(kind=ProvisioningRun.Kind.WIPE).status == "succeeded"
+        assert not admin.run(["podman", "container", "exists", f"binome-{access.username}-files"], check=False).ok
+        assert _sftp(access, private_key, "ls\n", tmp_path).returncode != 0
+    finally:
+        remove_user(admin, rules.username_for(order))
