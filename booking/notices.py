@@ -27,6 +27,9 @@ class Notice(StrEnum):
     REFUND_SENT = "refund_sent"  # order=, refund=, payments=[RefundPayment]: the refund is paid, with its transactions
     KEYS_CHANGED = "keys_changed"  # order=, added=[fingerprint], removed=[fingerprint], applied= (on the machines)
     INVOICE_ISSUED = "invoice_issued"  # order=, fiscal_invoice=: the invoice's PDF attached, to the contact
+    # order=, stage= ("started", "done"), accesses=, data_kept=, credit= ("none", "extension", "refund"), hours_lost=:
+    # a provider fault moves the order to other lots
+    ORDER_MOVED = "order_moved"
     HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
 
 

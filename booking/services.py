@@ -6,7 +6,8 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Min
+from django.db.models import Min, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -143,6 +144,33 @@ def order_reallocate_after_late_payment(
     )
 
 
+def _allocation_move(*, order: Order, from_lot_id: int, to_lot_id: int, window_of, not_free: str, now: datetime):
+    """Release the order's allocation of `from_lot_id` now and allocate `to_lot_id` for the period `window_of(the
+    allocation)` must be free (BookingError `not_free` when it is not), from the later of the old allocation's start
+    and that period's, to the old allocation's end. The order is locked; the class's capacity is locked here. The
+    new allocation is checked by the same exclusion constraint as a booking."""
+    lock_capacity(order.hardware_class_id)
+    current = Allocation.objects.select_for_update().filter(order=order, lot_id=from_lot_id, released_at__isnull=True)
+    allocation = current.first()
+    if allocation is None:
+        raise BookingError(_("This lot is not allocated to the order."), field="from_lot")
+    window = window_of(allocation)
+    free = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=10_000)
+    if to_lot_id not in free:
+        raise BookingError(not_free, field="to_lot")
+    current.update(released_at=now)
+    try:
+        with transaction.atomic():
+            Allocation.objects.create(
+                order=order,
+                lot_id=to_lot_id,
+                starts_at=max(allocation.starts_at, window.held_from),
+                ends_at=allocation.ends_at,
+            )
+    except IntegrityError as exc:
+        raise BookingError(_("That lot was taken meanwhile."), field="to_lot") from exc
+
+
 # Before access exists on a host, its lots can move; later, tear down first.
 REASSIGNABLE = frozenset({OrderStatus.PAID, OrderStatus.APPROVED, OrderStatus.PROVISIONING_FAILED})
 
@@ -157,24 +185,17 @@ def order_reassign_lot(
     order = lock_order(order.pk)
     if order.status not in REASSIGNABLE:
         raise BookingError(_("Lots can be moved before access is prepared, or after a failed provisioning."))
-    lock_capacity(order.hardware_class_id)
-    current = Allocation.objects.select_for_update().filter(order=order, lot_id=from_lot_id, released_at__isnull=True)
-    allocation = current.first()
-    if allocation is None:
-        raise BookingError(_("This lot is not allocated to the order."), field="from_lot")
     policy = BookingPolicy.current()
-    window = selectors.window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
-    free = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=10_000)
-    if to_lot_id not in free:
-        raise BookingError(_("That lot is not free for this window, or not of this class."), field="to_lot")
-    current.update(released_at=now)
-    try:
-        with transaction.atomic():
-            Allocation.objects.create(
-                order=order, lot_id=to_lot_id, starts_at=allocation.starts_at, ends_at=allocation.ends_at
-            )
-    except IntegrityError as exc:
-        raise BookingError(_("That lot was taken meanwhile."), field="to_lot") from exc
+    _allocation_move(
+        order=order,
+        from_lot_id=from_lot_id,
+        to_lot_id=to_lot_id,
+        window_of=lambda allocation: selectors.window_for(
+            start_date=order.starts_at.date(), days=order.days, policy=policy
+        ),
+        not_free=_("That lot is not free for this window, or not of this class."),
+        now=now,
+    )
     order_note(
         order=order,
         reason="lot reassigned",
@@ -182,6 +203,88 @@ def order_reassign_lot(
         actor=actor,
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
     )
+
+
+# A provider fault: an order whose machines are prepared (or in use) moves to other lots for the rest of its window.
+MOVABLE = frozenset({OrderStatus.READY, OrderStatus.ACTIVE})
+
+
+def move_window(*, order: Order, allocation: Allocation, now: datetime) -> selectors.Window:
+    """The period a lot must be free for to take over `allocation` of an order in its window: from now (or the
+    lot's held start, if later) to the allocation's end."""
+    held_from = max(now, allocation.starts_at)
+    return selectors.Window(
+        starts_at=max(now, order.starts_at), ends_at=order.ends_at, held_from=held_from, held_until=allocation.ends_at
+    )
+
+
+def free_lots_for_move(*, order: Order, now: datetime | None = None, limit: int = 50) -> list[int]:
+    """Lots of the order's class free for the rest of its window (what the console offers to move a lot to)."""
+    now = now or timezone.now()
+    allocation = order.allocations.filter(released_at__isnull=True).order_by("ends_at").last()
+    if allocation is None:
+        return []
+    window = move_window(order=order, allocation=allocation, now=now)
+    return selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=limit)
+
+
+@transaction.atomic
+def order_move_lot(
+    *, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser, now: datetime | None = None
+) -> None:
+    """Move one lot of a ready or active order to another free lot of its class, from now to the window's end (a
+    provider fault: the old lot's host failed). The old allocation ends now; the new one is checked by the same
+    exclusion constraint as a booking. Provisioning prepares the new lot, then tears down what the order left."""
+    now = now or timezone.now()
+    order = lock_order(order.pk)
+    if order.status not in MOVABLE or order.ends_at <= now:
+        raise BookingError(_("Only a ready or running window can be moved to other lots."))
+    _allocation_move(
+        order=order,
+        from_lot_id=from_lot_id,
+        to_lot_id=to_lot_id,
+        window_of=lambda allocation: move_window(order=order, allocation=allocation, now=now),
+        not_free=_("That lot is not free for the rest of this window, or not of this class."),
+        now=now,
+    )
+    order_note(
+        order=order,
+        reason="lot moved (provider fault)",
+        actor_kind=OrderEvent.Actor.OPERATOR,
+        actor=actor,
+        evidence={"from_lot": from_lot_id, "to_lot": to_lot_id, "at": now.isoformat()},
+    )
+
+
+@transaction.atomic
+def order_credit_time(*, order: Order, lost: timedelta, actor: AbstractBaseUser) -> datetime:
+    """Give back time lost to a provider fault as a longer window: the end and the lots' periods move by `lost`,
+    if the lots are free for it (no other booking, no maintenance of their hosts), else BookingError. Returns the
+    new end. The end warnings are kept per window end, so they run again before the new one."""
+    order = lock_order(order.pk)
+    if order.status not in MOVABLE:
+        raise BookingError(_("Only a ready or running window can be lengthened."))
+    turnaround = BookingPolicy.current().turnaround
+    held_until = order.ends_at + lost + turnaround
+    booked, maintenance = _lots_busy_from(order=order, after=order.ends_at + turnaround)
+    if (booked is not None and booked < held_until) or (maintenance is not None and maintenance < held_until):
+        raise BookingError(
+            _("The lots are taken after this window: credit the lost time as a refund instead."), field="credit"
+        )
+    # Greatest: an extension waiting for its payment holds the lots longer already, and keeps its hold.
+    Allocation.objects.filter(order=order, released_at__isnull=True).update(
+        ends_at=Greatest("ends_at", Value(held_until))
+    )
+    order.ends_at += lost
+    order.save(update_fields=["ends_at", "updated_at"])
+    order_note(
+        order=order,
+        reason="window lengthened: time lost to a provider fault",
+        actor_kind=OrderEvent.Actor.OPERATOR,
+        actor=actor,
+        evidence={"hours": round(lost.total_seconds() / 3600, 2), "new_end": order.ends_at.isoformat()},
+    )
+    return order.ends_at
 
 
 def _lots_busy_from(*, order: Order, after: datetime) -> tuple[datetime | None, datetime | None]:

@@ -16,11 +16,11 @@ Locks: order, then invoice (`lock_invoice`), then the refund (conventions.md #4)
 """
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from booking import services as booking
@@ -128,6 +128,61 @@ def refunds_open_for_order(*, order_id: int) -> list[Refund]:
             if refund is not None:
                 opened.append(refund)
     return opened
+
+
+def lost_time_share(*, order: Order, lost: timedelta, lots: int) -> Decimal:
+    """What `lost` hours of `lots` of the order's lots are worth, pro rata of what its settled invoices asked for
+    its whole window (extensions included), to the cent below: the price of the time the provider failed to
+    give."""
+    paid = sum(
+        Invoice.objects.filter(order=order, status=Invoice.Status.SETTLED).values_list("fiat_amount", flat=True),
+        Decimal(0),
+    )
+    window = (order.ends_at - order.starts_at).total_seconds()
+    if window <= 0 or paid <= 0:
+        return Decimal(0)
+    share = paid * Decimal(min(lost.total_seconds(), window)) / Decimal(window) * lots / max(1, order.lot_count)
+    return share.quantize(Decimal("0.01"), rounding=ROUND_FLOOR)
+
+
+def refund_for_lost_time(*, order: Order, lost: timedelta, lots: int, now: datetime | None = None) -> Refund:
+    """A provider fault credited as money: the pro-rata share of the time lost (`lost_time_share`) is refunded on the
+    order's invoice, in its asset at its rate, and a credit note corrects the fiscal invoice by the same amount.
+    In the caller's transaction. PaymentError when there is nothing to refund on, or one is open already."""
+    from payments import fiscal
+
+    now = now or timezone.now()
+    invoice = Invoice.objects.filter(order=order, purpose=Invoice.Purpose.ORDER, status=Invoice.Status.SETTLED).first()
+    if invoice is None:
+        raise PaymentError(
+            _("This order has no settled invoice to refund on: credit the lost time as a longer window.")
+        )
+    order, invoice = lock_invoice(invoice)
+    if Refund.objects.filter(invoice=invoice, reason=Refund.Reason.PROVIDER_FAULT).exists():
+        raise PaymentError(
+            _("A refund for a provider fault was given on this order already: credit this time as a longer window.")
+        )
+    fiat = min(lost_time_share(order=order, lost=lost, lots=lots), invoice.fiat_amount)
+    hours = round(lost.total_seconds() / 3600, 2)
+    refund = refund_open(
+        order=order,
+        invoice=invoice,
+        reason=Refund.Reason.PROVIDER_FAULT,
+        amount_units=units_for_fiat(invoice=invoice, fiat_amount=fiat),
+        fiat_amount=fiat,
+        evidence={"hours_lost": hours, "lots": lots},
+    )
+    if refund is None:
+        raise PaymentError(_("The time lost is worth nothing to refund: credit it as a longer window."))
+    fiscal_invoice = getattr(invoice, "fiscal_invoice", None)
+    if fiscal_invoice is not None:
+        with translation.override(fiscal_invoice.language):
+            reason = _("provider fault: %(hours)s hours lost on %(lots)s lot(s), refunded pro rata") % {
+                "hours": hours,
+                "lots": lots,
+            }
+        fiscal.fiscal_credit_note_issue(invoice=fiscal_invoice, amount=fiat, reason=reason, now=now)
+    return refund
 
 
 def refund_address_problem(*, refund: Refund, text: str) -> str | None:

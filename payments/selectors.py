@@ -214,6 +214,12 @@ def order_refunds(order: Order) -> list[RefundView]:
     return [refund_view(refund) for refund in Refund.objects.filter(order=order).prefetch_related("payments")]
 
 
+def order_refunds_paid(order: Order) -> bool:
+    """Whether the order has refunds and every one of them is paid (its page then says the money went back)."""
+    statuses = set(Refund.objects.filter(order=order).values_list("status", flat=True))
+    return statuses == {Refund.Status.PAID}
+
+
 REFUNDS_QUEUE_SIZE = 100
 
 

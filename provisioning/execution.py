@@ -17,14 +17,14 @@ from booking import notices
 from booking.locks import lock_order
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
-from booking.services import order_transition
+from booking.services import order_note, order_transition
 from inventory.models import Host
 from provisioning import selectors, steps
 from provisioning.drivers.base import DriverError
 from provisioning.hosts import host_connect
 from provisioning.models import RETRIED_RUN_KINDS, Access, OperatorSettings, ProvisioningRun, ProvisioningStep
 from provisioning.rules import HANDING_OVER, acting, awaits_preflight_decision, retry_delay
-from provisioning.runs import accesses_set, handover_start, held_host_ids
+from provisioning.runs import access_release_left_hosts, accesses_set, handover_start, held_host_ids
 from provisioning.step_context import StepContext, StepFailed
 
 logger = logging.getLogger(__name__)
@@ -206,6 +206,8 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 else "access ready"
             )
             _hand_over(order=order, now=now, reason=reason, evidence={"run": run.pk}, **actor)
+    elif run.kind == ProvisioningRun.Kind.MOVE and order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
+        _moved(order=order, run=run, now=now, failure=failure)
     elif run.kind == ProvisioningRun.Kind.WIPE and not failure:
         accesses_set(order, wiped_at=now)
     elif run.kind == ProvisioningRun.Kind.RELEASE_HOST and not failure:
@@ -218,6 +220,48 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
                 order=order, to_status=OrderStatus.ENDED, actor_kind=OrderEvent.Actor.SYSTEM, reason="access revoked"
             )
     return status
+
+
+def _moved(*, order: Order, run: ProvisioningRun, now: datetime, failure: str) -> None:
+    """The new lots of a moved order are ready (its access there too), and the hosts it left are torn down now;
+    the customer is e-mailed how to log in. A failed move leaves the order where it was, for an operator's retry."""
+    if failure:
+        order_note(
+            order=order,
+            reason="move failed: the order stays on its previous lots until an operator retries",
+            actor_kind=OrderEvent.Actor.SYSTEM,
+            evidence={"run": run.pk, "error": failure[:500]},
+        )
+        return
+    accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.READY, ready_at=now)
+    access_release_left_hosts(order=order, reason="order moved after a provider fault")
+    order_note(order=order, reason="moved: the new lots are handed over", actor_kind=OrderEvent.Actor.SYSTEM,
+               evidence={"run": run.pk})  # fmt: skip
+    from provisioning.tasks import send_order_moved
+
+    order_id, run_id = order.pk, run.pk
+    transaction.on_commit(lambda: send_order_moved.delay(order_id, run_id, "done"))
+
+
+def order_moved_email_send(
+    *, order: Order, run_id: int, stage: str, data_kept: bool = False, credit: str = "", hours_lost: int = 0
+) -> None:
+    """Tell the customer their order moves ("started": where, whether their files follow, how the lost time is
+    credited) or moved ("done": how to log in to the new machine)."""
+    run = order.provisioning_runs.filter(pk=run_id, kind=ProvisioningRun.Kind.MOVE).first()
+    if run is None or stage not in ("started", "done"):
+        return
+    hosts = list(run.steps.order_by("position").values_list("host_id", flat=True))
+    hosts = hosts[:1] if stage == "started" else hosts  # where it moves (then also the host whose container narrows)
+    notices.send(
+        Notice.ORDER_MOVED,
+        order=order,
+        stage=stage,
+        accesses=list(order.accesses.filter(host_id__in=hosts).select_related("host")),
+        data_kept=data_kept,
+        credit=credit,
+        hours_lost=hours_lost,
+    )
 
 
 def _provisioning_failed(order: Order, reason: str, evidence: dict) -> None:

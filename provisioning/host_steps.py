@@ -80,12 +80,25 @@ def create_user(conn: Connection, ctx: StepContext) -> str:
     directory, in the group the host's sshd denies. Nothing in it is the customer's."""
     home = ctx.kit_dir
     conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", KIT_ROOT, home])
-    account = ["--home-dir", home, "--shell", NOLOGIN]
     if user_exists(conn, ctx.username):  # made earlier, or by the previous design (a home of the customer's own)
-        conn.run(["usermod", *account, "--append", "--groups", CUSTOMER_GROUP, "--lock", ctx.username])
+        # usermod names it --home (useradd --home-dir): the other spelling is a usage error, exit status 2
+        conn.run(["usermod", "--home", home, "--shell", NOLOGIN, "--append", "--groups", CUSTOMER_GROUP, "--lock",
+                  ctx.username])  # fmt: skip
         return f"user {ctx.username} already exists (no login shell, locked, home {home} root-owned)"
     conn.run(
-        ["useradd", "--no-create-home", *account, "--groups", CUSTOMER_GROUP, "--comment", ctx.comment, ctx.username]
+        [
+            "useradd",
+            "--no-create-home",
+            "--home-dir",
+            home,
+            "--shell",
+            NOLOGIN,
+            "--groups",
+            CUSTOMER_GROUP,
+            "--comment",
+            ctx.comment,
+            ctx.username,
+        ]
     )
     conn.run(["usermod", "--lock", ctx.username])
     return f"user {ctx.username} created (no login shell, locked, home {home} root-owned)"

@@ -43,6 +43,9 @@ class ProvisioningRun(models.Model):
         TEARDOWN = "teardown", _("Teardown")
         # The teardown of the hosts an order left (a lot reassigned to another host): the order goes on elsewhere.
         RELEASE_HOST = "release_host", _("Tear down a host the order left")
+        # A provider fault: the order's new lots prepared and handed over in one run, during its window; the hosts it
+        # left are released once it succeeds.
+        MOVE = "move", _("Move to other lots")
 
     class Status(models.TextChoices):
         QUEUED = "queued", _("Queued")

@@ -4,7 +4,7 @@ the release of hosts an order left, and the reassignment that leads to it. Execu
 provisioning/execution.py's job; the run's task is queued once the transaction that made or requeued it commits.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -13,8 +13,9 @@ from django.utils.translation import gettext as _
 
 from booking.locks import lock_order
 from booking.models import Order, OrderStatus
-from booking.services import order_note, order_reassign_lot, order_transition
+from booking.services import order_credit_time, order_move_lot, order_note, order_reassign_lot, order_transition
 from inventory.models import Host, Lot
+from payments.refunds import refund_for_lost_time
 from provisioning import steps
 from provisioning.models import RETRIED_RUN_KINDS, Access, ProvisioningRun, ProvisioningStep
 from provisioning.rules import (
@@ -96,7 +97,10 @@ def _create_run(
         if not created and gpu_indices and access.gpu_indices != ",".join(map(str, gpu_indices)):
             access.gpu_indices = ",".join(map(str, gpu_indices))  # a lot reassigned on the same host
             access.save(update_fields=["gpu_indices"])
-        if kind == ProvisioningRun.Kind.PROVISION and access.status == Access.Status.REVOKED:
+        if (
+            kind in (ProvisioningRun.Kind.PROVISION, ProvisioningRun.Kind.MOVE)
+            and access.status == Access.Status.REVOKED
+        ):
             # A lot moved back to a host the order had left (and was torn down there): prepared afresh.
             _access_reopen(access)
         for name in step_names:
@@ -142,6 +146,10 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser, run_id: int | N
     else:
         runs = order.provisioning_runs.filter(pk=run_id)
     run = runs.filter(status=ProvisioningRun.Status.FAILED).first()
+    if run is not None and run.kind == ProvisioningRun.Kind.MOVE:
+        moved_to = set(run.steps.values_list("host_id", flat=True))
+        if not moved_to <= held_host_ids(order):  # a later move took the order elsewhere: this one must not run
+            raise ProvisioningError(_("This move was replaced by a later one: there is nothing to retry."))
     if run is None:
         if run_id is not None and runs.filter(status__in=UNDER_WAY).exists():
             raise ProvisioningError(_("This run is being retried already."))
@@ -284,6 +292,84 @@ def lot_reassign(*, order: Order, from_lot_id: int, to_lot_id: int, actor: Abstr
         )
     order_reassign_lot(order=order, from_lot_id=from_lot_id, to_lot_id=to_lot_id, actor=actor)
     return access_release_left_hosts(order=order, actor=actor, reason="lot reassigned")
+
+
+class Credit:
+    """How the time a provider fault cost is given back (the console's choice when it moves an order)."""
+
+    NONE = "none"
+    EXTENSION = "extension"  # the window ends later by the hours lost, if the lots are free for them
+    REFUND = "refund"  # the hours lost refunded pro rata (payments.refunds.refund_for_lost_time), with a credit note
+    ALL = (NONE, EXTENSION, REFUND)
+
+
+@transaction.atomic
+def order_move(
+    *,
+    order: Order,
+    from_lot_id: int,
+    to_lot_id: int,
+    actor: AbstractBaseUser,
+    hours_lost: int = 0,
+    credit: str = Credit.NONE,
+) -> ProvisioningRun:
+    """A provider fault during a window: one of the order's lots moves to a free lot of its class for the rest of
+    the window, the new lot is prepared, checked and handed over in one run (kind move), and only when it succeeds
+    are the hosts the order left torn down (so the customer keeps working on the old one while it still works).
+    On the same host the container is replaced and the data volume kept; on another host the customer starts from
+    an empty volume, and is told so. The time lost is credited as a longer window or a pro-rata refund, in the
+    same transaction: nothing moves if the credit cannot be given. The customer is e-mailed now and when the new
+    machine is ready."""
+    order = lock_order(order.pk)
+    if credit not in Credit.ALL:
+        raise ProvisioningError(_("Choose how the lost time is credited."), field="credit")
+    window_hours = int((order.ends_at - order.starts_at).total_seconds() // 3600)
+    if not isinstance(hours_lost, int) or not 0 <= hours_lost <= window_hours:
+        raise ProvisioningError(
+            _("The hours lost are a whole number from 0 to %(hours)d (the window's length).") % {"hours": window_hours},
+            field="hours_lost",
+        )
+    if credit != Credit.NONE and hours_lost == 0:
+        raise ProvisioningError(_("Say how many hours were lost, or credit nothing."), field="hours_lost")
+    if order.provisioning_runs.filter(kind=ProvisioningRun.Kind.MOVE, status__in=UNDER_WAY).exists():
+        raise ProvisioningError(_("A move of this order is under way: wait for it to finish (or fail) first."))
+    lots = dict(Lot.objects.filter(pk__in=[from_lot_id, to_lot_id]).values_list("pk", "host_id"))
+    to_host_id = lots.get(to_lot_id)
+    if to_host_id in _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST, ProvisioningRun.Kind.TEARDOWN):
+        raise ProvisioningError(
+            _("Access on %(host)s is still being torn down for this order: choose a lot on another host.")
+            % {"host": Host.objects.get(pk=to_host_id).name},
+            field="to_lot",
+        )
+    data_kept = to_host_id in held_host_ids(order)  # before the move: the order already works on that host
+    order_move_lot(order=order, from_lot_id=from_lot_id, to_lot_id=to_lot_id, actor=actor)
+    if credit == Credit.EXTENSION:
+        order_credit_time(order=order, lost=timedelta(hours=hours_lost), actor=actor)
+    elif credit == Credit.REFUND:
+        refund_for_lost_time(order=order, lost=timedelta(hours=hours_lost), lots=1)
+    # The new lot's host first; then the old one's, if the order keeps another lot there: its container is made
+    # again with the GPUs it keeps (start_container replaces a container whose lot changed, the volume stays).
+    held = _hosts_of(order)
+    moved = [(host, indices) for host, indices in held if host.pk == to_host_id]
+    moved += [(host, indices) for host, indices in held if host.pk == lots.get(from_lot_id) != to_host_id]
+    run = _create_run(
+        order=order, kind=ProvisioningRun.Kind.MOVE, step_names=steps.MOVE_STEPS, actor=actor, hosts=moved
+    )
+    others = [(host, indices) for host, indices in held if host.pk not in {moved_host.pk for moved_host, _i in moved}]
+    if credit == Credit.EXTENSION and others:  # the keys' expiry follows the window's new end there too
+        _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor, hosts=others)
+    host = moved[0][0]
+    order_note(
+        order=order,
+        reason=f"moving to {host.name} after a provider fault",
+        evidence={"run": run.pk, "data_kept": data_kept, "credit": credit, "hours_lost": hours_lost},
+        **acting(actor),
+    )
+    from provisioning.tasks import send_order_moved
+
+    order_id, run_id = order.pk, run.pk
+    transaction.on_commit(lambda: send_order_moved.delay(order_id, run_id, "started", data_kept, credit, hours_lost))
+    return run
 
 
 def accesses_set(order: Order, *, hosts=None, **values) -> None:

@@ -42,6 +42,9 @@ PROVISION_STEPS = [
     "preflight",
 ]
 PREFLIGHT_STEPS = ["connect", "preflight"]
+# A provider fault moves a running order: its new lots prepared (on the same host, the container is replaced and the
+# data volume kept), checked and handed over at once: the window is already running.
+MOVE_STEPS = [*PROVISION_STEPS, "install_keys", "start_ssh"]
 # Locked first, so that no new session starts while the others are killed; each step checks its own work.
 # A window that ended then opens its read-only download window until the wipe (nothing, when the order goes on).
 TEARDOWN_STEPS = ["connect", "lock_user", "revoke_keys", "remove_container", "stop_processes", "open_download"]

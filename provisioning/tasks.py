@@ -58,6 +58,18 @@ def send_keys_changed(order_id: int, added: list, removed: list, applied: bool) 
         services.keys_changed_email_send(order=order, added=added, removed=removed, applied=applied)
 
 
+@shared_task(name="provisioning.send_order_moved", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_order_moved(
+    order_id: int, run_id: int, stage: str, data_kept: bool = False, credit: str = "", hours_lost: int = 0
+) -> None:
+    valid = all(isinstance(value, int) for value in (order_id, run_id, hours_lost)) and isinstance(data_kept, bool)
+    order = Order.objects.filter(pk=order_id).first() if valid and isinstance(credit, str) else None
+    if order is not None:
+        execution.order_moved_email_send(
+            order=order, run_id=run_id, stage=stage, data_kept=data_kept, credit=credit, hours_lost=hours_lost
+        )
+
+
 @shared_task(name="provisioning.sample_readings", expires=55)
 def sample_readings() -> int:
     return readings.readings_sample()

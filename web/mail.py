@@ -134,6 +134,23 @@ def _keys_changed(*, order: Order, added: list[str], removed: list[str], applied
     )
 
 
+def _order_moved(*, order: Order, stage: str, accesses: list, data_kept: bool, credit: str, hours_lost: int) -> None:
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("Your Binôme order %(number)s moves to another machine")
+        if stage == "started"
+        else gettext_lazy("Your Binôme order %(number)s is ready on its new machine"),
+        template="email/order_moved.txt",
+        context={
+            "stage": stage,
+            "accesses": accesses,
+            "data_kept": data_kept,
+            "credit": credit,
+            "hours_lost": hours_lost,
+        },
+    )
+
+
 def _host_failing(*, host_name: str, problems: list[str]) -> None:
     """To the operators (ADMINS, and PAYMENTS_NOTIFY_EMAIL when set), in the portal's language."""
     recipients = list(dict.fromkeys([*(address for _name, address in settings.ADMINS), settings.PAYMENTS_NOTIFY_EMAIL]))
@@ -222,6 +239,7 @@ WRITERS = {
     Notice.ORDER_REJECTED: _order_rejected,
     Notice.KEYS_CHANGED: _keys_changed,
     Notice.HOST_FAILING: _host_failing,
+    Notice.ORDER_MOVED: _order_moved,
     Notice.ORDER_CANCELLED: _order_cancelled,
     Notice.REFUND_REQUESTED: _refund_requested,
     Notice.REFUND_SENT: _refund_sent,

@@ -133,6 +133,7 @@ def test_a_cancelled_paid_order_is_refunded_through_the_consoles_link_and_proven
     # The order page asks for an address and never offers the payer's.
     shown = page(client, order_url(order, token))
     assert "Your refund address" in shown and "Waiting for your refund address" in shown
+    assert "are owed back to you" in shown and "were refunded to you" not in shown
     refund_section = shown[shown.index('id="refunds"') :]
     assert payer not in refund_section and payer.lower() not in refund_section
 
@@ -168,6 +169,7 @@ def test_a_cancelled_paid_order_is_refunded_through_the_consoles_link_and_proven
     shown = page(client, order_url(order, token))
     assert "Refund sent and confirmed on chain" in shown and tx_hash in shown
     assert "Save the refund address" not in shown  # no longer editable once paid
+    assert "were refunded to you" in shown and "are owed back to you" not in shown  # the status says it went back
 
     # The same hash entered again counts once.
     enter_hash(client, refund, tx_hash, django_capture_on_commit_callbacks)

@@ -178,6 +178,7 @@ def test_split_trial_uploads_with_the_right_token(client, catalog, booking_data,
 @given(action=nasty_text, reason=nasty_text, extra=nasty_text)
 @example(action="extend", reason="", extra="²")
 @example(action="reassign", reason="", extra="²")
+@example(action="move", reason="", extra="-1")
 def test_console_actions_by_an_operator(client, catalog, booking_data, django_user_model, action, reason, extra):
     operator = django_user_model.objects.filter(username="olga").first()
     if operator is None:
@@ -188,7 +189,7 @@ def test_console_actions_by_an_operator(client, catalog, booking_data, django_us
     safe_action = "".join(ch for ch in action if ch.isalnum() or ch in "-_")[:40] or "approve"
     response = client.post(
         f"/console/orders/{order.public_id}/{safe_action}/",
-        {"reason": reason, "from_lot": extra, "to_lot": extra, "days": extra},
+        {"reason": reason, "from_lot": extra, "to_lot": extra, "days": extra, "hours_lost": extra, "credit": extra},
     )
     assert response.status_code in OK | {403}
 

@@ -112,6 +112,9 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         window = window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
         free_ids = free_lot_ids(hardware_class=order.hardware_class, window=window, limit=50)
         free_lots = list(Lot.objects.filter(pk__in=free_ids).select_related("host"))
+    elif order.status in booking_services.MOVABLE:  # a provider fault: lots free for the rest of the window
+        free_ids = booking_services.free_lots_for_move(order=order)
+        free_lots = list(Lot.objects.filter(pk__in=free_ids).select_related("host").order_by("host__name", "name"))
     context = {
         "order": order,
         "seen": seen,
@@ -154,6 +157,14 @@ ACTIONS = {
     "reassign": lambda order, user, reason, post: runs.lot_reassign(
         order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
     ),
+    "move": lambda order, user, reason, post: runs.order_move(
+        order=order,
+        from_lot_id=_number(post, "from_lot"),
+        to_lot_id=_number(post, "to_lot"),
+        actor=user,
+        hours_lost=_optional_number(post, "hours_lost") or 0,
+        credit=post.get("credit", runs.Credit.NONE),
+    ),
     "extend": lambda order, user, reason, post: checkout.order_extension_request(
         order=order, days=_number(post, "days"), actor=user
     ),
@@ -172,6 +183,7 @@ ACTION_NAMES = {
     "teardown": gettext_lazy("teardown"),
     "provision": gettext_lazy("provisioning"),
     "reassign": gettext_lazy("reassignment"),
+    "move": gettext_lazy("move (the customer is e-mailed)"),
     "extend": gettext_lazy("extension request"),
     "cancel": gettext_lazy("cancellation"),
 }

@@ -100,6 +100,8 @@ def _status_fresh_for(order: Order, *, now) -> float:
 
 
 ACCESS_SHOWN = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+# Paid for and called off: the page says what is owed back, then that it went back.
+REFUNDED_STATUSES = (OrderStatus.CANCELLED, OrderStatus.REJECTED)
 
 
 def _order_context(order: Order, token: str) -> dict:
@@ -133,6 +135,7 @@ def _order_context(order: Order, token: str) -> dict:
         "payment": payment_selectors.payment_view(order),  # the current invoice: address, amount, QR code
         "extension": _extension_payment(order),
         "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
+        "refunded": order.status in REFUNDED_STATUSES and payment_selectors.order_refunds_paid(order),
         # Data continuity: the volume this order can still hand to a next booking, where its data went, and whose
         # data this order carries.
         "kept_data": provisioning_selectors.kept_data_access(order),
@@ -193,15 +196,19 @@ def _extension_payment(order: Order) -> payment_selectors.PaymentView | None:
 
 
 def _provisioning_progress(order: Order) -> dict | None:
-    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order)."""
-    if order.status != OrderStatus.PROVISIONING:
-        return None
-    run = order.provisioning_runs.filter(kind="provision").first()
+    """Step k of N of the run preparing the access, while it runs (provisioning's rows, read through the order); in
+    a window, of the run moving the order to other lots after a provider fault, until it succeeds."""
+    if order.status == OrderStatus.PROVISIONING:
+        run = order.provisioning_runs.filter(kind="provision").first()
+    elif order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
+        run = order.provisioning_runs.filter(kind="move").exclude(status="succeeded").first()
+    else:
+        run = None
     if run is None:
         return None
     statuses = list(run.steps.values_list("status", flat=True))
     done = statuses.count("done")
-    return {"step": min(done + 1, len(statuses)), "steps": len(statuses)}
+    return {"step": min(done + 1, len(statuses)), "steps": len(statuses), "moving": run.kind == "move"}
 
 
 def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict | None = None) -> HttpResponse:
