@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from booking.models import Order, OrderStatus
 from booking.services import order_cancel_by_operator, order_end_early
+from inventory.models import Lot
 from provisioning import lifecycle
 from provisioning.models import ProvisioningRun
 from tests.booking.test_pages import order_url, place
@@ -139,3 +140,24 @@ def test_one_order_carries_a_volume_and_the_earlier_order_s_wipe_waits_for_it(
     with django_capture_on_commit_callbacks(execute=True):
         assert lifecycle.lifecycle_tick(now=due)["wiped"] == 1
     assert order.provisioning_runs.get(kind=ProvisioningRun.Kind.WIPE).status == ProvisioningRun.Status.SUCCEEDED
+
+
+def test_a_window_whose_data_is_carried_cannot_be_extended_into_the_next_order(
+    client,
+    ready_order,  # noqa: F811
+    booking_data,
+    start_date,
+):
+    order, token = ready_order  # still running: its data can be carried to an order booked ahead
+    # on a third lot of the same host, right after this window (its own two lots are held until then)
+    host = order.allocations.first().lot.host
+    b200 = order.hardware_class
+    Lot.objects.create(name="b200-node-01 · GPUs 4,5", hardware_class=b200, host=host, gpu_indices="4,5")
+    carried, _ = place(client, booking_data(lots="1", start_date=_later(start_date, 7), **_carry(order, token)))
+    assert carried.carry_data_from == order and carried.allocations.get().lot.gpu_indices == "4,5"
+
+    extend = reverse("booking:order-extend", kwargs={"public_id": order.public_id, "token": token})
+    refused = _text(client.post(extend, {"days": "3"}, follow=True))
+
+    assert f"Your data is carried to order {carried.public_id}, which starts on" in refused
+    assert not order.invoices.filter(purpose="extension").exists()
