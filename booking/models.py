@@ -413,6 +413,18 @@ class Order(models.Model):
     )
     # What the customer is owed back after cancelling a paid order, by the rules of `terms_version`.
     refund_due = models.DecimalField(_("refund due"), max_digits=14, decimal_places=2, null=True, blank=True)
+    # The earlier order of the same customer whose data volume this order takes over on the same host (opted in at
+    # booking from that order's link): provisioning moves the volume instead of making an empty one. One live order
+    # at most carries a given order's data (constraint below); an order that expires or is cancelled frees it.
+    carry_data_from = models.ForeignKey(
+        "self",
+        on_delete=models.PROTECT,
+        related_name="data_carried_to",
+        null=True,
+        blank=True,
+        editable=False,
+        verbose_name=_("data carried from"),
+    )
 
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
@@ -427,6 +439,11 @@ class Order(models.Model):
             models.CheckConstraint(condition=Q(lot_count__gte=1), name="order_has_lots"),
             models.CheckConstraint(condition=Q(total_price__gt=0), name="order_total_positive"),
             models.CheckConstraint(condition=Q(status__in=OrderStatus.values), name="order_status_known"),
+            models.UniqueConstraint(
+                fields=["carry_data_from"],
+                condition=Q(carry_data_from__isnull=False) & ~Q(status__in=["expired", "cancelled", "rejected"]),
+                name="one_live_order_carries_a_volume",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "hold_expires_at"]),

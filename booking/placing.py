@@ -16,7 +16,7 @@ from django.utils.translation import ngettext
 from booking import availability, selectors
 from booking.billing import BillingDetails, billing_check
 from booking.links import issue_token
-from booking.locks import lock_capacity, lock_client
+from booking.locks import lock_capacity, lock_client, lock_order
 from booking.models import (
     Allocation,
     BookingPolicy,
@@ -67,6 +67,16 @@ class Research:
 
 
 @dataclass(frozen=True)
+class DataCarry:
+    """The customer's earlier order whose data volume the new order takes over, and the host that keeps it: the new
+    order's lots are all taken on that host. The caller proved the customer holds `order` (its secret link) and
+    found where its data is kept."""
+
+    order: Order
+    host_id: int
+
+
+@dataclass(frozen=True)
 class BookingRequest:
     hardware_class: HardwareClass
     environment: EnvironmentImage
@@ -84,6 +94,7 @@ class BookingRequest:
     terms_version_id: int | None = None  # the terms version the customer accepted (the form's hidden field)
     # Who the fiscal invoice is made out to (the booking form always gives them; scripts placing orders may not).
     billing: BillingDetails | None = None
+    carry: DataCarry | None = None
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -211,10 +222,40 @@ def order_plan(
     if price_per_lot is None:
         raise BookingError(_("This window is not on sale for this hardware class."), field="days")
     window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
+    if request.carry is not None:
+        _check_carry(request=request, window=window)
     free, total, next_dates = _availability_hint(request=request, policy=policy, window=window, now=now)
     if free < request.lot_count:
         raise _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
     return OrderPlan(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
+
+
+def _check_carry(*, request: BookingRequest, window: selectors.Window) -> None:
+    """The data can be carried: no other live order carries it, and enough lots of the class are free on its host
+    for the window (else the customer is told, and may book without carrying it)."""
+    carry = request.carry
+    if selectors.order_data_carried(order=carry.order):
+        raise BookingError(
+            _("The data of order %(number)s is already carried to another order.") % {"number": carry.order.public_id},
+            field="carry_data",
+        )
+    free = selectors.free_lot_ids(
+        hardware_class=request.hardware_class, window=window, limit=request.lot_count, host_id=carry.host_id
+    )
+    if len(free) < request.lot_count:
+        raise BookingError(
+            ngettext(
+                "Your data stays on the machine that holds it, and only %(free)s lot of %(name)s is free there for "
+                "these dates. Choose other dates or fewer lots, or untick “carry my data” to book anywhere with an "
+                "empty disk.",
+                "Your data stays on the machine that holds it, and only %(free)s lots of %(name)s are free there "
+                "for these dates. Choose other dates or fewer lots, or untick “carry my data” to book anywhere with "
+                "an empty disk.",
+                len(free),
+            )
+            % {"free": len(free), "name": request.hardware_class.name},
+            field="carry_data",
+        )
 
 
 def sold_out_answer(*, plan: OrderPlan, refused: SoldOutUnderLock) -> BookingError:
@@ -229,10 +270,20 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
     constraint on allocations (PostgreSQL) is the guarantee behind it. Raises SoldOutUnderLock when the lots
     are gone. Returns the order and its secret token (shown once)."""
     request = plan.request
+    carry = request.carry
+    if carry is not None:  # orders first (booking/locks.py): two bookings carrying the same data wait here
+        lock_order(carry.order.pk)
     lock_client(email=request.contact.email, client_key=request.client_key)
     lock_capacity(request.hardware_class.pk)
     _check_unpaid_lots(request=request, policy=plan.policy, now=plan.now)
-    lot_ids = selectors.free_lot_ids(hardware_class=request.hardware_class, window=plan.window, limit=request.lot_count)
+    if carry is not None:
+        _check_carry(request=request, window=plan.window)
+    lot_ids = selectors.free_lot_ids(
+        hardware_class=request.hardware_class,
+        window=plan.window,
+        limit=request.lot_count,
+        host_id=carry.host_id if carry else None,
+    )
     if len(lot_ids) < request.lot_count:
         raise SoldOutUnderLock(free=len(lot_ids))
     order = _order_from(plan)
@@ -329,4 +380,5 @@ def _order_from(plan: OrderPlan) -> Order:
         fit_inputs=request.fit_inputs,
         fit_advice=request.fit_advice,
         terms_version_id=request.terms_version_id,
+        carry_data_from=request.carry.order if request.carry else None,
     )

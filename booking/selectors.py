@@ -105,26 +105,75 @@ def _unavailable(*, window: Window) -> Q:
 class Availability:
     free: int
     total: int
+    # The data disk of a lot, as provisioning makes it (provisioning.container_steps._disk_gib): the operator's size
+    # per lot where the host has one (the smallest of the class's offered hosts: what every lot is sure to get), and
+    # whether some offered host has none, its volume disk then being split over its lots when the order is prepared.
+    disk_gib: int | None = None
+    disk_shared: bool = False
+
+
+# A host whose operator set no disk per lot: its lots share its volume disk (split when an order is prepared).
+_SHARED_DISK = Q(host__disk_per_lot_gib=0)
 
 
 def availability_for_window(*, window: Window) -> dict[int, Availability]:
-    """Free and total active lots per hardware class id for the window, in one aggregated query."""
+    """Free and total active lots per hardware class id for the window, with their data disk, in one aggregated
+    query."""
     busy = _unavailable(window=window)
     rows = (
         offered_lots()
         .filter(hardware_class__is_active=True)
         .order_by()
         .values("hardware_class_id")
-        .annotate(total=Count("pk"), free=Count("pk", filter=~Q(busy)))
+        .annotate(
+            total=Count("pk"),
+            free=Count("pk", filter=~Q(busy)),
+            disk_gib=Min("host__disk_per_lot_gib", filter=~_SHARED_DISK),
+            shared=Count("pk", filter=_SHARED_DISK),
+        )
     )
-    return {row["hardware_class_id"]: Availability(free=row["free"], total=row["total"]) for row in rows}
+    return {
+        row["hardware_class_id"]: Availability(
+            free=row["free"], total=row["total"], disk_gib=row["disk_gib"], disk_shared=row["shared"] > 0
+        )
+        for row in rows
+    }
 
 
-def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int) -> list[int]:
-    """Up to `limit` free lots of the class for the window, spread across hosts in a stable order."""
+@dataclass(frozen=True)
+class OrderDisk:
+    """The data disk of an order's lots before its machines are prepared: the smallest size per lot their hosts'
+    operators set, and whether some host splits its disk over its lots instead (sized when prepared)."""
+
+    per_lot_gib: int | None
+    shared: bool
+
+
+# An order that carries another's data and is still live: it holds that data until its own end.
+CARRY_RELEASED = (OrderStatus.EXPIRED, OrderStatus.CANCELLED, OrderStatus.REJECTED)
+
+
+def order_data_carried(*, order: Order) -> Order | None:
+    """The live order that carries this order's data volume, if any."""
+    return Order.objects.filter(carry_data_from=order).exclude(status__in=CARRY_RELEASED).first()
+
+
+def order_disk(*, order: Order) -> OrderDisk:
+    """The data disk of the order's live lots (one aggregated query)."""
+    found = Allocation.objects.filter(order=order, released_at__isnull=True).aggregate(
+        per_lot_gib=Min("lot__host__disk_per_lot_gib", filter=Q(lot__host__disk_per_lot_gib__gt=0)),
+        shared=Count("pk", filter=Q(lot__host__disk_per_lot_gib=0)),
+    )
+    return OrderDisk(per_lot_gib=found["per_lot_gib"], shared=found["shared"] > 0)
+
+
+def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int, host_id: int | None = None) -> list[int]:
+    """Up to `limit` free lots of the class for the window (on one host, when given), spread across hosts in a
+    stable order."""
+    on_host = {"host_id": host_id} if host_id is not None else {}
     return list(
         offered_lots()
-        .filter(hardware_class=hardware_class)
+        .filter(hardware_class=hardware_class, **on_host)
         .filter(~_unavailable(window=window))
         .order_by("host__name", "name")
         .values_list("pk", flat=True)[:limit]

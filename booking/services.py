@@ -382,6 +382,21 @@ def extension_price(*, order: Order, days: int) -> Decimal:
 EXTENSION_PAYMENT_GRACE = timedelta(minutes=30)
 
 
+def _check_data_not_carried_past(*, order: Order, days: int) -> None:
+    """The order whose data volume this order hands over takes it when it is prepared: this window cannot run into
+    that order's (its container would still hold the volume). Said before the lots' own check: it is the reason."""
+    carrying = selectors.order_data_carried(order=order) if isinstance(days, int) else None
+    if carrying is not None and carrying.starts_at < order.ends_at + timedelta(days=days):
+        raise BookingError(
+            _(
+                "Your data is carried to order %(number)s, which starts on %(start)s UTC: this window cannot be "
+                "extended past it."
+            )
+            % {"number": carrying.public_id, "start": carrying.starts_at.strftime("%Y-%m-%d %H:%M")},
+            field="days",
+        )
+
+
 @transaction.atomic
 def extension_hold(*, order: Order, days: int, actor: AbstractBaseUser | None = None, now: datetime | None = None):
     """Hold the order's lots for an extension of `days` while its invoice is open: the lots' periods grow now, so
@@ -391,6 +406,7 @@ def extension_hold(*, order: Order, days: int, actor: AbstractBaseUser | None = 
     order = lock_order(order.pk)
     if order.extension_held_until is not None and order.extension_held_until > now:
         raise BookingError(_("An extension of this window is already waiting for its payment."), field="days")
+    _check_data_not_carried_past(order=order, days=days)
     window = extension_check(order=order, days=days)
     policy = BookingPolicy.current()
     until = now + timedelta(minutes=policy.hold_minutes) + EXTENSION_PAYMENT_GRACE

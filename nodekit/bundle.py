@@ -29,7 +29,7 @@ class BundleError(Exception):
     """A script or common.py that cannot be inlined faithfully."""
 
 
-HOST_FILES = ("sshd_config", "binome-guard")
+HOST_FILES = ("sshd_config", "sshd_download_config", "binome-guard")
 
 
 def host_file_bytes(name: str) -> bytes:

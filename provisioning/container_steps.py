@@ -32,6 +32,24 @@ HOST_RESERVE = 0.9
 PIDS_PER_LOT = 4096
 
 
+def download_container_name(username: str) -> str:
+    """The container of the read-only download window after the end (provisioning.download_steps)."""
+    return f"binome-{username}-files"
+
+
+def remove_download(conn: Connection, ctx: StepContext, *, username: str = "") -> bool:
+    """The download window's container of `username` (the order's by default) removed, checked; True when there was
+    one. Closed by the wipe, and by the next order that takes the volume it mounts."""
+    runtime, name = runtime_of(ctx), download_container_name(username or ctx.username)
+    exists = runtime.command("container", "inspect", "--format", "{{.Id}}", name)
+    if not conn.run(exists, check=False).ok or is_dry_run(conn):
+        return False
+    conn.run(runtime.remove(name), timeout=120)
+    if conn.run(exists, check=False).ok:
+        raise StepFailed(f"the download container {name} is still there")
+    return True
+
+
 def _container(ctx: StepContext, verb: str, *args: str) -> list[str]:
     return runtime_of(ctx).command(verb, *args)
 
@@ -65,6 +83,8 @@ def prepare_data(conn: Connection, ctx: StepContext) -> StepOutput:
         size = conn.run(["stat", "-c", "%s", ctx.volume_file], check=False).stdout.strip()
         gib = int(size) // 2**30 if size.isdigit() else 0
         return StepOutput(f"data volume {ctx.volume_name} kept ({gib} GiB)", {"disk_gib": gib})
+    if ctx.carry_from_username:
+        return _take_over_data(conn, ctx)
     gib = _disk_gib(conn, ctx)
     path = ctx.volume_file
     # The space is reserved (fallocate, and no discard by mkfs, which would punch the file sparse again): volumes can
@@ -83,6 +103,67 @@ def prepare_data(conn: Connection, ctx: StepContext) -> StepOutput:
         )
     conn.run(runtime.volume_create(ctx.volume_name, path))
     return StepOutput(f"data volume {ctx.volume_name}: {gib} GiB, ext4 in {path}", {"disk_gib": gib})
+
+
+# Rename the earlier order's volume file ($1) to this order's ($2), both root's own files in VOLUME_ROOT (no link
+# followed); done when $2 is there already (a run resumed after the rename), refused when neither is.
+_TAKE_OVER = (
+    'if [ -f "$2" ] && [ ! -L "$2" ]; then echo kept; elif [ -f "$1" ] && [ ! -L "$1" ]; then mv -T -n -- "$1" "$2" '
+    '&& [ -f "$2" ] && echo moved; else echo missing; exit 1; fi'
+)
+
+
+def _take_over_data(conn: Connection, ctx: StepContext) -> StepOutput:
+    """The customer's earlier order on this host left its data volume to this order (they opted in at booking):
+    its file is renamed to this order's, inside root's volume directory, and the runtime's volume made on it. Its
+    files keep their owner, the earlier order's uid, until start_container gives them to this order's. The host
+    reads nothing in it: no mount, no fsck, no debugfs."""
+    runtime = runtime_of(ctx)
+    source_user, source = ctx.carry_from_username, ctx.carried_volume_file
+    source_container = f"binome-{source_user}"
+    if conn.run(runtime.command("container", "inspect", source_container), check=False).ok and not is_dry_run(conn):
+        raise StepFailed(
+            f"the container {source_container} of the order whose data this order carries still exists: its window "
+            "must be torn down before the volume moves"
+        )
+    remove_download(conn, ctx, username=source_user)  # its download window mounts the volume: it closes now
+    # the earlier order's runtime volume points at the old path: nothing may mount it again
+    if conn.run(runtime.command("volume", "inspect", f"{source_container}-data"), check=False).ok:
+        conn.run(runtime.command("volume", "rm", f"{source_container}-data"), timeout=120)
+    moved = conn.run(["sh", "-c", _TAKE_OVER, "take_over", source, ctx.volume_file], check=False)
+    if not moved.ok and not is_dry_run(conn):
+        raise StepFailed(
+            f"the data volume of {source_user}, which this order carries, is not in {VOLUME_ROOT} any more "
+            f"({moved.stdout.strip() or moved.stderr.strip()[-200:]}): make an empty one by moving the order, "
+            "or tell the customer"
+        )
+    conn.run(runtime.volume_create(ctx.volume_name, ctx.volume_file))
+    size = conn.run(["stat", "-c", "%s", ctx.volume_file], check=False).stdout.strip()
+    gib = int(size) // 2**30 if size.isdigit() else 0
+    return StepOutput(
+        f"data volume {ctx.volume_name}: {gib} GiB, carried from {source_user} ({moved.stdout.strip() or 'moved'})",
+        {"disk_gib": gib},
+    )
+
+
+def _reown_carried_data(conn: Connection, ctx: StepContext, spec: containers.ContainerSpec) -> None:
+    """A carried volume's files belong to the earlier order's uid: given to this order's, in a one-shot container
+    of the pinned image (a catalog image, not the customer's) as root with only the capabilities chown needs, no
+    network, the volume mounted noexec so that nothing of the customer's runs, and `chown -h` (links are not
+    followed, and a link could only point inside that container anyway). The host itself neither mounts nor
+    reads the volume. Idempotent: a replaced container does it again at no harm."""
+    runtime = runtime_of(ctx)
+    argv = runtime.command(
+        "run", "--rm", "--network", "none", "--user", "0:0", "--cap-drop", "all",
+        "--cap-add", "CHOWN", "--cap-add", "DAC_READ_SEARCH", "--cap-add", "FOWNER",
+        "--security-opt", "no-new-privileges", "--read-only", "--pids-limit", "64",
+        "--volume", f"{ctx.volume_name}:/data:rw,noexec,nosuid,nodev", "--entrypoint", "chown",
+        *(option for ulimit in containers.ULIMITS for option in ("--ulimit", ulimit)),
+        spec.image, "-R", "-h", f"{spec.uid}:{spec.gid}", "/data",
+    )  # fmt: skip
+    result = conn.run(argv, check=False, timeout=3600)
+    if not result.ok and not is_dry_run(conn):
+        raise StepFailed(f"the carried data volume could not be given to {ctx.username}: {result.stderr[-300:]}")
 
 
 def prepare_image(conn: Connection, ctx: StepContext) -> StepOutput:
@@ -231,6 +312,8 @@ def start_container(conn: Connection, ctx: StepContext) -> StepOutput:
         if state:  # another lot, image or share: the old container goes (the data volume stays)
             conn.run(runtime.remove(spec.name), timeout=120)
             replaced = " (the previous one, made for another lot, image or share, was removed)"
+        if ctx.carry_from_username:
+            _reown_carried_data(conn, ctx, spec)
         started = conn.run(containers.run_argv(spec, runtime), check=False, timeout=600)
         if started.exit_status != 0 and not is_dry_run(conn):
             raise StepFailed(f"the container did not start: {started.stderr.strip()[-500:]}")

@@ -57,8 +57,19 @@ def _context(order: Order, access: Access, host: Host) -> StepContext:
         lots_on_host=max(lots, host.lots.count()),
         disk_gib=host.disk_per_lot_gib * lots,
         device_dir=settings.PROVISIONING_DEVICE_DIR,
+        carry_from_username=selectors.carried_volume_username(order, host=host),
+        download_until=_download_until(order, operator_settings),
         **selectors.container_limits(host, lots=lots),
     )
+
+
+def _download_until(order: Order, operator_settings: OperatorSettings) -> datetime | None:
+    """When the download window of a window that is over closes (the wipe's date); None while the order goes on (a
+    host it left gets none) or when it never ran (cancelled, rejected: nothing of the customer's is there)."""
+    over = order.status == OrderStatus.ENDED or (
+        order.status in (OrderStatus.READY, OrderStatus.ACTIVE) and order.ends_at <= timezone.now()
+    )
+    return order.ends_at + timedelta(days=operator_settings.wipe_after_days) if over else None
 
 
 def _take_lease(run: ProvisioningRun, now: datetime) -> str:

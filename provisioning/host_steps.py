@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from nodekit.bundle import host_file_bytes
 from provisioning import containers, host_probe
-from provisioning.container_steps import remove_container
+from provisioning.container_steps import remove_container, remove_download
 from provisioning.containers import CUSTOMER_GROUP  # the host's sshd denies it (docs/operations.md)
 from provisioning.drivers.base import CommandFailed, Connection
 from provisioning.step_context import (
@@ -173,6 +173,7 @@ def legacy_step(conn: Connection, ctx: StepContext) -> str:
 
 def wipe_data(conn: Connection, ctx: StepContext) -> str:
     """The account, its data volume and its kit, after the grace period announced to the customer."""
+    remove_download(conn, ctx)  # the download window closes with the files (first: it is on the order's network)
     remove_container(conn, ctx)  # a container still holding the volume would keep it
     for path in dict.fromkeys([ctx.container_runtime] if ctx.container_runtime else []):
         runtime = containers.Runtime(path)

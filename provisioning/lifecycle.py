@@ -25,6 +25,13 @@ from provisioning.services import access_release, order_auto_approve
 
 WARNINGS = [("48h", timedelta(hours=48)), ("24h", timedelta(hours=24)), ("1h", timedelta(hours=1))]
 NEVER_HANDED_OVER = (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.PROVISIONING_FAILED)
+# An order carrying another's data that has not taken the volume over yet (its provisioning does).
+CARRY_WAITING = (
+    OrderStatus.AWAITING_PAYMENT,
+    OrderStatus.PAYMENT_PROCESSING,
+    OrderStatus.PAID,
+    *NEVER_HANDED_OVER,
+)
 QUEUED_PATIENCE = timedelta(minutes=5)
 SWEEP_BATCH = 50  # orders a sweep starts runs for in one tick
 
@@ -170,6 +177,9 @@ def _wipe_due(now: datetime) -> int:
         )
         # A failed wipe is retried with backoff (_retry_failed), not started again every tick.
         .exclude(_run_under_way(ProvisioningRun.Kind.WIPE, (*UNDER_WAY, ProvisioningRun.Status.FAILED)))
+        # Data carried to a next order waits for it: that order's provisioning moves the volume out of this order's
+        # reach (after which the wipe finds nothing of it), or it is released and the wipe goes on.
+        .exclude(Exists(Order.objects.filter(carry_data_from=OuterRef("pk"), status__in=CARRY_WAITING)))
         .distinct()
     )
     return _start_runs(due, access_wipe_start)

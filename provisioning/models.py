@@ -159,6 +159,10 @@ class Access(models.Model):
     image_id = models.CharField(max_length=64, blank=True)
     disk_gib = models.PositiveIntegerField(null=True, blank=True)
     shares = models.JSONField(null=True, blank=True)
+    # The read-only download window after the end (provisioning.container_steps.open_download): the port of its
+    # SFTP-only server, and when its keys expire (the wipe's date).
+    download_port = models.PositiveIntegerField(null=True, blank=True)
+    download_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host__name"]
@@ -179,6 +183,17 @@ class Access(models.Model):
         """How the customer logs in: to the SSH server of their container, on its published port."""
         port = f" -p {self.ssh_port}" if self.ssh_port and self.ssh_port != 22 else ""
         return f"ssh{port} {self.username}@{self.host.address}"
+
+    @property
+    def sftp_command(self) -> str:
+        """How the customer downloads their files after the end, read-only."""
+        return f"sftp -P {self.download_port} {self.username}@{self.host.address}" if self.download_port else ""
+
+    @property
+    def download_known_hosts_line(self) -> str:
+        if not self.ssh_host_key or not self.download_port:
+            return ""
+        return f"[{self.host.address}]:{self.download_port} {self.ssh_host_key}"
 
     @property
     def known_hosts_line(self) -> str:

@@ -6,9 +6,10 @@ from datetime import datetime
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
+from booking import selectors as booking_selectors
 from booking.models import Allocation, Order, OrderStatus
 from inventory.models import Host, MaintenanceWindow
-from provisioning.models import RETRIED_RUN_KINDS, GpuReading, ProvisioningRun, ProvisioningStep
+from provisioning.models import RETRIED_RUN_KINDS, Access, GpuReading, ProvisioningRun, ProvisioningStep
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
 BOOKED_STATUSES = [
@@ -157,3 +158,28 @@ def readings_chart(order, *, width: int = 600, height: int = 160) -> dict | None
         peak = max(share for _x, share, _util in points)
         lines.append({"host": host, "gpu": index, "points": polyline, "peak_percent": round(peak * 100)})
     return {"width": width, "height": height, "lines": lines, "first": first, "last": last}
+
+
+# An order whose data volume may be carried to a next order: its machines were prepared (or its window ran).
+DATA_KEPT_STATUSES = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
+
+
+def kept_data_access(order: Order) -> Access | None:
+    """The access whose data volume is still on its host, not wiped, when the order has exactly one (a volume is
+    carried to a next order on its own host; an order spread over several hosts has one per host, and none is
+    offered). None once the volume was carried to another live order: it left the order then."""
+    if order.status not in DATA_KEPT_STATUSES:
+        return None
+    kept = list(order.accesses.filter(disk_gib__isnull=False, wiped_at__isnull=True).select_related("host")[:2])
+    if len(kept) != 1 or booking_selectors.order_data_carried(order=order) is not None:
+        return None
+    return kept[0]
+
+
+def carried_volume_username(order: Order, *, host: Host) -> str:
+    """The account on `host` whose data volume `order` takes over (the order it carries the data of), or "". Wiped
+    or not: a volume that is gone fails the step that takes it over, it is not silently replaced by an empty one."""
+    if order.carry_data_from_id is None:
+        return ""
+    source = Access.objects.filter(order_id=order.carry_data_from_id, host=host).first()
+    return source.username if source else ""

@@ -14,6 +14,7 @@ from provisioning.drivers.base import Connection
 
 KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one kit directory per account, which is also the account's home
 VOLUME_ROOT = "/var/lib/binome-volumes"  # root-owned, 700: the file systems of the customers' data volumes
+ACCOUNT_NAME = r"bn-[a-z0-9]{1,28}"  # provisioning.rules.username_for
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ class StepContext:
     disk_gib: int = 0
     image_id: str = ""  # pinned by prepare_image
     device_dir: str = "/dev"  # where the host's GPU device nodes are (tests: mknod stand-ins)
+    # The account on this host of the customer's earlier order whose data volume this order takes over ("" = none).
+    carry_from_username: str = ""
+    # When the order's files are deleted, for a window that ended: its read-only download window lasts until then.
+    download_until: datetime | None = None
 
     @property
     def container_name(self) -> str:
@@ -63,6 +68,13 @@ class StepContext:
     def volume_file(self) -> str:
         """The root-owned file holding the file system of the customer's data volume."""
         return f"{VOLUME_ROOT}/{self.username}.ext4"
+
+    @property
+    def carried_volume_file(self) -> str:
+        """The earlier order's volume file that this order's takes over: root's path, built from our own names."""
+        if not re.fullmatch(ACCOUNT_NAME, self.carry_from_username):
+            raise StepFailed(f"not an account name of ours: {self.carry_from_username[:40]!r}")
+        return f"{VOLUME_ROOT}/{self.carry_from_username}.ext4"
 
     @property
     def home(self) -> str:

@@ -19,6 +19,7 @@ from provisioning.container_steps import (
     start_container,
     start_ssh,
 )
+from provisioning.download_steps import open_download
 from provisioning.host_steps import (
     connect,
     create_user,
@@ -45,7 +46,8 @@ PREFLIGHT_STEPS = ["connect", "preflight"]
 # data volume kept), checked and handed over at once: the window is already running.
 MOVE_STEPS = [*PROVISION_STEPS, "install_keys", "start_ssh"]
 # Locked first, so that no new session starts while the others are killed; each step checks its own work.
-TEARDOWN_STEPS = ["connect", "lock_user", "revoke_keys", "remove_container", "stop_processes"]
+# A window that ended then opens its read-only download window until the wipe (nothing, when the order goes on).
+TEARDOWN_STEPS = ["connect", "lock_user", "revoke_keys", "remove_container", "stop_processes", "open_download"]
 WIPE_STEPS = ["connect", "wipe_data"]
 # The hand-over (and a window that moved: the keys' expiry moves with it): the keys written, sshd answering.
 KEYS_STEPS = ["connect", "install_keys", "start_ssh"]
@@ -66,6 +68,7 @@ STEPS = {
         stop_processes,
         lock_user,
         wipe_data,
+        open_download,
     )
 }
 # Steps of runs made before this design: done as nothing, so that such a run still finishes.

@@ -374,3 +374,54 @@ def test_a_researcher_corrects_the_billing_details_then_downloads_the_invoice(
     assert download.value.suggested_filename == f"invoice-{fiscal_invoice.number}.pdf"
     text = pdf_text(pdf)
     assert fiscal_invoice.number in text and "Institut Pasteur" in text and "FR40303265045" in text
+
+
+def _until(condition, *, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_researcher_books_again_with_the_data_of_an_ended_order(
+    researcher, live_server, live_chain, catalog, admin_user, worker_and_beat
+):
+    from datetime import timedelta
+
+    from booking.services import order_end_early
+    from provisioning.runs import provisioning_start
+    from provisioning.services import order_approve
+
+    page = researcher
+    # given: an order prepared on the demo's dry-run hosts by the worker, then ended early: its data is kept
+    order = place_order(page, live_server.url, lots="2", email="again@example.org")
+    order_url = page.url
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    order_approve(order=order, actor=admin_user)
+    provisioning_start(order=order, actor=admin_user)
+    _until(lambda: Order.objects.get(pk=order.pk).status == OrderStatus.READY)
+    order_end_early(order=order)
+    _until(lambda: order.accesses.filter(status="revoked").exists())
+
+    # when: the researcher follows "Book again with my data" and books a later window, the box ticked for them
+    page.goto(order_url)
+    with page.expect_navigation():
+        page.get_by_role("link", name="Book again with my data").click()
+    assert page.is_checked("input[name=carry_data]")
+    assert page.input_value("input[name=contact_email]") == "again@example.org"
+    page.fill("input[name=start_date]", (order.starts_at.date() + timedelta(days=10)).isoformat())
+    page.fill("textarea[name=billing_address]", "12 rue de la Paix\n75002 Paris")
+    page.fill("input[name=billing_country]", "FR")
+    page.check("input[name=sharing][value='parameters_sharded']")
+    page.check("input[name=hypothesis][value='make_possible']")
+    page.fill("textarea[name=hypothesis_detail]", "The campaign resumes from the trial's checkpoints.")
+    page.fill("textarea[name=hypothesis_measure]", "The loss keeps falling from where the trial left it.")
+    page.check("input[name=accept_terms]")
+    submitted(page, page.locator("button.button-primary"), to=ORDER_URL)
+
+    # then: the new order carries the data, on the machine that keeps it
+    carried = Order.objects.get(carry_data_from=order)
+    assert page.url.split("/")[-3] == carried.public_id
+    assert f"Carried from order {order.public_id}" in page.inner_text("#carried-data")
+    host = order.accesses.get().host
+    assert {allocation.lot.host for allocation in carried.allocations.all()} == {host}

@@ -10,12 +10,13 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.db import InterfaceError, OperationalError, connection
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.html import format_html_join
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 from django_ratelimit.core import is_ratelimited
 
@@ -28,7 +29,9 @@ from booking.terms import terms_current
 from nodekit.bundle import script_bytes
 from payments import checkout
 from portal import client
+from provisioning import selectors as provisioning_selectors
 from web.customer.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
+from web.customer.order import mark_private, order_behind_link
 from web.page_cache import PLACEHOLDER_MARK, cached_page
 
 logger = logging.getLogger(__name__)
@@ -167,7 +170,7 @@ def _place(request: HttpRequest) -> HttpResponse:
         fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
         try:
             booking_request = _booking_request(
-                form, language=get_language(), client_key=client.client_key(request), **fit
+                form, language=get_language(), client_key=client.client_key(request), carry=_data_carry(form), **fit
             )
             order, token = checkout.order_place(request=booking_request, policy=desk.policy)
         except SoldOut as exc:
@@ -189,6 +192,66 @@ def _place(request: HttpRequest) -> HttpResponse:
             return redirect("booking:order", public_id=order.public_id, token=token)
     quote_form = QuoteForm(request.POST, **desk.form_kwargs)  # the form comes back: requote
     return _draw(request, desk, form=form, fit_form=fit_form, quote_form=quote_form, status=status)
+
+
+def _data_carry(form: BookingForm) -> placing.DataCarry | None:
+    """The earlier order whose data the customer asked to carry, proven by its link's token, and the host keeping
+    its volume; None when they did not ask. Raises BookingError (on the box) when it cannot be carried."""
+    data = form.cleaned_data
+    if not data["carry_data"] or not data["carry_from"]:
+        return None
+    earlier = order_behind_link(data["carry_from"], data["carry_token"])
+    if earlier is None:
+        raise BookingError(
+            _("The link of the order whose data you want to carry no longer works. Untick the box to book anyway."),
+            field="carry_data",
+        )
+    kept = provisioning_selectors.kept_data_access(earlier)
+    if kept is None:
+        raise BookingError(
+            _(
+                "The data of order %(number)s can no longer be carried: it was deleted, carried to another order, "
+                "or is spread over several machines. Untick the box to book with an empty disk."
+            )
+            % {"number": earlier.public_id},
+            field="carry_data",
+        )
+    return placing.DataCarry(order=earlier, host_id=kept.host_id)
+
+
+@require_http_methods(["GET"])
+@never_cache
+def book_again(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """The booking page opened from an order's link, to book again with its data: the order's choices, contact and
+    keys filled in, and the box that carries its data volume to the new order (on the same machine)."""
+    earlier = order_behind_link(public_id, token)
+    if earlier is None:
+        raise Http404("No such order.")
+    kept = provisioning_selectors.kept_data_access(earlier)
+    desk = _desk()
+    choices = {
+        **desk.initial,
+        "hardware_class": earlier.hardware_class.slug,
+        "environment": earlier.environment.slug,
+        "lots": earlier.lot_count,
+        "days": earlier.days,
+    }
+    filled = {
+        **choices,
+        "contact_name": earlier.contact_name,
+        "contact_email": earlier.contact_email,
+        "organisation": earlier.organisation,
+        "messenger": earlier.messenger,
+        "ssh_keys": "\n".join(key.public_key for key in earlier.ssh_keys.all()),
+        "carry_from": earlier.public_id if kept else "",
+        "carry_token": token if kept else "",
+        "carry_data": kept is not None,
+    }
+    form = BookingForm(initial=filled, **desk.form_kwargs)
+    quote_form = QuoteForm(choices, **desk.form_kwargs)
+    extra = {"carry": {"order": earlier, "access": kept}, "language_next": request.path}
+    response = _draw(request, desk, form=form, fit_form=None, quote_form=quote_form, extra_context=extra)
+    return mark_private(response)
 
 
 def _ask_again_for_terms(form: BookingForm, *, terms: TermsVersion | None) -> None:
@@ -247,10 +310,13 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
     return render(request, "customer/sold_out.html", context)
 
 
-def _booking_request(form: BookingForm, *, language: str, client_key: str, **fit) -> placing.BookingRequest:
+def _booking_request(
+    form: BookingForm, *, language: str, client_key: str, carry: placing.DataCarry | None = None, **fit
+) -> placing.BookingRequest:
     data = form.cleaned_data
     return placing.BookingRequest(
         **fit,
+        carry=carry,
         client_key=client_key,
         hardware_class=data["hardware_class"],
         environment=data["environment"],

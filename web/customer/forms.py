@@ -275,6 +275,15 @@ class BookingForm(QuoteForm, BillingFields):
         error_messages={"required": _("Read and accept the terms of sale to book.")},
     )
 
+    # Booking again with the data of an earlier order: its number and the token of its link (the proof the customer
+    # holds it), carried by the page opened from that link; the box lets them book without it after all.
+    carry_from = BoundedCharField(required=False, max_length=16, widget=forms.HiddenInput)
+    carry_token = BoundedCharField(required=False, max_length=128, widget=forms.HiddenInput)
+    carry_data = forms.BooleanField(
+        label=_("Carry my data: the files of my earlier order are in my home directory on the same machine"),
+        required=False,
+    )
+
     def clean_ssh_keys(self) -> list[SshPublicKey]:
         try:
             return parse_authorized_keys(self.cleaned_data["ssh_keys"])

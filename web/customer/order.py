@@ -31,9 +31,15 @@ from web import status_cache
 from web.customer.forms import BillingForm, KeysAddForm
 
 
-def _order_or_404(public_id: str, token: str) -> Order:
+def order_behind_link(public_id: str, token: str) -> Order | None:
+    """The order behind a secret link that still works, or None."""
     order = selectors.order_for_link(public_id=public_id, token=token)
-    if order is None or _link_expired(order):
+    return None if order is None or _link_expired(order) else order
+
+
+def _order_or_404(public_id: str, token: str) -> Order:
+    order = order_behind_link(public_id, token)
+    if order is None:
         raise Http404("No such order.")
     return order
 
@@ -108,6 +114,8 @@ def _order_context(order: Order, token: str) -> dict:
     accesses = order.accesses.select_related("host")
     if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):  # not a host the order left (a lot reassigned)
         accesses = accesses.exclude(status="revoked")
+    shown = list(accesses) if order.status in ACCESS_SHOWN else []
+    volumes = [access for access in shown if access.disk_gib]
     return {
         "order": order,
         "token": token,
@@ -117,7 +125,10 @@ def _order_context(order: Order, token: str) -> dict:
         "ssh_keys": list(order.ssh_keys.all()),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
-        "accesses": list(accesses) if order.status in ACCESS_SHOWN else [],
+        "accesses": shown,
+        # The data volumes as made, once the machines are prepared; until then what the lots' hosts promise.
+        "volumes": volumes,
+        "disk": None if volumes else selectors.order_disk(order=order),
         "now": now,
         "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
         "progress": _provisioning_progress(order),
@@ -125,6 +136,14 @@ def _order_context(order: Order, token: str) -> dict:
         "extension": _extension_payment(order),
         "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
         "refunded": order.status in REFUNDED_STATUSES and payment_selectors.order_refunds_paid(order),
+        # Data continuity: the volume this order can still hand to a next booking, where its data went, and whose
+        # data this order carries.
+        "kept_data": provisioning_selectors.kept_data_access(order),
+        "data_carried_to": (
+            selectors.order_data_carried(order=order)
+            if order.status in provisioning_selectors.DATA_KEPT_STATUSES
+            else None
+        ),
     }
 
 

@@ -15,6 +15,7 @@ urlpatterns = [
     path("orders/resend-link/", booking.resend_link, name="resend-link"),
     path("orders/<str:public_id>/<str:token>/", order.order_detail, name="order"),
     path("orders/<str:public_id>/<str:token>/events/", order.order_events, name="order-events"),
+    path("orders/<str:public_id>/<str:token>/book-again/", booking.book_again, name="order-book-again"),
     path("orders/<str:public_id>/<str:token>/cancel/", order.order_cancel, name="order-cancel"),
     path("orders/<str:public_id>/<str:token>/extend/", order.order_extend, name="order-extend"),
     path("orders/<str:public_id>/<str:token>/end/", order.order_end_early, name="order-end"),

@@ -1,0 +1,144 @@
+"""The read-only download window after an order's end, until its files are deleted: a container of its own per order
+that runs only sshd's internal-sftp in read-only mode over the customer's data volume, mounted read-only and
+noexec, with the order's keys expiring at the wipe. Opened by the last step of the teardown of a window that ended,
+closed by the wipe, and by the next order that takes the volume over.
+
+Why a container of its own, not the window's: the window's container ran the customer's processes and is gone with
+them; this one runs nothing but sshd from the order's pinned catalog image (read-only root file system, no
+capability, the customer's uid, its own network, the kit's configuration read-only), so the customer can read their
+files and nothing of theirs can run, write or reach anything. The host itself still reads nothing of the volume.
+"""
+
+import re
+from datetime import UTC
+
+from django.utils import timezone
+
+from nodekit.bundle import host_file_bytes
+from provisioning import containers
+from provisioning.container_steps import download_container_name
+from provisioning.drivers.base import CommandFailed, Connection
+from provisioning.host_steps import authorized_keys_lines
+from provisioning.step_context import (
+    StepContext,
+    StepFailed,
+    StepOutput,
+    account_ids,
+    install_root_files,
+    is_dry_run,
+    runtime_of,
+)
+
+DOWNLOAD_PORT_OFFSET = 1000  # the download windows' ports: the host's first customer port + 1000, the first free one
+DOWNLOAD_PORTS = 1000
+DOWNLOAD_CONFIG, DOWNLOAD_KEYS = "download_config", "download_keys"
+# Every key of the window, restricted to nothing but the SFTP session sshd forces (no pty, no forwarding).
+DOWNLOAD_KEY_OPTIONS = "restrict"
+
+
+def _published_ports(conn: Connection, ctx: StepContext) -> set[int]:
+    """The host's listening TCP ports and every port the runtime publishes (a stopped container keeps its own)."""
+    runtime = runtime_of(ctx)
+    listening = conn.run(["ss", "-Htln"], check=False).stdout
+    published = conn.run(runtime.command("ps", "--all", "--format", "{{.Ports}}"), check=False).stdout
+    ports = {int(port) for port in re.findall(r":(\d{1,5})\s", listening + " ")}
+    ports |= {int(port) for port in re.findall(r":(\d{1,5})->", published)}
+    return ports
+
+
+def _download_state(conn: Connection, ctx: StepContext) -> tuple[int, bool] | None:
+    """(published port, running) of the order's download container, or None when there is none."""
+    runtime = runtime_of(ctx)
+    template = "{{range $p, $b := .HostConfig.PortBindings}}{{range $b}}{{.HostPort}}{{end}}{{end}} {{.State.Running}}"
+    found = conn.run(
+        runtime.command("container", "inspect", "--format", template, download_container_name(ctx.username)),
+        check=False,
+    )
+    if not found.ok or is_dry_run(conn):
+        return None
+    port, _, running = found.stdout.strip().rpartition(" ")
+    return (int(port) if port.isdigit() else 0), running == "true"
+
+
+def _download_argv(ctx: StepContext, *, uid: int, gid: int, port: int) -> list[str]:
+    runtime = runtime_of(ctx)
+    name = download_container_name(ctx.username)
+    argv = runtime.command("run", "--name", name, "--hostname", name, "--detach", "--init", "--restart", "always")
+    argv += ["--read-only", "--user", f"{uid}:{gid}", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
+    if runtime.is_podman:
+        spec_user = f"{ctx.username}:*:{uid}:{gid}::{ctx.home}:/usr/sbin/nologin"
+        argv += ["--passwd-entry", spec_user]
+    else:
+        argv += ["--volume", f"{ctx.kit_dir}/passwd:/etc/passwd:ro"]
+    for ulimit in containers.ULIMITS:
+        argv += ["--ulimit", ulimit]
+    argv += ["--pids-limit", "64", "--memory", "512m", "--memory-swap", "512m", "--cpus", "1"]
+    published = f"{ctx.publish_address}:{port}" if ctx.publish_address else str(port)
+    argv += ["--network", ctx.network_name, "--publish", f"{published}:{containers.SSH_PORT_INSIDE}/tcp"]
+    argv += ["--volume", f"{ctx.volume_name}:{ctx.home}:ro,noexec,nosuid,nodev", "--workdir", ctx.home]
+    argv += ["--volume", f"{ctx.kit_dir}:{containers.KIT_MOUNT}:ro"]
+    log_driver = "k8s-file" if runtime.is_podman else "json-file"
+    argv += ["--log-driver", log_driver, "--log-opt", f"max-size={containers.LOG_SIZE}"]
+    config = f"{containers.KIT_MOUNT}/ssh/{DOWNLOAD_CONFIG}"
+    return [*argv, ctx.image_id, "/usr/sbin/sshd", "-D", "-e", "-f", config]
+
+
+def open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
+    """After a window that ended (the teardown's last step): the customer's data volume, read-only, over SFTP only,
+    with the order's keys expiring when the files are deleted. Kept when it runs already. It never fails the
+    teardown, which took access away already and must not be held by a convenience: what stopped it is recorded
+    in the step's output for the operators, and the order page offers no download."""
+    try:
+        return _open_download(conn, ctx)
+    except (StepFailed, CommandFailed) as exc:
+        return f"no download window: {getattr(exc, 'message', None) or exc}"
+
+
+def _open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
+    if ctx.download_until is None:
+        return "no download window: the order goes on elsewhere, or never ran"
+    if ctx.download_until <= timezone.now():
+        return "the files' deletion date has passed: no download window"
+    runtime = runtime_of(ctx)
+    if is_dry_run(conn):
+        return StepOutput("download window opened (dry run)", {"download_until": ctx.download_until})
+    if not conn.run(runtime.command("volume", "inspect", ctx.volume_name), check=False).ok:
+        return "no data volume on this host: no download window"
+    if not ctx.image_id:
+        raise StepFailed("the order's image is not pinned: the download window has no image to run sshd from")
+    uid, gid = account_ids(conn, ctx.username)
+    lines = [
+        line.replace(line.split(",expiry-time=")[0], DOWNLOAD_KEY_OPTIONS, 1)
+        for line in authorized_keys_lines(ctx.authorized_keys, ctx.download_until)
+    ]
+    install_root_files(
+        conn,
+        {
+            f"{ctx.ssh_dir}/{DOWNLOAD_CONFIG}": (host_file_bytes("sshd_download_config"), 0o644, "root"),
+            f"{ctx.ssh_dir}/{DOWNLOAD_KEYS}": ("".join(f"{line}\n" for line in lines).encode(), 0o644, "root"),
+        },
+    )
+    state = _download_state(conn, ctx)
+    if state and state[0]:
+        if not state[1]:
+            conn.run(runtime.command("start", download_container_name(ctx.username)), timeout=120)
+        port, kept = state[0], " (kept)"
+    else:
+        if state:  # made without a port (a failed start): made again
+            conn.run(runtime.remove(download_container_name(ctx.username)), timeout=120)
+        if not conn.run(runtime.command("network", "inspect", ctx.network_name), check=False).ok:
+            conn.run(runtime.network_create(ctx.network_name))
+        used = _published_ports(conn, ctx)
+        first = ctx.ssh_port_base + DOWNLOAD_PORT_OFFSET
+        port = next((p for p in range(first, first + DOWNLOAD_PORTS) if p not in used), 0)
+        if not port:
+            raise StepFailed(f"no free port for the download window in {first}-{first + DOWNLOAD_PORTS - 1}")
+        started = conn.run(_download_argv(ctx, uid=uid, gid=gid, port=port), check=False, timeout=300)
+        if not started.ok:
+            raise StepFailed(f"the download window's container did not start: {started.stderr.strip()[-400:]}")
+        kept = ""
+    until = ctx.download_until.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return StepOutput(
+        f"download window{kept}: read-only SFTP on port {port} until {until}",
+        {"download_port": port, "download_until": ctx.download_until},
+    )
