@@ -117,7 +117,7 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
 
 
-def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, catalog, booking_data, mailoutbox):
+def test_the_end_of_window_email_offers_the_download_window_and_the_carry_until_the_wipe(client, catalog, booking_data, mailoutbox):
     order, _token = place(client, booking_data(lots="1"))
     operator_settings = OperatorSettings.current()
     operator_settings.wipe_after_days = 3
@@ -126,7 +126,9 @@ def test_the_end_of_window_email_announces_when_the_files_are_deleted(client, ca
     lifecycle.end_warning_send(order=order, kind="24h")
 
     wipe = (order.ends_at + timedelta(days=3)).strftime("%Y-%m-%d %H:%M")
-    assert f"for 3 days after the end, then they are deleted for good on {wipe} UTC" in mailoutbox[-1].body
+    body = " ".join(mailoutbox[-1].body.split())
+    assert "your files stay on the machine for 3 days, read-only: download them by SFTP" in body
+    assert "Book again with my data" in body and f"They are deleted for good on {wipe} UTC" in body
     # it offers the extension, through a fresh link that opens the order page
     link = re.search(r"https?://\S+/orders/\S+/", mailoutbox[-1].body).group(0)
     assert "Extend the window" in mailoutbox[-1].body
