@@ -220,3 +220,54 @@ def test_a_carried_volume_keeps_the_size_the_earlier_order_paid_for_not_the_new_
     finally:
         for username in made:
             remove_user(admin, username)
+
+
+def test_a_carry_booked_far_ahead_keeps_the_earlier_volume_on_the_host_past_its_wipe_date(
+    client, container_host, catalog, booking_data, keypair, admin_user, admin, start_date,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    """VULNERABILITY: placing checks no date of a carry (booking/placing.py _check_carry): the carrying order may
+    start weeks after the files' announced deletion date (or before the earlier window ends, where its provisioning
+    can only fail). The wipe waits for any carrier not handed over yet (lifecycle.CARRY_WAITING: paid, approved),
+    so a volume (reserved in full on the host's disk) and its download container stay on the host for as long as
+    the customer chooses, and a paid booking far ahead can be cancelled before it starts. Booked again and again
+    (within the caps), a customer holds host disk that co-tenants' volumes are then refused for."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from booking.models import Order, OrderStatus
+    from payments.selectors import current_invoice
+    from payments.settlement import invoice_mark_paid
+    from provisioning.lifecycle import lifecycle_tick
+
+    callbacks = django_capture_on_commit_callbacks
+    _key, public = keypair("ada")
+    order1, token1 = place(client, booking_data(lots="1", days="3", ssh_keys=public))
+    try:
+        _approve_and_provision(order1, admin_user, callbacks)
+        with callbacks(execute=True):
+            order_end_early(order=order1)
+        order1.refresh_from_db()
+        far = (start_date + timedelta(days=40)).isoformat()
+        order2, _token2 = place(
+            client,
+            booking_data(lots="1", days="3", start_date=far, ssh_keys=public, carry_data="on",
+                         carry_from=order1.public_id, carry_token=token1),
+        )  # fmt: skip
+        invoice_mark_paid(invoice=current_invoice(order2), user=admin_user, reason="test")
+        # the files' announced deletion date has passed, the carrying order starts a month later
+        after_wipe_date = max(order1.ends_at, timezone.now()) + timedelta(days=8)
+        assert order2.starts_at > after_wipe_date + timedelta(days=20)
+        with callbacks():
+            lifecycle_tick(now=after_wipe_date)
+        wipes = order1.provisioning_runs.filter(kind=ProvisioningRun.Kind.WIPE)
+        waited = not wipes.exists()
+        # control: without the carrier, the same tick starts the wipe (the carry alone held it back)
+        Order.objects.filter(pk=order2.pk).update(status=OrderStatus.CANCELLED)
+        with callbacks():
+            lifecycle_tick(now=after_wipe_date)
+        assert wipes.exists()
+        assert not waited, "the wipe of the earlier order waits for a carry that starts a month later"
+    finally:
+        remove_user(admin, rules.username_for(order1))
