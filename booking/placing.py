@@ -74,6 +74,9 @@ class DataCarry:
 
     order: Order
     host_id: int
+    # When the earlier order's files are deleted (provisioning's wipe date): the new window must start before it,
+    # or the wipe would wait for it and the volume hold the host's disk as long as the customer chooses.
+    kept_until: datetime
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,33 @@ def _check_carry(*, request: BookingRequest, window: selectors.Window) -> None:
     """The data can be carried: no other live order carries it, and enough lots of the class are free on its host
     for the window (else the customer is told, and may book without carrying it)."""
     carry = request.carry
+    if request.lot_count != carry.order.lot_count:
+        # the volume is reserved in full on the host's disk, sized by the lots paid for: a carry keeps that size
+        raise BookingError(
+            ngettext(
+                "Your data volume was made for %(lots)s lot: carry it with %(lots)s lot, or untick “carry my data” "
+                "to book another number of lots with an empty disk.",
+                "Your data volume was made for %(lots)s lots: carry it with %(lots)s lots, or untick “carry my "
+                "data” to book another number of lots with an empty disk.",
+                carry.order.lot_count,
+            )
+            % {"lots": carry.order.lot_count},
+            field="carry_data",
+        )
+    if window.starts_at < carry.order.ends_at or window.starts_at > carry.kept_until:
+        raise BookingError(
+            _(
+                "Your data can be carried to a window starting between the end of order %(number)s and the "
+                "deletion of its files: from %(end)s to %(wipe)s UTC. Choose a start date in that range, or untick "
+                "“carry my data”."
+            )
+            % {
+                "number": carry.order.public_id,
+                "end": carry.order.ends_at.strftime("%Y-%m-%d %H:%M"),
+                "wipe": carry.kept_until.strftime("%Y-%m-%d %H:%M"),
+            },
+            field="carry_data",
+        )
     if selectors.order_data_carried(order=carry.order):
         raise BookingError(
             _("The data of order %(number)s is already carried to another order.") % {"number": carry.order.public_id},

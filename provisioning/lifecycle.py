@@ -21,6 +21,7 @@ from booking.services import order_transition
 from provisioning.models import RETRIED_RUN_KINDS, Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from provisioning.rules import UNDER_WAY, ProvisioningError
 from provisioning.runs import _run_requeue, access_keys_renew, access_wipe_start, provisioning_start, teardown_start
+from provisioning.selectors import wipe_date
 from provisioning.services import access_release, order_auto_approve
 
 WARNINGS = [("48h", timedelta(hours=48)), ("24h", timedelta(hours=24)), ("1h", timedelta(hours=1))]
@@ -157,11 +158,6 @@ def _renew_moved_keys(now: datetime) -> int:
         .distinct()
     )
     return _start_runs(moved, access_keys_renew)
-
-
-def wipe_date(order: Order) -> datetime:
-    """When the customer's files are deleted: announced in the end-of-window e-mails."""
-    return order.ends_at + timedelta(days=OperatorSettings.current().wipe_after_days)
 
 
 def _wipe_due(now: datetime) -> int:

@@ -1,7 +1,7 @@
 """Reads of provisioning: what a host gives each lot's container, and the fleet as the console shows it."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
@@ -9,7 +9,14 @@ from django.utils import timezone
 from booking import selectors as booking_selectors
 from booking.models import Allocation, Order, OrderStatus
 from inventory.models import Host, MaintenanceWindow
-from provisioning.models import RETRIED_RUN_KINDS, Access, GpuReading, ProvisioningRun, ProvisioningStep
+from provisioning.models import (
+    RETRIED_RUN_KINDS,
+    Access,
+    GpuReading,
+    OperatorSettings,
+    ProvisioningRun,
+    ProvisioningStep,
+)
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
 BOOKED_STATUSES = [
@@ -183,3 +190,9 @@ def carried_volume_username(order: Order, *, host: Host) -> str:
         return ""
     source = Access.objects.filter(order_id=order.carry_data_from_id, host=host).first()
     return source.username if source else ""
+
+
+def wipe_date(order: Order) -> datetime:
+    """When the customer's files are deleted: announced in the end-of-window e-mails, and the last start of a
+    window that carries them."""
+    return order.ends_at + timedelta(days=OperatorSettings.current().wipe_after_days)

@@ -67,12 +67,14 @@ def test_a_carried_booking_takes_lots_on_the_data_s_host_only_or_says_why_not(
 ):
     order, token = ended_order
     # given: someone else books both lots of b200-node-01 for the later dates (the first host by name)
-    other, _token = place(client, booking_data(lots="2", start_date=_later(start_date), contact_email="bo@example.org"))
+    other, _token = place(
+        client, booking_data(lots="2", start_date=_later(start_date, 12), contact_email="bo@example.org")
+    )
     assert {a.lot.host.name for a in other.allocations.all()} == {"b200-node-01"}
 
     # when: the researcher books those dates carrying their data
     response = client.post(
-        reverse("booking:book"), booking_data(lots="1", start_date=_later(start_date), **_carry(order, token))
+        reverse("booking:book"), booking_data(lots="2", start_date=_later(start_date, 12), **_carry(order, token))
     )
 
     # then: refused with the reason and the way out; nothing booked; the box is still there to untick
@@ -84,12 +86,15 @@ def test_a_carried_booking_takes_lots_on_the_data_s_host_only_or_says_why_not(
 
     # and: unticked, the booking goes on elsewhere with an empty disk
     without = {**_carry(order, token), "carry_data": ""}
-    placed, _ = place(client, booking_data(lots="1", start_date=_later(start_date), **without))
+    placed, _ = place(client, booking_data(lots="1", start_date=_later(start_date, 12), **without))
     assert placed.carry_data_from is None and placed.allocations.get().lot.host.name != "b200-node-01"
 
-    # and: on dates when the host is free, the carried booking lands there
-    carried, _ = place(client, booking_data(lots="1", start_date=_later(start_date, 20), **_carry(order, token)))
-    assert carried.carry_data_from == order and carried.allocations.get().lot.host.name == "b200-node-01"
+    # and: on dates when the host is free (before the data's deletion date), the carried booking lands there
+    carried, _ = place(
+        client, booking_data(lots="2", days="3", start_date=_later(start_date, 7), **_carry(order, token))
+    )
+    assert carried.carry_data_from == order
+    assert {a.lot.host.name for a in carried.allocations.all()} == {"b200-node-01"}
 
 
 @pytest.mark.parametrize("forged", ["wrong-token", "another-order-s-token", "no-token"])
@@ -119,7 +124,7 @@ def test_one_order_carries_a_volume_and_the_earlier_order_s_wipe_waits_for_it(
     client, ended_order, booking_data, start_date, admin_user, django_capture_on_commit_callbacks
 ):
     order, token = ended_order
-    carried, _ = place(client, booking_data(lots="1", start_date=_later(start_date), **_carry(order, token)))
+    carried, _ = place(client, booking_data(lots="2", start_date=_later(start_date), **_carry(order, token)))
 
     # a second booking carrying the same data is refused, and the order page offers it no more
     again = client.post(
@@ -153,8 +158,10 @@ def test_a_window_whose_data_is_carried_cannot_be_extended_into_the_next_order(
     host = order.allocations.first().lot.host
     b200 = order.hardware_class
     Lot.objects.create(name="b200-node-01 · GPUs 4,5", hardware_class=b200, host=host, gpu_indices="4,5")
-    carried, _ = place(client, booking_data(lots="1", start_date=_later(start_date, 7), **_carry(order, token)))
-    assert carried.carry_data_from == order and carried.allocations.get().lot.gpu_indices == "4,5"
+    Lot.objects.create(name="b200-node-01 · GPUs 6,7", hardware_class=b200, host=host, gpu_indices="6,7")
+    carried, _ = place(client, booking_data(lots="2", start_date=_later(start_date, 7), **_carry(order, token)))
+    assert carried.carry_data_from == order
+    assert {a.lot.gpu_indices for a in carried.allocations.all()} == {"4,5", "6,7"}
 
     extend = reverse("booking:order-extend", kwargs={"public_id": order.public_id, "token": token})
     refused = _text(client.post(extend, {"days": "3"}, follow=True))

@@ -216,7 +216,7 @@ def _data_carry(form: BookingForm) -> placing.DataCarry | None:
             % {"number": earlier.public_id},
             field="carry_data",
         )
-    return placing.DataCarry(order=earlier, host_id=kept.host_id)
+    return placing.DataCarry(order=earlier, host_id=kept.host_id, kept_until=provisioning_selectors.wipe_date(earlier))
 
 
 @require_http_methods(["GET"])
