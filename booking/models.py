@@ -299,6 +299,8 @@ KEYS_CHANGEABLE_STATUSES = frozenset(
         OrderStatus.PROVISIONING_FAILED,
         OrderStatus.READY,
         OrderStatus.ACTIVE,
+        # the files are kept until the wipe, read-only by SFTP with the order's keys: a lost key is removed then too
+        OrderStatus.ENDED,
     }
 )
 # Entering one of these releases the order's lots.
@@ -463,8 +465,8 @@ class Order(models.Model):
 
     @property
     def keys_can_change(self) -> bool:
-        """From payment to the end of the window: the hand-over writes the keys as they are then, and a window that
-        runs has them rewritten at once."""
+        """From payment to the end of the window and after it: the hand-over writes the keys as they are then, a
+        window that runs has them rewritten at once, and so does the download window after the end."""
         return self.status in KEYS_CHANGEABLE_STATUSES
 
     @property

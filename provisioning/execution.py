@@ -31,7 +31,12 @@ logger = logging.getLogger(__name__)
 
 
 # What still runs once the order is released (every other run stops before its next step).
-RELEASED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
+RELEASED_RUN_KINDS = (
+    ProvisioningRun.Kind.TEARDOWN,
+    ProvisioningRun.Kind.WIPE,
+    ProvisioningRun.Kind.RELEASE_HOST,
+    ProvisioningRun.Kind.DOWNLOAD_KEYS,
+)
 
 
 def _context(order: Order, access: Access, host: Host) -> StepContext:

@@ -46,6 +46,8 @@ class ProvisioningRun(models.Model):
         # A provider fault: the order's new lots prepared and handed over in one run, during its window; the hosts it
         # left are released once it succeeds.
         MOVE = "move", _("Move to other lots")
+        # After the end: the download window's keys rewritten (a key removed or added while the files are kept).
+        DOWNLOAD_KEYS = "download_keys", _("Rewrite the download window's keys")
 
     class Status(models.TextChoices):
         QUEUED = "queued", _("Queued")

@@ -213,8 +213,35 @@ def preflight_rerun(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun
 
 
 def access_keys_renew(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
-    """Rewrite the keys with the window's current end in their expiry-time (after an extension)."""
-    return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
+    """Rewrite the keys (the order's current ones, with the window's current end in their expiry-time: after a key
+    change or an extension) wherever the customer can log in now: on the hosts of the order's lots, and on a host it
+    left whose release has not started, where it still works (a move that has not succeeded yet, or failed). Not
+    on a host being prepared (its hand-over writes them), nor one being released (its teardown revokes them)."""
+    covered = _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
+    held = {host.pk: indices for host, indices in _hosts_of(order)}
+    ready = order.accesses.filter(status=Access.Status.READY).exclude(host_id__in=covered).select_related("host")
+    hosts = [(access.host, held.get(access.host_id, [])) for access in ready]
+    return _create_run(
+        order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor, hosts=hosts or None
+    )
+
+
+def download_keys_renew(*, order: Order) -> ProvisioningRun | None:
+    """After the end, the keys changed: rewrite them in the download window of each host where it is open (until the
+    wipe), so that a key removed then reads nothing more. None when no window is open."""
+    windows = order.accesses.filter(
+        download_port__isnull=False, wiped_at__isnull=True, download_until__gt=timezone.now()
+    )
+    hosts = [(access.host, []) for access in windows.select_related("host")]
+    if not hosts:
+        return None
+    return _create_run(
+        order=order,
+        kind=ProvisioningRun.Kind.DOWNLOAD_KEYS,
+        step_names=steps.DOWNLOAD_KEYS_STEPS,
+        actor=None,
+        hosts=hosts,
+    )
 
 
 def access_wipe_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:

@@ -21,7 +21,7 @@ from booking.services import order_transition
 from booking.ssh_keys import SshPublicKey
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import ProvisioningError, acting
-from provisioning.runs import access_keys_renew, provisioning_start, teardown_start
+from provisioning.runs import access_keys_renew, download_keys_renew, provisioning_start, teardown_start
 
 # --- approval ------------------------------------------------------------------------------------------------
 
@@ -66,7 +66,12 @@ def access_keys_change(*, order: Order, add: list[SshPublicKey], remove_ids: lis
         if not added and not removed:
             return None
         order.refresh_from_db(fields=["status"])
-        run = access_keys_renew(order=order) if order.status in (OrderStatus.READY, OrderStatus.ACTIVE) else None
+        if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
+            run = access_keys_renew(order=order)
+        elif order.status == OrderStatus.ENDED:  # the files are kept: the download window takes the keys of the day
+            run = download_keys_renew(order=order)
+        else:
+            run = None
         from provisioning.tasks import send_keys_changed
 
         order_id, applied = order.pk, run is not None

@@ -47,6 +47,8 @@ PREFLIGHT_STEPS = ["connect", "preflight"]
 MOVE_STEPS = [*PROVISION_STEPS, "install_keys", "start_ssh"]
 # Locked first, so that no new session starts while the others are killed; each step checks its own work.
 # A window that ended then opens its read-only download window until the wipe (nothing, when the order goes on).
+# After the end, a key changed: open_download rewrites the window's keys file (sshd reads it at each login).
+DOWNLOAD_KEYS_STEPS = ["connect", "open_download"]
 TEARDOWN_STEPS = ["connect", "lock_user", "revoke_keys", "remove_container", "stop_processes", "open_download"]
 WIPE_STEPS = ["connect", "wipe_data"]
 # The hand-over (and a window that moved: the keys' expiry moves with it): the keys written, sshd answering.

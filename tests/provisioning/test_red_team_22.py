@@ -8,7 +8,6 @@ import secrets
 import pytest
 from django.urls import reverse
 
-from booking.rules import BookingError
 from booking.services import order_end_early
 from inventory.models import Host, Lot
 from provisioning import rules, runs, services
@@ -28,11 +27,11 @@ def _two_keys(order, laptop_public: str):
 def test_key_removed_while_a_move_is_pending_still_logs_in_to_the_old_host(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, django_capture_on_commit_callbacks
 ):
-    """VULNERABILITY: a provider-fault move to another host releases the old lot at once, but the old host is torn
-    down only when the move succeeds; meanwhile (and for the rest of the window if the move fails) the customer
-    keeps working on the old container. A key removed then (a stolen laptop) is written only on the order's held
-    hosts (runs._hosts_of), never on the old host: the removed key still logs in there, although the customer was
-    e-mailed that it was removed and applied."""
+    """HELD (was VULNERABILITY): a provider-fault move to another host releases the old lot at once, but the old
+    host is torn down only when the move succeeds; meanwhile (and for the rest of the window if the move fails) the
+    customer keeps working on the old container. A key removed then (a stolen laptop) was written only on the
+    order's held hosts, never on the old host, where it still logged in. The keys run now goes wherever the customer
+    can log in (runs.access_keys_renew): the removed key is refused there."""
     callbacks = django_capture_on_commit_callbacks
     ada_key, ada_public = keypair("ada")
     laptop_key, laptop_public = keypair("laptop")
@@ -60,7 +59,8 @@ def test_key_removed_while_a_move_is_pending_still_logs_in_to_the_old_host(
         with callbacks(execute=True):
             run = services.access_keys_change(order=order, add=[], remove_ids=[_two_keys(order, laptop_public).pk])
         assert run is not None  # "applied": a keys run was started, and the e-mail says so
-        assert set(run.steps.values_list("host_id", flat=True)) == {other.pk}  # ... on the new host only
+        # ... on the old host, where the customer works (the new one gets the keys of the day when its move runs)
+        assert set(run.steps.values_list("host_id", flat=True)) == {container_host.pk}
 
         # then: the removed key must not log in anywhere the order still runs
         still = customer_ssh(Access.objects.select_related("host").get(pk=access.pk), laptop_key, "echo in")
@@ -73,10 +73,10 @@ def test_a_key_cannot_be_removed_from_the_download_window_after_the_end(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, tmp_path,
     django_capture_on_commit_callbacks,
 ):  # fmt: skip
-    """VULNERABILITY: the download window reads the order's files for wipe_after_days (7) after the end with the
-    keys as they were at the teardown, but keys can be changed only until the end (KEYS_CHANGEABLE_STATUSES has no
-    ENDED; open_download alone writes download_keys). A laptop lost after the end keeps read access to every file
-    until the wipe, and the customer has no way to revoke it short of asking for the wipe."""
+    """HELD (was VULNERABILITY): the download window reads the order's files for wipe_after_days (7) after the end,
+    with the keys as they were at the teardown, and keys could not change after the end: a laptop lost then kept
+    read access to every file until the wipe. Keys now change after the end too, and a run of kind download_keys
+    rewrites the window's keys at once: the removed key reads nothing."""
     callbacks = django_capture_on_commit_callbacks
     _ada_key, ada_public = keypair("ada")
     laptop_key, laptop_public = keypair("laptop")
@@ -89,14 +89,14 @@ def test_a_key_cannot_be_removed_from_the_download_window_after_the_end(
         access.refresh_from_db()
         assert access.download_port
         # when: the laptop is lost after the end; the customer removes its key from the order page
-        try:
-            with callbacks(execute=True):
-                services.access_keys_change(order=order, add=[], remove_ids=[_two_keys(order, laptop_public).pk])
-        except BookingError:
-            pass  # "The keys of this order can no longer be changed."
+        with callbacks(execute=True):
+            run = services.access_keys_change(order=order, add=[], remove_ids=[_two_keys(order, laptop_public).pk])
+        run.refresh_from_db()
+        assert run.kind == ProvisioningRun.Kind.DOWNLOAD_KEYS and run.status == ProvisioningRun.Status.SUCCEEDED
         # then: the lost laptop's key must not read the files any more
         got = _sftp(access, laptop_key, "ls\n", tmp_path)
         assert got.returncode != 0, f"the lost key still reads the files until the wipe: {got.stdout.split()}"
+        assert _sftp(access, _ada_key, "ls\n", tmp_path).returncode == 0  # the key kept still reads them
     finally:
         remove_user(admin, rules.username_for(order))
 
@@ -167,7 +167,7 @@ def test_held_carry_needs_the_earlier_orders_own_token_and_closes_its_download_w
         assert Order.objects.count() == before and forged.status_code != 302
         assert "no longer works" in forged.content.decode()
         # the owner carries it: the earlier order's download window closes with the move of its volume
-        later2 = (start_date + timedelta(days=20)).isoformat()
+        later2 = (start_date + timedelta(days=8)).isoformat()  # before the earlier order's files are deleted
         order2, _token2 = place(
             client,
             booking_data(lots="1", days="7", start_date=later2, ssh_keys=public, carry_data="on",
@@ -182,64 +182,53 @@ def test_held_carry_needs_the_earlier_orders_own_token_and_closes_its_download_w
             remove_user(admin, username)
 
 
-def test_a_carried_volume_keeps_the_size_the_earlier_order_paid_for_not_the_new_ones(
+def test_a_carried_volume_is_carried_only_to_as_many_lots_as_it_was_made_for(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, start_date,
     django_capture_on_commit_callbacks,
 ):  # fmt: skip
-    """VULNERABILITY: a volume is reserved in full on the host's disk (fallocate), sized by the lots paid for. An
-    order of 2 lots ends; the customer books again with 1 lot carrying its data: _take_over_data keeps the 2-lot
-    volume, so the host's disk holds 2 shares for a 1-lot order for its whole window and 7 days more, while the
-    host's other lot is sold again with a share of its own. Repeated over the host's lots, the volumes add up to
-    more than the disk planned for them and a co-tenant's prepare_data fails (no space); the customer also gets a
-    disk they did not pay for (and a 2-lot order carrying a 1-lot volume gets less than it paid for)."""
+    """HELD (was VULNERABILITY): a volume is reserved in full on the host's disk (fallocate), sized by the lots paid
+    for. Carried from a 2-lot order to a 1-lot one, the host's disk held 2 shares for 1 lot (co-tenants' volumes then
+    refused for space), and a 2-lot order carrying a 1-lot volume got less than it paid for. A carry now needs the
+    number of lots the volume was made for: refused with the reason, nothing placed; the same lots are accepted."""
     from datetime import timedelta
+
+    from booking.models import Order
 
     callbacks = django_capture_on_commit_callbacks
     Lot.objects.create(name="containers · GPUs 2,3", hardware_class=catalog["b200-pair"], host=container_host,
                        gpu_indices="2,3")  # fmt: skip
     _key, public = keypair("ada")
     order1, token1 = place(client, booking_data(lots="2", days="3", ssh_keys=public))
-    made = [rules.username_for(order1)]
     try:
         access1 = _approve_and_provision(order1, admin_user, callbacks)
         assert access1.disk_gib == 2
         with callbacks(execute=True):
             order_end_early(order=order1)
-        later = (start_date + timedelta(days=10)).isoformat()
-        order2, _token2 = place(
-            client,
-            booking_data(lots="1", days="7", start_date=later, ssh_keys=public, carry_data="on",
-                         carry_from=order1.public_id, carry_token=token1),
-        )  # fmt: skip
-        made.append(rules.username_for(order2))
-        access2 = _approve_and_provision(order2, admin_user, callbacks)
-        size = admin.run(["stat", "-c", "%s", f"/var/lib/binome-volumes/{access2.username}.ext4"]).stdout.strip()
-        assert int(size) // 2**30 == container_host.disk_per_lot_gib * order2.lot_count, (
-            f"a 1-lot order holds a {int(size) // 2**30} GiB volume on the host's disk"
+        later = (start_date + timedelta(days=5)).isoformat()
+        carry = {"carry_data": "on", "carry_from": order1.public_id, "carry_token": token1}
+        orders = Order.objects.count()
+        refused = client.post(
+            reverse("booking:book"), booking_data(lots="1", days="7", start_date=later, ssh_keys=public, **carry)
         )
+        assert refused.status_code == 200 and Order.objects.count() == orders
+        assert "Your data volume was made for 2 lots" in refused.content.decode()
+        order2, _token2 = place(client, booking_data(lots="2", days="7", start_date=later, ssh_keys=public, **carry))
+        assert order2.carry_data_from_id == order1.pk
     finally:
-        for username in made:
-            remove_user(admin, username)
+        remove_user(admin, rules.username_for(order1))
 
 
-def test_a_carry_booked_far_ahead_keeps_the_earlier_volume_on_the_host_past_its_wipe_date(
+def test_a_carry_starts_between_the_earlier_end_and_the_deletion_of_its_files(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, start_date,
     django_capture_on_commit_callbacks,
 ):  # fmt: skip
-    """VULNERABILITY: placing checks no date of a carry (booking/placing.py _check_carry): the carrying order may
-    start weeks after the files' announced deletion date (or before the earlier window ends, where its provisioning
-    can only fail). The wipe waits for any carrier not handed over yet (lifecycle.CARRY_WAITING: paid, approved),
-    so a volume (reserved in full on the host's disk) and its download container stay on the host for as long as
-    the customer chooses, and a paid booking far ahead can be cancelled before it starts. Booked again and again
-    (within the caps), a customer holds host disk that co-tenants' volumes are then refused for."""
+    """HELD (was VULNERABILITY): placing checked no date of a carry, so a carrying order could start weeks after the
+    files' announced deletion date; the wipe waits for a carrier not handed over yet, so the volume (reserved in full
+    on the host's disk) stayed as long as the customer chose. A carry's window now starts between the earlier
+    order's end and its wipe date: a month later is refused with the range, nothing placed; inside it is accepted."""
     from datetime import timedelta
 
-    from django.utils import timezone
-
-    from booking.models import Order, OrderStatus
-    from payments.selectors import current_invoice
-    from payments.settlement import invoice_mark_paid
-    from provisioning.lifecycle import lifecycle_tick
+    from booking.models import Order
 
     callbacks = django_capture_on_commit_callbacks
     _key, public = keypair("ada")
@@ -248,26 +237,15 @@ def test_a_carry_booked_far_ahead_keeps_the_earlier_volume_on_the_host_past_its_
         _approve_and_provision(order1, admin_user, callbacks)
         with callbacks(execute=True):
             order_end_early(order=order1)
-        order1.refresh_from_db()
-        far = (start_date + timedelta(days=40)).isoformat()
-        order2, _token2 = place(
-            client,
-            booking_data(lots="1", days="3", start_date=far, ssh_keys=public, carry_data="on",
-                         carry_from=order1.public_id, carry_token=token1),
-        )  # fmt: skip
-        invoice_mark_paid(invoice=current_invoice(order2), user=admin_user, reason="test")
-        # the files' announced deletion date has passed, the carrying order starts a month later
-        after_wipe_date = max(order1.ends_at, timezone.now()) + timedelta(days=8)
-        assert order2.starts_at > after_wipe_date + timedelta(days=20)
-        with callbacks():
-            lifecycle_tick(now=after_wipe_date)
-        wipes = order1.provisioning_runs.filter(kind=ProvisioningRun.Kind.WIPE)
-        waited = not wipes.exists()
-        # control: without the carrier, the same tick starts the wipe (the carry alone held it back)
-        Order.objects.filter(pk=order2.pk).update(status=OrderStatus.CANCELLED)
-        with callbacks():
-            lifecycle_tick(now=after_wipe_date)
-        assert wipes.exists()
-        assert not waited, "the wipe of the earlier order waits for a carry that starts a month later"
+        carry = {"carry_data": "on", "carry_from": order1.public_id, "carry_token": token1}
+        orders = Order.objects.count()
+        for too_far_or_early in (start_date + timedelta(days=40), start_date + timedelta(days=1)):
+            data = booking_data(lots="1", days="3", start_date=too_far_or_early.isoformat(), ssh_keys=public, **carry)
+            refused = client.post(reverse("booking:book"), data)
+            assert refused.status_code == 200 and Order.objects.count() == orders
+            assert "between the end of order" in refused.content.decode()
+        inside = (start_date + timedelta(days=5)).isoformat()
+        order2, _token2 = place(client, booking_data(lots="1", days="3", start_date=inside, ssh_keys=public, **carry))
+        assert order2.carry_data_from_id == order1.pk
     finally:
         remove_user(admin, rules.username_for(order1))

@@ -117,7 +117,9 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     assert lifecycle.lifecycle_tick(now=order.ends_at + timedelta(days=8))["wiped"] == 0
 
 
-def test_the_end_of_window_email_offers_the_download_window_and_the_carry_until_the_wipe(client, catalog, booking_data, mailoutbox):
+def test_the_end_of_window_email_offers_the_download_window_and_the_carry_until_the_wipe(
+    client, catalog, booking_data, mailoutbox
+):
     order, _token = place(client, booking_data(lots="1"))
     operator_settings = OperatorSettings.current()
     operator_settings.wipe_after_days = 3

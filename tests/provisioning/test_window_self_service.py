@@ -239,7 +239,9 @@ def test_a_bad_key_is_refused_with_a_message_and_the_keys_stay(client, ready_ord
     assert not order.events.filter(reason="ssh keys changed").exists()
 
 
-def test_at_most_ten_keys_and_none_once_the_window_ended(client, ready_order, keypair):
+def test_at_most_ten_keys_still_changeable_for_the_download_window_and_none_once_cancelled(
+    client, ready_order, keypair, booking_data
+):
     order, token = ready_order
     keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
     nine = "\n".join(a_key(keypair, f"member{number}") for number in range(9))
@@ -248,6 +250,16 @@ def test_at_most_ten_keys_and_none_once_the_window_ended(client, ready_order, ke
     refused = client.post(keys_url, {"ssh_keys": a_key(keypair, "one-too-many")}, follow=True).content.decode()
     assert "at most 10 keys" in refused and order.ssh_keys.count() == 10
 
+    # after the end the files stay readable by SFTP until the wipe, with the order's keys: a lost one is removed
     booking_services.order_end_early(order=order)
-    refused = client.post(keys_url, {"remove": str(order.ssh_keys.first().pk)}, follow=True).content.decode()
-    assert "can no longer be changed" in refused and order.ssh_keys.count() == 10
+    client.post(keys_url, {"remove": str(order.ssh_keys.first().pk)}, follow=True)
+    assert order.ssh_keys.count() == 9
+
+    # a cancelled order keeps nothing of the customer's: its keys no longer change
+    from tests.booking.test_pages import place
+
+    cancelled, cancelled_token = place(client, booking_data(lots="1", contact_email="grace@example.org"))
+    booking_services.order_cancel_by_customer(order=cancelled)
+    url = reverse("booking:order-keys", kwargs={"public_id": cancelled.public_id, "token": cancelled_token})
+    refused = client.post(url, {"remove": str(cancelled.ssh_keys.first().pk)}, follow=True).content.decode()
+    assert "can no longer be changed" in refused and cancelled.ssh_keys.count() == 1
