@@ -1,0 +1,124 @@
+"""Red team, issue 19 ("the edge and the deployment"): what an anonymous visitor and an operator deploying from the
+README can still do wrong with the portal. Each test fails while its finding stands."""
+
+import sys
+import warnings
+
+import pytest
+from django.core import mail
+from django.core.cache.backends.base import CacheKeyWarning
+from django.test import Client
+
+from tests.booking.test_pages import place
+from tests.portal.test_security import (  # noqa: F401 (production_chains is a fixture)
+    NOT_DEMO_XPUB,
+    PRODUCTION_SECRET_KEY,
+    _production,
+    production_chains,
+)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/orders/%00/x/",  # the order page
+        "/orders/%00/x/events/",  # its event list
+        "/orders/%00/x/readings.csv",
+        "/orders/%00/x/book-again/",
+    ],
+)
+def test_a_nul_byte_in_an_order_link_is_a_404_not_a_500_mailed_to_the_operators(settings, catalog, path):
+    """VULNERABILITY: an anonymous visitor, with no order and no token, gets a 500 from any order address whose
+    number holds a NUL byte (`/orders/%00/x/`): the number reaches PostgreSQL, which refuses NUL in text
+    (`DataError`). With DEBUG off every such request is an "Internal Server Error" that Django's
+    AdminEmailHandler mails to ADMINS with its traceback: one unthrottled GET, one e-mail to the operators, from
+    anyone. Held at the compose edge: deploy/nginx.conf's nginx answers 400 to `%00` itself; reached where gunicorn
+    is served by another proxy or directly (docs/operations.md, TRUSTED_PROXY_COUNT=0), `make run`, or from inside
+    the compose network. Expected: 404, as for any unknown order, and no e-mail."""
+    settings.DEBUG = False
+    settings.ADMINS = [("Operators", "ops@example.org")]
+    stranger = Client(raise_request_exception=False)
+    with warnings.catch_warnings():
+        # Production runs without the test suite's warning filters: the key only warns there, then the query fails.
+        warnings.simplefilter("ignore", CacheKeyWarning)
+        response = stranger.get(path)
+    assert response.status_code == 404, response.status_code
+    assert not [message for message in mail.outbox if "ops@example.org" in message.to]
+
+
+@pytest.mark.django_db
+def test_a_nul_byte_in_an_invoice_number_is_a_404(settings, client, catalog, booking_data):
+    """VULNERABILITY (low): the invoice PDF address with a NUL in the number answers 500 to the order's holder
+    (and mails the operators a report), the same PostgreSQL DataError."""
+    order, token = place(client, booking_data())
+    settings.DEBUG = False
+    holder = Client(raise_request_exception=False)
+    response = holder.get(f"/orders/{order.public_id}/{token}/invoices/%00.pdf")
+    assert response.status_code == 404, response.status_code
+
+
+def test_production_refuses_a_site_url_its_allowed_hosts_do_not_serve(production_chains):  # noqa: F811
+    """VULNERABILITY (deployment): docker-compose.yml defaults ALLOWED_HOSTS to `localhost,127.0.0.1`, its own
+    header's example command and the README's list of what the stack "needs" never name ALLOWED_HOSTS, and the
+    settings accept a SITE_URL whose host ALLOWED_HOSTS does not serve. An operator following them literally gets a
+    stack whose checks pass (bin/web runs `check --fail-level ERROR`) and whose every mailed order link answers
+    "400 Bad Request" (DisallowedHost). Expected: production refuses to start on a SITE_URL whose host
+    ALLOWED_HOSTS does not match, or serves it."""
+    compose_defaults = {
+        "SECRET_KEY": PRODUCTION_SECRET_KEY,
+        "PAYMENTS_XPUB": NOT_DEMO_XPUB,
+        "PAYMENTS_CHAINS_FILE": str(production_chains),
+        "ALLOWED_HOSTS": "localhost,127.0.0.1",  # docker-compose.yml: ${ALLOWED_HOSTS:-localhost,127.0.0.1}
+        "SITE_URL": "https://book.example.org",
+    }
+    started = _production("check", "--database", "default", "--fail-level", "ERROR", **compose_defaults)
+    if started.returncode != 0:
+        assert "ALLOWED_HOSTS" in started.stderr + started.stdout, started.stderr
+        return
+    # It starts: then a customer opening a mailed link (the SITE_URL's host, through the TLS proxy) must get a page.
+    probe = (
+        "import django; django.setup()\n"
+        "from django.test import Client\n"
+        "print(Client(raise_request_exception=False).get('/livez', HTTP_HOST='book.example.org', "
+        "HTTP_X_FORWARDED_PROTO='https').status_code)\n"
+    )
+    answered = _production(
+        "-c", probe, command=(sys.executable,), DJANGO_SETTINGS_MODULE="portal.settings", **compose_defaults
+    )
+    status = answered.stdout.strip().splitlines()[-1] if answered.stdout.strip() else answered.stderr[-500:]
+    assert status == "200", f"a mailed link's host is answered {status}"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["publish", "new_draft"])
+def test_a_staff_member_who_may_only_view_the_terms_cannot_publish_or_draft_them(catalog, django_user_model, action):
+    """VULNERABILITY (admin permission gap): the terms versions' admin actions "Publish the selected draft" and "New
+    draft from this version" (booking/admin.py) declare no `permissions`, so Django offers and runs them for anyone
+    who may *view* the changelist. A staff account given read-only access to the terms (a bookkeeper, support)
+    publishes a draft: the legally binding terms every new order accepts change, without the change permission
+    the edit form requires. Expected: both actions need the change permission (publish perhaps its own)."""
+    from django.contrib.auth.models import Permission
+    from django.urls import reverse
+
+    from booking.models import TermsVersion
+    from booking.terms import terms_current, terms_draft_from
+
+    current = terms_current()
+    draft = terms_draft_from(version=current)
+    viewer = django_user_model.objects.create_user("reader", password="x-reader-password-1", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_termsversion"))
+    browser = Client()
+    browser.force_login(viewer)
+    target = draft if action == "publish" else current
+    before = TermsVersion.objects.count()
+
+    response = browser.post(
+        reverse("admin:booking_termsversion_changelist"),
+        {"action": action, "_selected_action": [str(target.pk)], "index": "0"},
+    )
+
+    assert response.status_code in (302, 403)
+    draft.refresh_from_db()
+    assert draft.number is None, f"a view-only staff member published terms version {draft.number}"
+    assert TermsVersion.objects.count() == before, "a view-only staff member made a new terms draft"
