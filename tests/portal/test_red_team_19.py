@@ -122,3 +122,18 @@ def test_a_staff_member_who_may_only_view_the_terms_cannot_publish_or_draft_them
     draft.refresh_from_db()
     assert draft.number is None, f"a view-only staff member published terms version {draft.number}"
     assert TermsVersion.objects.count() == before, "a view-only staff member made a new terms draft"
+
+
+@pytest.mark.parametrize("path", ["secrets/provisioning_ed25519", "deploy/chains.toml"])
+def test_the_documented_places_of_the_key_and_the_chains_file_are_ignored_by_git(path):
+    """VULNERABILITY (deployment, secrets): docker-compose.yml's header tells the operator to run it with
+    `CHAINS_FILE=./deploy/chains.toml` and `PROVISIONING_SSH_KEY=./secrets/provisioning_ed25519`, inside the
+    checkout, and .dockerignore keeps both out of the image, but .gitignore ignores neither: the portal's only
+    private key to every GPU host and the RPC URLs with their API keys show as untracked files, one `git add -A` /
+    `git commit -a` away from the repository (and from whoever it is pushed to). Expected: both ignored."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root, check=False)
+    assert ignored.returncode == 0, f"{path} is not ignored by git"
