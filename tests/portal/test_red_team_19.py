@@ -179,3 +179,24 @@ def test_two_client_addresses_cannot_hold_the_whole_fleet_unpaid(catalog, bookin
         f"the attacker's bookings answered {placed} and hold {Order.objects.count()} unpaid orders; "
         f"the researcher's booking was refused: {page_text[-600:]}"
     )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/orders/BN%2DTAES4RBW/{token}/",  # the number percent-encoded: the whole token stays in clear
+        "/orders/BN-TAES4RBW/{encoded}/",  # the token's own "-" percent-encoded: all but its first piece stays
+    ],
+)
+def test_every_spelling_of_an_order_link_is_redacted_in_the_logs(path):
+    """VULNERABILITY (low; secrets in logs): gunicorn's access log writes the raw request line, and
+    `portal.redaction.redact` only recognises the number and the token written without percent-escapes. Django
+    decodes the path before routing, so `/orders/BN%2DTAES4RBW/<token>/` opens the order and is logged with the
+    token in clear; a token whose `-` or `_` was escaped (a link rewriter, a mail gateway) is logged all but its
+    first few characters. Expected: no part of the token in the redacted line."""
+    from portal.redaction import redact
+
+    token = "XrkB-tha4GKbFxVoYDk3Tp_nmWdLVRlCAAvy_ugz0D8"
+    line = "GET " + path.format(token=token, encoded=token.replace("-", "%2D")) + " HTTP/1.1"
+    logged = redact(line)
+    assert "tha4GKbFxVoYDk3Tp" not in logged, logged
