@@ -264,3 +264,27 @@ def test_the_documented_demo_command_passes_the_compose_file_s_own_checks():
         check=False,
     )
     assert resolved.returncode == 0, resolved.stderr.strip().splitlines()[-1]
+
+
+def test_production_refuses_the_development_sender_address(production_chains):  # noqa: F811
+    """VULNERABILITY (production accepts a development value): DEFAULT_FROM_EMAIL defaults to
+    `Binôme <bookings@binome.invalid>` (portal/settings.py, and docker-compose.yml repeats it as its default), the
+    README lists it as optional, and production starts with it. `.invalid` is reserved never to resolve (RFC
+    2606): receiving servers that check the sender's domain (SPF, DMARC, Postfix's reject_unknown_sender_domain)
+    refuse or junk every order link, payment and access e-mail, and the error reports to ADMINS (SERVER_EMAIL is
+    the same). Expected: production refuses a sender in a reserved domain (.invalid, .example, .test,
+    .localhost), as it refuses console mail."""
+    started = _production(
+        "check",
+        "--database",
+        "default",
+        "--fail-level",
+        "ERROR",
+        SECRET_KEY=PRODUCTION_SECRET_KEY,
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        PAYMENTS_CHAINS_FILE=str(production_chains),
+        ALLOWED_HOSTS="book.example.org",
+        DEFAULT_FROM_EMAIL=None,  # unset: the default, as docker-compose.yml's own default is the same address
+    )
+    assert started.returncode != 0, "production started with DEFAULT_FROM_EMAIL=bookings@binome.invalid"
+    assert "DEFAULT_FROM_EMAIL" in started.stderr + started.stdout
