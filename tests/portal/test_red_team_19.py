@@ -128,11 +128,9 @@ def test_a_staff_member_who_may_only_view_the_terms_cannot_publish_or_draft_them
 
 @pytest.mark.parametrize("path", ["secrets/provisioning_ed25519", "deploy/chains.toml"])
 def test_the_documented_places_of_the_key_and_the_chains_file_are_ignored_by_git(path):
-    """VULNERABILITY (deployment, secrets): docker-compose.yml's header tells the operator to run it with
-    `CHAINS_FILE=./deploy/chains.toml` and `PROVISIONING_SSH_KEY=./secrets/provisioning_ed25519`, inside the
-    checkout, and .dockerignore keeps both out of the image, but .gitignore ignores neither: the portal's only
-    private key to every GPU host and the RPC URLs with their API keys show as untracked files, one `git add -A` /
-    `git commit -a` away from the repository (and from whoever it is pushed to). Expected: both ignored."""
+    """docker-compose.yml's header tells the operator to keep the provisioning key in ./secrets/ and the chains
+    file at ./deploy/chains.toml, inside the checkout: .gitignore ignores both, so the private key to every GPU host
+    and the RPC URLs with their API keys never show as untracked files one `git add -A` away from a commit."""
     import subprocess
     from pathlib import Path
 
