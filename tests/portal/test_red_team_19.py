@@ -95,11 +95,10 @@ def test_production_refuses_a_site_url_its_allowed_hosts_do_not_serve(production
 @pytest.mark.django_db
 @pytest.mark.parametrize("action", ["publish", "new_draft"])
 def test_a_staff_member_who_may_only_view_the_terms_cannot_publish_or_draft_them(catalog, django_user_model, action):
-    """VULNERABILITY (admin permission gap): the terms versions' admin actions "Publish the selected draft" and "New
-    draft from this version" (booking/admin.py) declare no `permissions`, so Django offers and runs them for anyone
-    who may *view* the changelist. A staff account given read-only access to the terms (a bookkeeper, support)
-    publishes a draft: the legally binding terms every new order accepts change, without the change permission
-    the edit form requires. Expected: both actions need the change permission (publish perhaps its own)."""
+    """The terms versions' admin actions "Publish the selected draft" (change permission) and "New draft from this
+    version" (add permission) are neither offered to nor run for a staff account that may only *view* the terms
+    (a bookkeeper, support): the legally binding terms every new order accepts change only with the permission
+    the edit form requires."""
     from django.contrib.auth.models import Permission
     from django.urls import reverse
 
