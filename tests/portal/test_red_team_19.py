@@ -210,11 +210,10 @@ def test_every_spelling_of_an_order_link_is_redacted_in_the_logs(path):
     ],
 )
 def test_a_singleton_settings_row_is_added_only_with_the_add_permission(django_user_model, model, permission):
-    """VULNERABILITY (admin permission gap, low: only while the row does not exist yet, as on a fresh database
-    until a process first reads it): `portal.singleton.SingletonAdmin.has_add_permission` returns "no row yet"
-    without asking whether the user may add one, so any staff member with one permission in that app (a view-only
-    account) opens the add form of the operator settings (auto-approval, wipe delay), the booking policy (holds,
-    caps) or the payment settings and creates the row the portal then runs on. Expected: 403."""
+    """While a singleton settings row does not exist yet (a fresh database, until a process first reads it), its
+    add form needs the user's add permission: a staff member with another permission in that app (a view-only
+    account) gets 403 on the operator settings (auto-approval, wipe delay), the booking policy (holds, caps) and
+    the payment settings, and cannot create the row the portal then runs on."""
     from django.apps import apps
     from django.contrib.auth.models import Permission
 
