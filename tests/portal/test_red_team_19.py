@@ -61,12 +61,10 @@ def test_a_nul_byte_in_an_invoice_number_is_a_404(settings, client, catalog, boo
 
 
 def test_production_refuses_a_site_url_its_allowed_hosts_do_not_serve(production_chains):  # noqa: F811
-    """VULNERABILITY (deployment): docker-compose.yml defaults ALLOWED_HOSTS to `localhost,127.0.0.1`, its own
-    header's example command and the README's list of what the stack "needs" never name ALLOWED_HOSTS, and the
-    settings accept a SITE_URL whose host ALLOWED_HOSTS does not serve. An operator following them literally gets a
-    stack whose checks pass (bin/web runs `check --fail-level ERROR`) and whose every mailed order link answers
-    "400 Bad Request" (DisallowedHost). Expected: production refuses to start on a SITE_URL whose host
-    ALLOWED_HOSTS does not match, or serves it."""
+    """Production refuses to start (the check bin/web runs fails, naming ALLOWED_HOSTS) on a SITE_URL whose host
+    ALLOWED_HOSTS does not serve, such as docker-compose.yml's former default `localhost,127.0.0.1` with
+    https://book.example.org: every mailed order link would otherwise answer "400 Bad Request" (DisallowedHost).
+    docker-compose.yml now requires ALLOWED_HOSTS, and its header and the README name it."""
     compose_defaults = {
         "SECRET_KEY": PRODUCTION_SECRET_KEY,
         "PAYMENTS_XPUB": NOT_DEMO_XPUB,
@@ -263,13 +261,11 @@ def test_the_documented_demo_command_passes_the_compose_file_s_own_checks():
 
 
 def test_production_refuses_the_development_sender_address(production_chains):  # noqa: F811
-    """VULNERABILITY (production accepts a development value): DEFAULT_FROM_EMAIL defaults to
-    `Binôme <bookings@binome.invalid>` (portal/settings.py, and docker-compose.yml repeats it as its default), the
-    README lists it as optional, and production starts with it. `.invalid` is reserved never to resolve (RFC
-    2606): receiving servers that check the sender's domain (SPF, DMARC, Postfix's reject_unknown_sender_domain)
-    refuse or junk every order link, payment and access e-mail, and the error reports to ADMINS (SERVER_EMAIL is
-    the same). Expected: production refuses a sender in a reserved domain (.invalid, .example, .test,
-    .localhost), as it refuses console mail."""
+    """Production refuses to start with the development sender `Binôme <bookings@binome.invalid>` (the unset
+    default), naming DEFAULT_FROM_EMAIL: `.invalid` never resolves (RFC 2606), so receiving servers that check the
+    sender's domain (SPF, DMARC) would refuse or junk every order link, payment and access e-mail, and the error
+    reports to ADMINS (SERVER_EMAIL is the same). Reserved domains (.invalid, .example, .test, .localhost) are
+    refused as console mail is; docker-compose.yml requires DEFAULT_FROM_EMAIL."""
     started = _production(
         "check",
         "--database",
