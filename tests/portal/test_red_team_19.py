@@ -185,11 +185,10 @@ def test_two_client_addresses_cannot_hold_the_whole_fleet_unpaid(catalog, bookin
     ],
 )
 def test_every_spelling_of_an_order_link_is_redacted_in_the_logs(path):
-    """VULNERABILITY (low; secrets in logs): gunicorn's access log writes the raw request line, and
-    `portal.redaction.redact` only recognises the number and the token written without percent-escapes. Django
-    decodes the path before routing, so `/orders/BN%2DTAES4RBW/<token>/` opens the order and is logged with the
-    token in clear; a token whose `-` or `_` was escaped (a link rewriter, a mail gateway) is logged all but its
-    first few characters. Expected: no part of the token in the redacted line."""
+    """gunicorn's access log writes the raw request line, and Django decodes the path before routing, so
+    `/orders/BN%2DTAES4RBW/<token>/` opens the order: `portal.redaction.redact` recognises the percent-escaped
+    spellings of an order link too (the number escaped, a token whose `-` or `_` a link rewriter or mail gateway
+    escaped), and no part of the token stays in the redacted line."""
     from portal.redaction import redact
 
     token = "XrkB-tha4GKbFxVoYDk3Tp_nmWdLVRlCAAvy_ugz0D8"
