@@ -31,13 +31,11 @@ from tests.portal.test_security import (  # noqa: F401 (production_chains is a f
     ],
 )
 def test_a_nul_byte_in_an_order_link_is_a_404_not_a_500_mailed_to_the_operators(settings, catalog, path):
-    """VULNERABILITY: an anonymous visitor, with no order and no token, gets a 500 from any order address whose
-    number holds a NUL byte (`/orders/%00/x/`): the number reaches PostgreSQL, which refuses NUL in text
-    (`DataError`). With DEBUG off every such request is an "Internal Server Error" that Django's
-    AdminEmailHandler mails to ADMINS with its traceback: one unthrottled GET, one e-mail to the operators, from
-    anyone. Held at the compose edge: deploy/nginx.conf's nginx answers 400 to `%00` itself; reached where gunicorn
-    is served by another proxy or directly (docs/operations.md, TRUSTED_PROXY_COUNT=0), `make run`, or from inside
-    the compose network. Expected: 404, as for any unknown order, and no e-mail."""
+    """An order address whose number or token holds a NUL byte (`/orders/%00/x/`), or any character an order
+    number or token never has, is a 404 like any unknown order, with no e-mail to ADMINS: the URL converter
+    (web/converters.py) refuses it before it reaches PostgreSQL, which refuses NUL in text (a `DataError`, a 500
+    mailed to the operators for anyone's one GET). This holds where gunicorn is reached without deploy/nginx.conf's
+    nginx (which answers 400 to `%00` itself): another proxy, TRUSTED_PROXY_COUNT=0, `make run`."""
     settings.DEBUG = False
     settings.ADMINS = [("Operators", "ops@example.org")]
     stranger = Client(raise_request_exception=False)
@@ -51,8 +49,8 @@ def test_a_nul_byte_in_an_order_link_is_a_404_not_a_500_mailed_to_the_operators(
 
 @pytest.mark.django_db
 def test_a_nul_byte_in_an_invoice_number_is_a_404(settings, client, catalog, booking_data):
-    """VULNERABILITY (low): the invoice PDF address with a NUL in the number answers 500 to the order's holder
-    (and mails the operators a report), the same PostgreSQL DataError."""
+    """The invoice PDF address with a NUL in the invoice number is a 404 for the order's holder, not a 500 mailed to
+    the operators (PostgreSQL refuses NUL in text): the number's converter excludes control characters."""
     order, token = place(client, booking_data())
     settings.DEBUG = False
     holder = Client(raise_request_exception=False)
