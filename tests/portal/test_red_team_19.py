@@ -1,5 +1,5 @@
 """Red team, issue 19 ("the edge and the deployment"): what an anonymous visitor and an operator deploying from the
-README can still do wrong with the portal. Each test fails while its finding stands."""
+README could do wrong with the portal, each test proving its finding fixed."""
 
 import os
 import sys
