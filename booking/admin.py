@@ -2,6 +2,7 @@
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, ExpressionWrapper
 from django.http import HttpRequest
 from django.shortcuts import redirect
@@ -273,7 +274,17 @@ class TermsVersionAdmin(admin.ModelAdmin):
         actions.pop("delete_selected", None)  # a bulk delete would bypass the per-row guard on published versions
         return actions
 
-    @admin.action(description=_("Publish the selected draft (it becomes the current version)"))
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        # An action this user is not offered (it needs a permission they lack) is refused outright, rather than the
+        # changelist shown again as if nothing had been posted.
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action and action not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    # Publishing changes the terms every new order accepts: the change permission, as the edit form; a new draft is
+    # a new row: the add permission. Django hides and refuses an action the user lacks the permission for.
+    @admin.action(description=_("Publish the selected draft (it becomes the current version)"), permissions=["change"])
     def publish(self, request: HttpRequest, queryset) -> None:
         drafts = list(queryset.filter(published_at__isnull=True).order_by("created_at"))
         if len(drafts) != 1 or queryset.count() != 1:
@@ -288,7 +299,7 @@ class TermsVersionAdmin(admin.ModelAdmin):
             request, _("Version %(number)s is published and is now the current one.") % {"number": version.number}
         )
 
-    @admin.action(description=_("New draft from this version"))
+    @admin.action(description=_("New draft from this version"), permissions=["add"])
     def new_draft(self, request: HttpRequest, queryset) -> None:
         if queryset.count() != 1:
             self.message_user(request, _("Select exactly one version to copy."), messages.ERROR)

@@ -1,11 +1,17 @@
-"""What production refuses in the addresses it is given: the base of the links it mails, and the mail backend.
+"""What production refuses in the addresses it is given: the base of the links it mails, the hosts it serves, the
+mail backend and the sender.
 
 Pure functions of their arguments, called by portal/settings.py when DEBUG is off: a refusal stops every process
 (web, worker, beat, manage.py) at start with its reason (docs/operations.md, "Site address and e-mail").
 """
 
 import ipaddress
+from email.utils import parseaddr
 from urllib.parse import urlsplit
+
+# Domains reserved never to be anyone's (RFC 2606, RFC 6761): mail from them is refused or junked by the servers
+# that check the sender's domain (SPF, DMARC, reject_unknown_sender_domain).
+RESERVED_SENDER_DOMAINS = ("invalid", "test", "example", "localhost")
 
 # The development backends of django-environ's EMAIL_URL schemes, and why production cannot use them.
 DEVELOPMENT_EMAIL_BACKENDS = {
@@ -24,6 +30,30 @@ DEVELOPMENT_EMAIL_BACKENDS = {
 def email_backend_refusal(backend: str) -> str | None:
     """Why production cannot send its e-mails through `backend`, or None."""
     return DEVELOPMENT_EMAIL_BACKENDS.get(backend)
+
+
+def sender_refusal(sender: str) -> str | None:
+    """Why mail sent from `sender` ("Name <address>" or a bare address) would not reach customers, or None."""
+    _name, address = parseaddr(sender)
+    local, at, domain = address.rpartition("@")
+    if not at or not local or not domain:
+        return "it is not an e-mail address"
+    domain = domain.rstrip(".").lower()
+    if domain.rsplit(".", 1)[-1] in RESERVED_SENDER_DOMAINS:
+        return f"{domain} is a reserved domain that never resolves: receiving servers refuse or junk mail sent from it"
+    return None
+
+
+def site_url_host_refusal(url: str, allowed_hosts: list[str]) -> str | None:
+    """Why the host of `url` would be answered "400 Bad Request" (DisallowedHost) by these ALLOWED_HOSTS, or None."""
+    from django.http.request import validate_host  # imported when called: this module is read by the settings
+
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    if ":" in host:  # an IPv6 address, written in brackets in ALLOWED_HOSTS as in a Host header
+        host = f"[{host}]"
+    if validate_host(host, allowed_hosts):
+        return None
+    return f"its host {host!r} is not in ALLOWED_HOSTS {','.join(allowed_hosts)!r}: every mailed link would be refused"
 
 
 def site_url_refusal(url: str, *, private_network: bool) -> str | None:

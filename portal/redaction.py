@@ -11,9 +11,23 @@ import re
 from django.views.debug import ExceptionReporter
 from gunicorn.glogging import Logger
 
-# /orders/<number>/<token>, also percent-encoded (a `next=` parameter); the classes exclude the separators, so the
-# pattern runs in one pass.
-_ORDER_LINK = re.compile(r"((?:/|%2[fF])orders(?:/|%2[fF])[^/%\s?#&]+(?:/|%2[fF]))[^/%\s?#&\"'<>]+")
+# /orders/<number>/<token>, in every spelling that Django routes to the order: the whole link percent-encoded (a
+# `next=` parameter), and any character of it percent-escaped (`BN%2D…`, a token whose `-` a mail gateway escaped),
+# since Django decodes the path before routing. The classes exclude the separators, so the pattern runs in one pass.
+
+
+def _spelled(character: str) -> str:
+    """`character` as written or percent-escaped (either case of hex digits)."""
+    high, low = f"{ord(character):02X}"
+    return f"(?:{re.escape(character)}|%{high}{low if low.isdigit() else f'[{low}{low.lower()}]'})"
+
+
+_SLASH = _spelled("/")
+_ESCAPE = r"%(?!2[fF])[0-9A-Fa-f]{2}"  # a percent-escape of anything but a slash
+_ORDER_LINK = re.compile(
+    rf"({_SLASH}{''.join(_spelled(c) for c in 'orders')}{_SLASH}(?:[^/%\s?#&]|{_ESCAPE})+{_SLASH})"
+    rf"(?:[^/%\s?#&\"'<>]|{_ESCAPE})+"
+)
 REDACTED = "[token]"
 
 

@@ -15,7 +15,13 @@ from csp.constants import SELF as CSP_SELF
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
-from portal.production import email_backend_refusal, served_over_https, site_url_refusal
+from portal.production import (
+    email_backend_refusal,
+    sender_refusal,
+    served_over_https,
+    site_url_host_refusal,
+    site_url_refusal,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -46,6 +52,11 @@ if not DEBUG and (refusal := site_url_refusal(SITE_URL, private_network=SITE_URL
         f"SITE_URL={SITE_URL!r} is refused when DEBUG is off: {refusal}. Give the portal's public https address "
         "(https://book.example.org), or set SITE_URL_PRIVATE_NETWORK=1 if it is only reached inside your own "
         "network (docs/operations.md)."
+    )
+if not DEBUG and (refusal := site_url_host_refusal(SITE_URL, ALLOWED_HOSTS)):
+    raise ImproperlyConfigured(
+        f"SITE_URL={SITE_URL!r} is refused when DEBUG is off: {refusal}. Set ALLOWED_HOSTS to the hosts the portal "
+        "is reached by, SITE_URL's among them (docs/operations.md)."
     )
 # Served over https (the SITE_URL says so): production redirects to https and keeps its cookies https-only. A lab
 # on plain http (SITE_URL_PRIVATE_NETWORK) can do neither: browsers would drop those cookies, and every form with them.
@@ -271,6 +282,11 @@ if not DEBUG and (refusal := email_backend_refusal(_EMAIL["EMAIL_BACKEND"])):
     )
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Binôme <bookings@binome.invalid>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
+if not DEBUG and (refusal := sender_refusal(DEFAULT_FROM_EMAIL)):
+    raise ImproperlyConfigured(
+        f"DEFAULT_FROM_EMAIL={DEFAULT_FROM_EMAIL!r} is refused when DEBUG is off: {refusal}. Give an address of your "
+        "own domain, e.g. 'Binôme <bookings@your-lab.org>'; it also sends the error reports (SERVER_EMAIL)."
+    )
 # The operators: error reports and host health alerts (comma-separated addresses).
 ADMINS = [("Binôme operators", address) for address in env.list("ADMINS", default=[])]
 

@@ -18,7 +18,8 @@ class SingletonAdmin(admin.ModelAdmin):
     """The one row can be edited, never added twice nor deleted."""
 
     def has_add_permission(self, request):
-        return not self.model.objects.exists()
+        # The user's own add permission first: "no row yet" alone let any staff member create it.
+        return super().has_add_permission(request) and not self.model.objects.exists()
 
     def has_delete_permission(self, request, obj=None):
         return False

@@ -41,6 +41,7 @@ def lab_portal(transactional_db, catalog, tmp_path):
         SITE_URL_PRIVATE_NETWORK="1",
         ALLOWED_HOSTS=LAB_HOST,
         EMAIL_URL="smtp://127.0.0.1:9",  # nothing listens: no e-mail leaves the test
+        DEFAULT_FROM_EMAIL=f"Binôme <bookings@{LAB_HOST}>",
         PAYMENTS_XPUB=NOT_DEMO_XPUB,
         PAYMENTS_CHAINS_FILE=str(chains),
         PROVISIONING_SSH_KEY_FILE=str(tmp_path / "no-key-here"),

@@ -199,7 +199,9 @@ def _settings_in_production(**env) -> subprocess.CompletedProcess:
             "DEBUG": "0",
             "SECRET_KEY": "s" * 64,
             "SITE_URL": "https://book.example.org",
+            "ALLOWED_HOSTS": "book.example.org",
             "EMAIL_URL": "smtp+tls://binome:s3cret@mail.example.org:587",
+            "DEFAULT_FROM_EMAIL": "Binôme <bookings@book.example.org>",
             "PAYMENTS_CHAINS_FILE": "payments/chains.demo.toml",
             **env,
         }

@@ -143,6 +143,7 @@ def stack(tmp_path_factory):
         ALLOWED_HOSTS="localhost,127.0.0.1",
         CSRF_TRUSTED_ORIGINS=f"http://127.0.0.1:{stack.port},http://localhost:{stack.port}",
         EMAIL_URL="smtp://mail:1025",
+        DEFAULT_FROM_EMAIL="Binôme <bookings@binome.lab.internal>",
         PROXY_PORT=str(stack.port),
     )
     stack.compose("down", "-v", "-t", "2", check=False)

@@ -4,7 +4,14 @@ tests/browser/test_private_network.py)."""
 
 import pytest
 
-from portal.production import DEVELOPMENT_EMAIL_BACKENDS, email_backend_refusal, served_over_https, site_url_refusal
+from portal.production import (
+    DEVELOPMENT_EMAIL_BACKENDS,
+    email_backend_refusal,
+    sender_refusal,
+    served_over_https,
+    site_url_host_refusal,
+    site_url_refusal,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,3 +91,50 @@ def test_check_deploy_warns_when_the_cache_and_the_broker_share_a_redis_server(s
     settings.REDIS_URL, settings.CELERY_BROKER_URL = cache, broker
     found = [message.id for message in run_checks(include_deployment_checks=True, tags=["portal"])]
     assert ("portal.W001" in found) is warned
+
+
+@pytest.mark.parametrize(
+    "sender",
+    [
+        "Binôme <bookings@binome.invalid>",  # the development default
+        "bookings@portal.example",
+        "bookings@lab.test",
+        "Binôme <bookings@binome.localhost>",
+        "bookings@localhost",
+        "BOOKINGS@BINOME.INVALID.",
+        "not an address",
+    ],
+)
+def test_production_refuses_a_sender_in_a_reserved_domain(sender):
+    assert sender_refusal(sender)
+
+
+@pytest.mark.parametrize("sender", ["Binôme <bookings@book.example.org>", "bookings@lab.univ-paris.fr"])
+def test_a_sender_of_a_real_domain_is_accepted(sender):
+    assert sender_refusal(sender) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed_hosts"),
+    [
+        ("https://book.example.org", ["book.example.org"]),
+        ("https://book.example.org:8443/", [".example.org"]),
+        ("https://BOOK.example.org.", ["book.example.org"]),
+        ("http://[fd00::5]:8000", ["[fd00::5]"]),
+        ("https://book.example.org", ["*"]),
+    ],
+)
+def test_a_site_url_its_allowed_hosts_serve_is_accepted(url, allowed_hosts):
+    assert site_url_host_refusal(url, allowed_hosts) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed_hosts"),
+    [
+        ("https://book.example.org", ["localhost", "127.0.0.1"]),  # docker-compose.yml's former default
+        ("https://book.example.org", []),
+        ("http://[fd00::5]:8000", ["fd00::5"]),
+    ],
+)
+def test_a_site_url_its_allowed_hosts_do_not_serve_is_refused(url, allowed_hosts):
+    assert "ALLOWED_HOSTS" in site_url_host_refusal(url, allowed_hosts)

@@ -140,3 +140,23 @@ def test_gunicorns_error_log_carries_no_token(tmp_path):
     written = (tmp_path / "error.log").read_text()
     assert "Error handling request /orders/BN-ABCD2345/[token]/" in written and "worker failed" in written
     assert TOKEN not in written
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "/orders/BN-ABCD2345/{token}/",
+        "/orders/BN%2DABCD2345/{token}/",  # the number escaped: Django decodes it and opens the order
+        "/orders/BN-ABCD2345/{escaped}/events/",  # the token's own `-` escaped (a link rewriter)
+        "/orders/BN-ABCD2345/{escaped_lower}/",
+        "/%6Frders/BN-ABCD2345/{token}/",
+        "/login/?next=%2Forders%2FBN-ABCD2345%2F{escaped}%2Fpaid%2F",  # a whole link inside a parameter
+        "/login/?next=%2Forders%2FBN%252DABCD2345%2F{token}%2F",  # escaped twice
+    ],
+)
+def test_every_spelling_of_an_order_link_loses_its_token(spelling):
+    from portal.redaction import redact
+
+    line = spelling.format(token=TOKEN, escaped=TOKEN.replace("-", "%2D"), escaped_lower=TOKEN.replace("-", "%2d"))
+    redacted = redact(f"GET {line} HTTP/1.1")
+    assert "[token]" in redacted and "secret" not in redacted, redacted

@@ -285,7 +285,12 @@ def production_chains(tmp_path) -> Path:
 
 
 # What a production site gives besides its secrets: its public address and its mail server.
-PRODUCTION_SITE = {"SITE_URL": "https://book.example.org", "EMAIL_URL": "smtp+tls://binome:s3cret@mail.example.org:587"}
+PRODUCTION_SITE = {
+    "SITE_URL": "https://book.example.org",
+    "ALLOWED_HOSTS": "book.example.org",
+    "EMAIL_URL": "smtp+tls://binome:s3cret@mail.example.org:587",
+    "DEFAULT_FROM_EMAIL": "Binôme <bookings@book.example.org>",
+}
 
 
 def _production(*args: str, command: tuple[str, ...] = (sys.executable, "manage.py"), **env: str | None):
@@ -394,6 +399,7 @@ def test_a_lab_on_its_own_network_may_serve_plain_http_once_it_says_so(productio
         PAYMENTS_CHAINS_FILE=str(production_chains),
         SITE_URL="http://10.8.0.1:8000",
         SITE_URL_PRIVATE_NETWORK="1",
+        ALLOWED_HOSTS="10.8.0.1",
     )
     assert refused.returncode != 0 and "a private address" in refused.stderr
     assert accepted.returncode == 0, accepted.stderr[-2000:]

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from web import converters  # noqa: F401 (registers the `linkpart` converter)
 from web.console import views
 
 app_name = "console"
@@ -12,7 +13,7 @@ urlpatterns = [
     path("hosts/<slug:name>/", views.host_detail, name="host"),
     path("hosts/<slug:name>/check/", views.host_check, name="host-check"),
     path("refunds/<int:refund_id>/pay/", views.refund_pay, name="refund-pay"),
-    path("orders/<str:public_id>/", views.order_detail, name="order"),
-    path("orders/<str:public_id>/events/", views.order_events, name="order-events"),
-    path("orders/<str:public_id>/<slug:action>/", views.order_action, name="action"),
+    path("orders/<linkpart:public_id>/", views.order_detail, name="order"),
+    path("orders/<linkpart:public_id>/events/", views.order_events, name="order-events"),
+    path("orders/<linkpart:public_id>/<slug:action>/", views.order_action, name="action"),
 ]
