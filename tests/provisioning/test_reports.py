@@ -111,13 +111,16 @@ def test_revenue_is_shown_net_of_the_refunds_paid_that_month(
 ):
     """A paid order cancelled for a refund: the month shows what was paid, the refund's transactions at the rate of
     the payment they refund (a partial one counts what it carried), and what remains."""
+    from booking.cancellation import refund_quote
     from payments.models import Refund, RefundPayment
 
     order, _token = place(client, booking_data(lots="1", days="7"))
     invoice = current_invoice(order)
     invoice_mark_paid(invoice=invoice, user=admin_user, reason="test")
+    order.refresh_from_db()
+    shown = refund_quote(order=order, now=datetime.now(UTC)).amount  # what the cancel button shows the customer
     with django_capture_on_commit_callbacks(execute=True):  # the refund opens as the cancellation commits
-        order_cancel_by_customer(order=order)
+        order_cancel_by_customer(order=order, refund_shown=shown)
     refund = Refund.objects.get(order=order)
     price = Price.objects.get(hardware_class=catalog["b200-pair"], days=7).amount_per_lot
     half = int(refund.amount_units) // 2  # the operator's first transaction carried half of it
