@@ -29,19 +29,21 @@ from provisioning.step_context import (
     runtime_of,
 )
 
-DOWNLOAD_PORT_OFFSET = 1000  # the download windows' ports: the host's first customer port + 1000, the first free one
-DOWNLOAD_PORTS = 1000
+DOWNLOAD_START_ATTEMPTS = 4
+PORT_TAKEN = "address already in use"  # podman's and docker's words when the published port is bound already
 DOWNLOAD_CONFIG, DOWNLOAD_KEYS = "download_config", "download_keys"
 # Every key of the window, restricted to nothing but the SFTP session sshd forces (no pty, no forwarding).
 DOWNLOAD_KEY_OPTIONS = "restrict"
 
 
 def _published_ports(conn: Connection, ctx: StepContext) -> set[int]:
-    """The host's listening TCP ports and every port the runtime publishes (a stopped container keeps its own)."""
+    """Every port a TCP socket of the host holds, listening or not (an outgoing connection's local port blocks a
+    publication as much as a server does), and every port the runtime publishes (a stopped container keeps its
+    own)."""
     runtime = runtime_of(ctx)
-    listening = conn.run(["ss", "-Htln"], check=False).stdout
+    sockets = conn.run(["ss", "-Htan"], check=False).stdout
     published = conn.run(runtime.command("ps", "--all", "--format", "{{.Ports}}"), check=False).stdout
-    ports = {int(port) for port in re.findall(r":(\d{1,5})\s", listening + " ")}
+    ports = {int(port) for port in re.findall(r":(\d{1,5})\s", sockets + " ")}
     ports |= {int(port) for port in re.findall(r":(\d{1,5})->", published)}
     return ports
 
@@ -81,6 +83,26 @@ def _download_argv(ctx: StepContext, *, uid: int, gid: int, port: int) -> list[s
     argv += ["--log-driver", log_driver, "--log-opt", f"max-size={containers.LOG_SIZE}"]
     config = f"{containers.KIT_MOUNT}/ssh/{DOWNLOAD_CONFIG}"
     return [*argv, ctx.image_id, "/usr/sbin/sshd", "-D", "-e", "-f", config]
+
+
+def _start_download(conn: Connection, ctx: StepContext, *, uid: int, gid: int) -> int:
+    """The download window's container started on the first free port of its range; a port taken between the look
+    and the start (the host's own outgoing connections take ports at any time) is skipped for the next one."""
+    runtime = runtime_of(ctx)
+    used = _published_ports(conn, ctx)
+    ports = ctx.download_ports
+    for _attempt in range(DOWNLOAD_START_ATTEMPTS):
+        port = next((p for p in ports if p not in used), 0)
+        if not port:
+            raise StepFailed(f"no free port for the download window in {ports.start}-{ports.stop - 1}")
+        started = conn.run(_download_argv(ctx, uid=uid, gid=gid, port=port), check=False, timeout=300)
+        if started.ok:
+            return port
+        conn.run(runtime.remove(download_container_name(ctx.username)), check=False, timeout=120)
+        if PORT_TAKEN not in started.stderr.lower():
+            break
+        used.add(port)
+    raise StepFailed(f"the download window's container did not start: {started.stderr.strip()[-400:]}")
 
 
 def open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
@@ -128,15 +150,7 @@ def _open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
             conn.run(runtime.remove(download_container_name(ctx.username)), timeout=120)
         if not conn.run(runtime.command("network", "inspect", ctx.network_name), check=False).ok:
             conn.run(runtime.network_create(ctx.network_name))
-        used = _published_ports(conn, ctx)
-        first = ctx.ssh_port_base + DOWNLOAD_PORT_OFFSET
-        port = next((p for p in range(first, first + DOWNLOAD_PORTS) if p not in used), 0)
-        if not port:
-            raise StepFailed(f"no free port for the download window in {first}-{first + DOWNLOAD_PORTS - 1}")
-        started = conn.run(_download_argv(ctx, uid=uid, gid=gid, port=port), check=False, timeout=300)
-        if not started.ok:
-            raise StepFailed(f"the download window's container did not start: {started.stderr.strip()[-400:]}")
-        kept = ""
+        port, kept = _start_download(conn, ctx, uid=uid, gid=gid), ""
     until = ctx.download_until.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return StepOutput(
         f"download window{kept}: read-only SFTP on port {port} until {until}",

@@ -15,6 +15,11 @@ from provisioning.drivers.base import Connection
 KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one kit directory per account, which is also the account's home
 VOLUME_ROOT = "/var/lib/binome-volumes"  # root-owned, 700: the file systems of the customers' data volumes
 ACCOUNT_NAME = r"bn-[a-z0-9]{1,28}"  # provisioning.rules.username_for
+# The download windows' ports: the host's first customer port + 1000, the first free one of a thousand; the first
+# ones are reserved from the host's ephemeral ports with the windows' own (host_steps.reserve_customer_ports).
+DOWNLOAD_PORT_OFFSET = 1000
+DOWNLOAD_PORTS = 1000
+DOWNLOAD_PORTS_RESERVED = 64
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class StepContext:
     container_runtime: str
     keys_expire_at: datetime  # the window's end plus the grace period: sshd refuses the keys after it
     ssh_port_base: int = 42000  # the host port of the container's sshd is this plus the lot's first GPU index
+    host_port_span: int = 8  # how many such ports the host has: its highest lot GPU index + 1
     publish_address: str = ""  # where the host publishes it ("" = every address)
     lots_in_container: int = 1
     lots_on_host: int = 1
@@ -84,6 +90,18 @@ class StepContext:
     @property
     def ssh_port(self) -> int:
         return self.ssh_port_base + min(self.gpu_indices or [0])
+
+    @property
+    def window_ports(self) -> range:
+        """The ports the host's windows publish their sshd on, one per lot's first GPU index."""
+        return range(
+            self.ssh_port_base, self.ssh_port_base + max(self.host_port_span, max(self.gpu_indices or [0]) + 1)
+        )
+
+    @property
+    def download_ports(self) -> range:
+        first = self.ssh_port_base + DOWNLOAD_PORT_OFFSET
+        return range(first, min(first + DOWNLOAD_PORTS, 65536))  # none at all past the last TCP port
 
 
 @dataclass(frozen=True)

@@ -354,6 +354,25 @@ def fake_gpus() -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+
+
+def loopback_port_base() -> int:
+    """A test host's first customer port: apart from the other hosts of the session, and below Linux's ephemeral
+    ports (32768), windows and download windows included, so that provisioning reserves nothing on this machine
+    (tests/provisioning/test_customer_ports.py tests the reservation itself)."""
+    return 20000 + 8 * secrets.randbelow(1000)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reserved_ports_restored() -> Iterator[None]:
+    """This machine is the tests' GPU host: what provisioning reserves of its ephemeral ports is given back."""
+    before = RESERVED_PORTS.read_text() if RESERVED_PORTS.exists() else None
+    yield
+    if before is not None and RESERVED_PORTS.read_text() != before:
+        RESERVED_PORTS.write_text(before)
+
+
 def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loopback", runtime: str = "podman"):
     """The test sshd as the only host with free B200 lots: GPUs 0,1 form the lot an order gets, 2,3 another. Its
     containers publish their SSH servers on 127.0.0.1, from a port range of its own (tests may run side by side);
@@ -370,7 +389,7 @@ def make_loopback_host(server: SshServer, catalog, settings, *, name: str = "loo
         admin_user=server.host_spec.username,
         host_key=server.host_key_line,
         container_runtime=runtime,
-        ssh_port_base=20000 + 8 * secrets.randbelow(5000),
+        ssh_port_base=loopback_port_base(),
         disk_per_lot_gib=1,
     )
     Lot.objects.filter(hardware_class=catalog["b200-pair"]).update(status=Lot.Status.MAINTENANCE)

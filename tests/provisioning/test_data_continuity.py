@@ -3,6 +3,7 @@ volume of order 1 is carried to order 2 on the same host (opted in from order 1'
 the checkpoints of the trial. Against the real sshd on loopback and podman with runc (tests/provisioning/conftest)."""
 
 import re
+import socket
 import subprocess
 from datetime import timedelta
 
@@ -13,7 +14,7 @@ from booking.models import OrderStatus
 from booking.services import order_end_early
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import rules, runs, services
+from provisioning import download_steps, rules, runs, services
 from provisioning.models import Access, ProvisioningRun
 from tests.booking.test_pages import order_url, place
 from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
@@ -134,13 +135,31 @@ def _sftp(access, private_key, batch: str, tmp_path) -> subprocess.CompletedProc
     )
 
 
+def outgoing_connection_from(port: int) -> socket.socket:
+    """An outgoing TCP connection of the host's own (to PostgreSQL here) whose local port is `port`, as the kernel
+    hands out from its ephemeral ports: no server listens there, yet nothing else can publish that port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.connect(("127.0.0.1", 5432))
+    return sock
+
+
 def test_after_the_end_sftp_reads_the_files_until_the_wipe_but_cannot_write_and_nothing_runs(
     client, container_host, catalog, booking_data, keypair, admin_user, admin, tmp_path,
-    django_capture_on_commit_callbacks,
+    django_capture_on_commit_callbacks, monkeypatch,
 ):  # fmt: skip
     callbacks = django_capture_on_commit_callbacks
     private_key, public_key = keypair("ada")
     order, token = place(client, booking_data(lots="1", days="3", ssh_keys=public_key))
+    # and: between the teardown's look for a free port and the start, an outgoing connection of the host's takes it
+    held, look = [], download_steps._published_ports
+
+    def look_then_taken(conn, ctx):
+        used = look(conn, ctx)
+        held.append(outgoing_connection_from(next(port for port in ctx.download_ports if port not in used)))
+        return used
+
+    monkeypatch.setattr(download_steps, "_published_ports", look_then_taken)
     try:
         access = _approve_and_provision(order, admin_user, callbacks)
         _in(
@@ -152,7 +171,10 @@ def test_after_the_end_sftp_reads_the_files_until_the_wipe_but_cannot_write_and_
             order_end_early(order=order)
         access.refresh_from_db()
         order.refresh_from_db()
-        assert access.status == Access.Status.REVOKED and access.download_port
+        teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
+        said = [(step.name, step.output, step.error) for step in teardown.steps.all()]
+        assert access.status == Access.Status.REVOKED and access.download_port, said
+        assert access.download_port != held[0].getsockname()[1]  # the next free port: the window opened regardless
         assert access.download_until == order.ends_at + timedelta(days=7)
         assert customer_ssh(access, private_key, "true").returncode != 0  # the window's own server is gone
         page = _text(client.get(order_url(order, token)))
@@ -193,4 +215,6 @@ def test_after_the_end_sftp_reads_the_files_until_the_wipe_but_cannot_write_and_
         assert not admin.run(["podman", "container", "exists", f"binome-{access.username}-files"], check=False).ok
         assert _sftp(access, private_key, "ls\n", tmp_path).returncode != 0
     finally:
+        for sock in held:
+            sock.close()
         remove_user(admin, rules.username_for(order))

@@ -3,8 +3,6 @@ end, keys changed during the window) and issue 21's provider-fault move, as a cu
 their files and their SSH client. Against the real sshd on loopback and podman with runc (tests/provisioning/
 conftest). A test whose docstring starts with VULNERABILITY fails while the hole is open; HELD ones pass."""
 
-import secrets
-
 import pytest
 from django.urls import reverse
 
@@ -13,7 +11,7 @@ from inventory.models import Host, Lot
 from provisioning import rules, runs, services
 from provisioning.models import Access, ProvisioningRun
 from tests.booking.test_pages import place
-from tests.provisioning.conftest import _free_port, customer_ssh, remove_user
+from tests.provisioning.conftest import _free_port, customer_ssh, loopback_port_base, remove_user
 from tests.provisioning.test_data_continuity import _approve_and_provision, _sftp
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +42,7 @@ def test_key_removed_while_a_move_is_pending_still_logs_in_to_the_old_host(
         other = Host.objects.create(
             name="other", address="127.0.0.1", ssh_port=_free_port(), driver=Host.Driver.SSH, admin_user="root",
             host_key=container_host.host_key, container_runtime="podman", disk_per_lot_gib=1,
-            ssh_port_base=20000 + 8 * secrets.randbelow(5000),
+            ssh_port_base=loopback_port_base(),
         )  # fmt: skip
         spare = Lot.objects.create(name="other · GPUs 0,1", hardware_class=catalog["b200-pair"], host=other,
                                    gpu_indices="0,1")  # fmt: skip

@@ -1,0 +1,143 @@
+"""The ports a host publishes its customers' SSH servers on, against the host's own outgoing connections: Linux hands
+those their local port from its ephemeral ports (32768-60999), where the default first customer port (42000) falls,
+and a port so held cannot be published. Provisioning reserves the customer ports from that range; the download
+window takes the next port when one was taken after its look. Against the real sshd on loopback: this machine is
+the host (its reserved ports are given back after the session, tests/provisioning/conftest.py)."""
+
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from provisioning import download_steps, host_steps
+from provisioning.drivers.base import CommandResult
+from provisioning.step_context import DOWNLOAD_PORTS_RESERVED, StepContext
+from tests.provisioning.conftest import RESERVED_PORTS
+from tests.provisioning.test_data_continuity import outgoing_connection_from
+
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _context(port_base: int, **values) -> StepContext:
+    return StepContext(
+        username="bn-ports", comment="", authorized_keys="", gpu_indices=[2, 3], expect_arch="", expect_vendor="nvidia",
+        image_ref="", container_runtime="podman", keys_expire_at=datetime.now(UTC), ssh_port_base=port_base, **values,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def reserved_ports():
+    """The host's reserved ports as they were, set back after the test."""
+    before = RESERVED_PORTS.read_text()
+    yield before
+    RESERVED_PORTS.write_text(before)
+
+
+def _ephemeral() -> range:
+    low, high = (int(word) for word in EPHEMERAL.read_text().split())
+    return range(low, high + 1)
+
+
+def test_provisioning_reserves_the_window_and_download_ports_that_fall_in_the_ephemeral_ports(admin, reserved_ports):
+    # given: a host whose first customer port is in the ephemeral ports (as the default 42000 is), with 8 GPUs, and
+    # a port range its operator reserved already for something of their own
+    ephemeral = _ephemeral()
+    base = ephemeral.start + 8 * secrets.randbelow((len(ephemeral) - 2000) // 8)
+    operators_own = ephemeral.stop - 5
+    RESERVED_PORTS.write_text(f"{operators_own}-{operators_own + 2}\n")
+
+    # when: provisioning prepares the host
+    summary = host_steps.prepare_host(admin, _context(base, host_port_span=8))
+
+    # then: every window port and the download windows' first ports are reserved; the operator's range is kept
+    reserved = host_steps.port_set(RESERVED_PORTS.read_text())
+    download = base + 1000
+    assert set(range(base, base + 8)) <= reserved
+    assert set(range(download, download + DOWNLOAD_PORTS_RESERVED)) <= reserved
+    assert {operators_own, operators_own + 1, operators_own + 2} <= reserved
+    assert f"customer ports {base}-{base + 7},{download}-{download + DOWNLOAD_PORTS_RESERVED - 1} reserved" in summary
+    # and: nothing else was taken from the host's outgoing connections
+    assert len(reserved) == 8 + DOWNLOAD_PORTS_RESERVED + 3
+
+    # and: a second provisioning changes nothing
+    again = host_steps.reserve_customer_ports(admin, _context(base, host_port_span=8))
+    assert host_steps.port_set(RESERVED_PORTS.read_text()) == reserved and "reserved" in again
+
+
+def test_ports_below_the_ephemeral_ports_reserve_nothing(admin, reserved_ports):
+    summary = host_steps.reserve_customer_ports(admin, _context(20000))
+    assert RESERVED_PORTS.read_text() == reserved_ports
+    assert summary == "customer ports outside the ephemeral ports"
+
+
+class RefusingHost:
+    """A host whose kernel settings cannot be written (a read-only /proc/sys), with what its files say."""
+
+    is_dry_run = False
+
+    def __init__(self, files: dict[str, str]):
+        self.files = files
+
+    def run(self, argv, **_):
+        if argv[0] == "cat":
+            return CommandResult(" ".join(argv), 0, self.files.get(argv[1], ""), "", 0.0)
+        return CommandResult(" ".join(argv), 1, "", "sh: 1: cannot create: Read-only file system", 0.0)
+
+
+def test_a_host_that_refuses_the_reservation_is_said_in_the_output_and_does_not_fail_provisioning():
+    host = RefusingHost({host_steps.EPHEMERAL_PORTS: "32768\t60999\n", host_steps.RESERVED_PORTS: "\n"})
+    summary = host_steps.reserve_customer_ports(host, _context(42000, host_port_span=4))
+    assert summary.startswith("WARNING: customer ports 42000-42003,43000-43063 are in the ephemeral ports")
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {},  # nothing readable
+        {host_steps.EPHEMERAL_PORTS: "lots of ports\n"},
+        {host_steps.EPHEMERAL_PORTS: "60999 32768 1\n"},
+    ],
+)
+def test_an_ephemeral_range_that_cannot_be_read_reserves_nothing(files):
+    assert host_steps.reserve_customer_ports(RefusingHost(files), _context(42000)) == (
+        "customer ports outside the ephemeral ports"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "ports"),
+    [
+        ("", set()),
+        ("42000-42002,43000\n", {42000, 42001, 42002, 43000}),
+        ("42002-42000,abc,-5,70000,1-,x-3", set()),  # reversed, words, negatives, beyond 65535, halves
+        ("65535, 7 ,8-9", {65535, 7, 8, 9}),
+    ],
+)
+def test_the_kernels_port_list_is_read_leaving_out_what_is_not_a_port(text, ports):
+    assert host_steps.port_set(text) == ports
+
+
+def test_the_port_list_written_back_is_the_kernels_own_spelling():
+    assert host_steps.port_ranges({43000, 42000, 42001, 42002, 50000, 50001}) == "42000-42002,43000,50000-50001"
+    assert host_steps.port_set(host_steps.port_ranges(set(range(42000, 42064)) | {1})) == set(range(42000, 42064)) | {1}
+
+
+def test_the_download_windows_look_for_a_free_port_sees_outgoing_connections(admin):
+    # given: an outgoing connection of the host's holds a port: no server listens on it
+    ctx = _context(20000)
+    sock = outgoing_connection_from(ctx.download_ports[0] + secrets.randbelow(900))
+    try:
+        # then: the download window's look for a free port counts it as taken
+        assert sock.getsockname()[1] in download_steps._published_ports(admin, ctx)
+    finally:
+        sock.close()
+
+
+def test_a_first_customer_port_near_the_last_tcp_port_has_no_download_port_past_it():
+    # the highest first customer port the host form takes: its download windows would start past 65535
+    assert list(_context(65000).download_ports) == []
+    assert list(_context(64000).download_ports)[-1] == 65535
+    assert host_steps.reserve_customer_ports(
+        RefusingHost({host_steps.EPHEMERAL_PORTS: "1024 65535"}), _context(65000, host_port_span=8)
+    ).startswith("WARNING: customer ports 65000-65007 are")
