@@ -57,7 +57,7 @@ def _context(order: Order, access: Access, host: Host) -> StepContext:
         container_runtime=host.container_runtime or ("podman" if host.driver == Host.Driver.DRY_RUN else ""),
         keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
         ssh_port_base=host.ssh_port_base,
-        host_port_span=_port_span(host),
+        host_port_span=selectors.host_port_span(host),
         publish_address=settings.PROVISIONING_PUBLISH_ADDRESS,
         lots_in_container=lots,
         lots_on_host=max(lots, host.lots.count()),
@@ -67,12 +67,6 @@ def _context(order: Order, access: Access, host: Host) -> StepContext:
         download_until=_download_until(order, operator_settings),
         **selectors.container_limits(host, lots=lots),
     )
-
-
-def _port_span(host: Host) -> int:
-    """How many window ports the host's lots use from its first customer port: its highest GPU index + 1."""
-    indices = [index for lot in host.lots.all() for index in lot.gpu_index_list]
-    return max(indices, default=0) + 1
 
 
 def _download_until(order: Order, operator_settings: OperatorSettings) -> datetime | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inventory.models import Isolation
+from provisioning import ports
 from provisioning.containers import CUSTOMER_GROUP, GUARD_FORWARD, GUARD_IN, GUARD_TO, Runtime
 from provisioning.drivers.base import Connection
 
@@ -159,11 +160,14 @@ def probe(
     runtime: str = "",
     device_dir: str = "/dev",
     images: list[str] = (),
+    customer_ports: set[int] = frozenset(),
 ) -> Finding:
     """Find the host's isolation mode. `runtime`: the host's container runtime setting (unset: podman and docker
     are looked for, only to tell the operator to set one); `device_dir`: where the GPU device nodes are (tests
     point it at mknod stand-ins); `images`: the catalog's images for the host's lots, each checked for what a
-    customer's container needs when the host has it (an image that cannot serve SSH is named with the reason)."""
+    customer's container needs when the host has it (an image that cannot serve SSH is named with the reason);
+    `customer_ports`: the ports its customers' SSH servers are published on (said whether the kernel keeps them
+    from its outgoing connections; not part of the isolation mode)."""
     if connection.is_dry_run:
         return Finding(
             Isolation.DRY_RUN,
@@ -180,6 +184,8 @@ def probe(
         lines += _image_lines(connection, Runtime(runtime_found), images)
     guard = _guard_in_place(connection, runtime_found) if runtime_found else False
     lines.append(f"firewall guard around the customers' networks: {'in place' if guard else 'missing'}")
+    if customer_ports:
+        lines.append(_ports_line(connection, customer_ports))
     if runtime_found and stack.ok and not guard:
         lines.insert(0, "mode: not isolated (the firewall guard around the customers' networks is missing)")
         lines.append("provision an order on the host (its first step rebuilds the guard), then check the host again")
@@ -302,6 +308,18 @@ def _devices_protected(connection: Connection, lots: list[LotDevices], device_di
         else:
             lines.append(f"{path}: not world-accessible (mode {mode:04o}, {owner[:32]}:{group[:32]})")
     return protected
+
+
+def _ports_line(connection: Connection, customer_ports: set[int]) -> str:
+    state = ports.port_state(connection, customer_ports)
+    if not state.exposed:
+        return "customer ports: outside the ephemeral ports"
+    if state.unreserved:
+        return (
+            f"customer ports: {ports.port_ranges(state.unreserved)} in the ephemeral ports and not reserved: an "
+            "outgoing connection may hold one when a container starts (the next provisioning reserves them)"
+        )
+    return f"customer ports: {ports.port_ranges(state.exposed)} reserved from the ephemeral ports"
 
 
 def _first_line(text: str) -> str:

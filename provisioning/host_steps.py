@@ -8,12 +8,11 @@ import re
 from datetime import UTC, datetime
 
 from nodekit.bundle import host_file_bytes
-from provisioning import containers, host_probe
+from provisioning import containers, host_probe, ports
 from provisioning.container_steps import remove_container, remove_download
 from provisioning.containers import CUSTOMER_GROUP  # the host's sshd denies it (docs/operations.md)
 from provisioning.drivers.base import CommandFailed, Connection
 from provisioning.step_context import (
-    DOWNLOAD_PORTS_RESERVED,
     KIT_ROOT,
     VOLUME_ROOT,
     StepContext,
@@ -76,62 +75,21 @@ def prepare_host(conn: Connection, ctx: StepContext) -> str:
     )
 
 
-EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
-RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
-
-
-def port_set(text: str) -> set[int]:
-    """The ports of the kernel's list of ranges ("42000-42007,43000"); what is not a port is left out."""
-    ports: set[int] = set()
-    for part in text.strip().split(","):
-        low, dash, high = part.strip().partition("-")
-        high = high if dash else low
-        if low.isdigit() and high.isdigit() and int(low) <= int(high) <= 65535:
-            ports.update(range(int(low), int(high) + 1))
-    return ports
-
-
-def port_ranges(ports: set[int]) -> str:
-    """The kernel's list of ranges for a set of ports."""
-    ranges: list[list[int]] = []
-    for port in sorted(ports):
-        if ranges and port == ranges[-1][1] + 1:
-            ranges[-1][1] = port
-        else:
-            ranges.append([port, port])
-    return ",".join(f"{low}-{high}" if high > low else str(low) for low, high in ranges)
-
-
-def _two_numbers(words: list[str]) -> bool:
-    return len(words) == 2 and all(word.isdigit() for word in words)
-
-
 def reserve_customer_ports(conn: Connection, ctx: StepContext) -> str:
     """The ports the host publishes its customers' SSH servers on, taken out of the kernel's ephemeral ports where
-    they fall in them (Linux's 32768-60999 holds the default 42000): an outgoing connection of the host's own (a
-    pull, a resolver, this very SSH session) may otherwise hold a window's port, and its container cannot start.
-    Added to what the host reserves already, never narrowing it; not persisted: each provisioning run sets it again.
-    A host that refuses it is said in the step's output, not a failure: the ports are only less certain."""
+    they fall in them (provisioning/ports.py). Not persisted: each provisioning run sets it again. A host that
+    refuses it is said in the step's output, not a failure: the ports are only less certain."""
     if is_dry_run(conn):
         return "customer ports: nothing reserved (dry run)"
-    ephemeral = conn.run(["cat", EPHEMERAL_PORTS], check=False).stdout.split()
-    low, high = (int(ephemeral[0]), int(ephemeral[1])) if _two_numbers(ephemeral) else (0, -1)
-    wanted = {
-        port for port in [*ctx.window_ports, *ctx.download_ports[:DOWNLOAD_PORTS_RESERVED]] if low <= port <= high
-    }
-    if not wanted:
+    state = ports.reserve(conn, ports.customer_ports(ctx.ssh_port_base, ctx.host_port_span))
+    if not state.exposed:
         return "customer ports outside the ephemeral ports"
-    reserved = port_set(conn.run(["cat", RESERVED_PORTS], check=False).stdout)
-    if not wanted <= reserved:
-        value = port_ranges(reserved | wanted)
-        conn.run(["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "reserve_ports", value, RESERVED_PORTS], check=False)
-        reserved = port_set(conn.run(["cat", RESERVED_PORTS], check=False).stdout)
-    if not wanted <= reserved:
+    if state.unreserved:
         return (
-            f"WARNING: customer ports {port_ranges(wanted)} are in the ephemeral ports and could not be reserved "
-            f"({RESERVED_PORTS}): an outgoing connection may hold one when a container starts"
+            f"WARNING: customer ports {ports.port_ranges(state.exposed)} are in the ephemeral ports and could not be "
+            f"reserved ({ports.RESERVED_PORTS}): an outgoing connection may hold one when a container starts"
         )
-    return f"customer ports {port_ranges(wanted)} reserved from the ephemeral ports"
+    return f"customer ports {ports.port_ranges(state.exposed)} reserved from the ephemeral ports"
 
 
 def create_user(conn: Connection, ctx: StepContext) -> str:

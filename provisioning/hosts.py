@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from booking.models import EnvironmentImage, Order
 from booking.services import order_note
 from inventory.models import Host
-from provisioning import host_probe, selectors
+from provisioning import host_probe, ports, selectors
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import Connection, DriverError, HostSpec
 from provisioning.rules import ProvisioningError, acting
@@ -78,6 +78,7 @@ def host_check(
                     .values_list("image_ref", flat=True)
                     .distinct()
                 ),
+                customer_ports=ports.customer_ports(host.ssh_port_base, selectors.host_port_span(host)),
             )
     except DriverError as exc:
         raise ProvisioningError(

@@ -196,3 +196,9 @@ def wipe_date(order: Order) -> datetime:
     """When the customer's files are deleted: announced in the end-of-window e-mails, and the last start of a
     window that carries them."""
     return order.ends_at + timedelta(days=OperatorSettings.current().wipe_after_days)
+
+
+def host_port_span(host: Host) -> int:
+    """How many window ports the host's lots use from its first customer port: its highest GPU index + 1."""
+    indices = [index for lot in host.lots.all() for index in lot.gpu_index_list]
+    return max(indices, default=0) + 1

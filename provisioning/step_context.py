@@ -9,17 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from inventory.rules import RUNTIME_PATTERN
-from provisioning import containers
+from provisioning import containers, ports
 from provisioning.drivers.base import Connection
 
 KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one kit directory per account, which is also the account's home
 VOLUME_ROOT = "/var/lib/binome-volumes"  # root-owned, 700: the file systems of the customers' data volumes
 ACCOUNT_NAME = r"bn-[a-z0-9]{1,28}"  # provisioning.rules.username_for
-# The download windows' ports: the host's first customer port + 1000, the first free one of a thousand; the first
-# ones are reserved from the host's ephemeral ports with the windows' own (host_steps.reserve_customer_ports).
-DOWNLOAD_PORT_OFFSET = 1000
-DOWNLOAD_PORTS = 1000
-DOWNLOAD_PORTS_RESERVED = 64
 
 
 @dataclass(frozen=True)
@@ -92,16 +87,8 @@ class StepContext:
         return self.ssh_port_base + min(self.gpu_indices or [0])
 
     @property
-    def window_ports(self) -> range:
-        """The ports the host's windows publish their sshd on, one per lot's first GPU index."""
-        return range(
-            self.ssh_port_base, self.ssh_port_base + max(self.host_port_span, max(self.gpu_indices or [0]) + 1)
-        )
-
-    @property
     def download_ports(self) -> range:
-        first = self.ssh_port_base + DOWNLOAD_PORT_OFFSET
-        return range(first, min(first + DOWNLOAD_PORTS, 65536))  # none at all past the last TCP port
+        return ports.download_ports(self.ssh_port_base)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioning import download_steps, host_steps
+from provisioning import download_steps, host_steps, ports
 from provisioning.drivers.base import CommandResult
-from provisioning.step_context import DOWNLOAD_PORTS_RESERVED, StepContext
+from provisioning.ports import DOWNLOAD_PORTS_RESERVED
+from provisioning.step_context import StepContext
 from tests.provisioning.conftest import RESERVED_PORTS
 from tests.provisioning.test_data_continuity import outgoing_connection_from
 
@@ -51,7 +52,7 @@ def test_provisioning_reserves_the_window_and_download_ports_that_fall_in_the_ep
     summary = host_steps.prepare_host(admin, _context(base, host_port_span=8))
 
     # then: every window port and the download windows' first ports are reserved; the operator's range is kept
-    reserved = host_steps.port_set(RESERVED_PORTS.read_text())
+    reserved = ports.port_set(RESERVED_PORTS.read_text())
     download = base + 1000
     assert set(range(base, base + 8)) <= reserved
     assert set(range(download, download + DOWNLOAD_PORTS_RESERVED)) <= reserved
@@ -62,7 +63,7 @@ def test_provisioning_reserves_the_window_and_download_ports_that_fall_in_the_ep
 
     # and: a second provisioning changes nothing
     again = host_steps.reserve_customer_ports(admin, _context(base, host_port_span=8))
-    assert host_steps.port_set(RESERVED_PORTS.read_text()) == reserved and "reserved" in again
+    assert ports.port_set(RESERVED_PORTS.read_text()) == reserved and "reserved" in again
 
 
 def test_ports_below_the_ephemeral_ports_reserve_nothing(admin, reserved_ports):
@@ -86,7 +87,7 @@ class RefusingHost:
 
 
 def test_a_host_that_refuses_the_reservation_is_said_in_the_output_and_does_not_fail_provisioning():
-    host = RefusingHost({host_steps.EPHEMERAL_PORTS: "32768\t60999\n", host_steps.RESERVED_PORTS: "\n"})
+    host = RefusingHost({ports.EPHEMERAL_PORTS: "32768\t60999\n", ports.RESERVED_PORTS: "\n"})
     summary = host_steps.reserve_customer_ports(host, _context(42000, host_port_span=4))
     assert summary.startswith("WARNING: customer ports 42000-42003,43000-43063 are in the ephemeral ports")
 
@@ -95,8 +96,8 @@ def test_a_host_that_refuses_the_reservation_is_said_in_the_output_and_does_not_
     "files",
     [
         {},  # nothing readable
-        {host_steps.EPHEMERAL_PORTS: "lots of ports\n"},
-        {host_steps.EPHEMERAL_PORTS: "60999 32768 1\n"},
+        {ports.EPHEMERAL_PORTS: "lots of ports\n"},
+        {ports.EPHEMERAL_PORTS: "60999 32768 1\n"},
     ],
 )
 def test_an_ephemeral_range_that_cannot_be_read_reserves_nothing(files):
@@ -106,7 +107,7 @@ def test_an_ephemeral_range_that_cannot_be_read_reserves_nothing(files):
 
 
 @pytest.mark.parametrize(
-    ("text", "ports"),
+    ("text", "expected"),
     [
         ("", set()),
         ("42000-42002,43000\n", {42000, 42001, 42002, 43000}),
@@ -114,13 +115,13 @@ def test_an_ephemeral_range_that_cannot_be_read_reserves_nothing(files):
         ("65535, 7 ,8-9", {65535, 7, 8, 9}),
     ],
 )
-def test_the_kernels_port_list_is_read_leaving_out_what_is_not_a_port(text, ports):
-    assert host_steps.port_set(text) == ports
+def test_the_kernels_port_list_is_read_leaving_out_what_is_not_a_port(text, expected):
+    assert ports.port_set(text) == expected
 
 
 def test_the_port_list_written_back_is_the_kernels_own_spelling():
-    assert host_steps.port_ranges({43000, 42000, 42001, 42002, 50000, 50001}) == "42000-42002,43000,50000-50001"
-    assert host_steps.port_set(host_steps.port_ranges(set(range(42000, 42064)) | {1})) == set(range(42000, 42064)) | {1}
+    assert ports.port_ranges({43000, 42000, 42001, 42002, 50000, 50001}) == "42000-42002,43000,50000-50001"
+    assert ports.port_set(ports.port_ranges(set(range(42000, 42064)) | {1})) == set(range(42000, 42064)) | {1}
 
 
 def test_the_download_windows_look_for_a_free_port_sees_outgoing_connections(admin):
@@ -139,5 +140,34 @@ def test_a_first_customer_port_near_the_last_tcp_port_has_no_download_port_past_
     assert list(_context(65000).download_ports) == []
     assert list(_context(64000).download_ports)[-1] == 65535
     assert host_steps.reserve_customer_ports(
-        RefusingHost({host_steps.EPHEMERAL_PORTS: "1024 65535"}), _context(65000, host_port_span=8)
+        RefusingHost({ports.EPHEMERAL_PORTS: "1024 65535"}), _context(65000, host_port_span=8)
     ).startswith("WARNING: customer ports 65000-65007 are")
+
+
+def test_the_host_check_says_whether_the_customer_ports_are_kept_from_outgoing_connections(
+    sshd, admin, catalog, settings, reserved_ports
+):  # fmt: skip
+    from provisioning.hosts import host_check
+    from tests.provisioning.conftest import make_loopback_host
+
+    # given: a host whose first customer port is in the ephemeral ports, its lot on GPUs 0 and 1
+    host = make_loopback_host(sshd, catalog, settings, name="ports", runtime="podman")
+    ephemeral = _ephemeral()
+    host.ssh_port_base = ephemeral.start + 8 * secrets.randbelow((len(ephemeral) - 2000) // 8)
+    host.save(update_fields=["ssh_port_base"])
+    base, download = host.ssh_port_base, host.ssh_port_base + 1000
+
+    # when: the operator checks it before anything was provisioned there
+    host_check(host=host)
+    host.refresh_from_db()
+
+    # then: the report names the ports an outgoing connection could take, and that provisioning reserves them
+    exposed = f"{base}-{base + 1},{download}-{download + DOWNLOAD_PORTS_RESERVED - 1}"
+    assert f"customer ports: {exposed} in the ephemeral ports and not reserved" in host.isolation_report
+    assert host.isolation_mode == host.Isolation.CONTAINER  # a matter of reliability, not of isolation
+
+    # and: once provisioning reserved them, the check says so
+    host_steps.reserve_customer_ports(admin, _context(base, host_port_span=2))
+    host_check(host=host)
+    host.refresh_from_db()
+    assert f"customer ports: {exposed} reserved from the ephemeral ports" in host.isolation_report
