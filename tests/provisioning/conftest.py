@@ -11,6 +11,7 @@ Needs root (sshd, useradd) and the Debian packages of `make system-deps`: openss
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import shutil
@@ -357,11 +358,16 @@ def fake_gpus() -> Iterator[Path]:
 RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
 
 
+PORT_SLOTS = 125  # first customer ports 20000-20992: their windows' ports all below the first download port, 21000
+_port_slots = itertools.count(secrets.randbelow(PORT_SLOTS))
+
+
 def loopback_port_base() -> int:
-    """A test host's first customer port: apart from the other hosts of the session, and below Linux's ephemeral
-    ports (32768), windows and download windows included, so that provisioning reserves nothing on this machine
+    """A test host's first customer port: another one for each host of the session (taken in turn: two hosts on
+    this one machine never publish the same port, nor a window on another host's download port), and below Linux's
+    ephemeral ports (32768), so that provisioning reserves nothing on this machine
     (tests/provisioning/test_customer_ports.py tests the reservation itself)."""
-    return 20000 + 8 * secrets.randbelow(1000)
+    return 20000 + 8 * (next(_port_slots) % PORT_SLOTS)
 
 
 @pytest.fixture(scope="session", autouse=True)
