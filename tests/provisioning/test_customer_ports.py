@@ -5,6 +5,7 @@ window takes the next port when one was taken after its look. Against the real s
 the host (its reserved ports are given back after the session, tests/provisioning/conftest.py)."""
 
 import secrets
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,6 +61,10 @@ def test_provisioning_reserves_the_window_and_download_ports_that_fall_in_the_ep
     assert f"customer ports {base}-{base + 7},{download}-{download + DOWNLOAD_PORTS_RESERVED - 1} reserved" in summary
     # and: nothing else was taken from the host's outgoing connections
     assert len(reserved) == 8 + DOWNLOAD_PORTS_RESERVED + 3
+
+    # and: a reserved port is only kept from the kernel's own choices: the window's server still listens there
+    with socket.create_server(("127.0.0.1", base)) as server:
+        assert server.getsockname()[1] == base
 
     # and: a second provisioning changes nothing
     again = host_steps.reserve_customer_ports(admin, _context(base, host_port_span=8))
