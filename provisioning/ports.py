@@ -61,6 +61,7 @@ def port_ranges(ports: set[int]) -> str:
 class PortState:
     exposed: set[int]  # the customer ports that fall in the host's ephemeral ports
     reserved: set[int]  # every port the host reserves from them
+    known: bool = True  # whether the reserved list was read whole: only then may it be written back, widened
 
     @property
     def unreserved(self) -> set[int]:
@@ -73,14 +74,19 @@ def port_state(conn: Connection, ports: set[int]) -> PortState:
     words = conn.run(["cat", EPHEMERAL_PORTS], check=False).stdout.split()
     low, high = (int(words[0]), int(words[1])) if len(words) == 2 and all(w.isdigit() for w in words) else (0, -1)
     exposed = {port for port in ports if low <= port <= high}
-    reserved = port_set(conn.run(["cat", RESERVED_PORTS], check=False).stdout) if exposed else set()
-    return PortState(exposed=exposed, reserved=reserved)
+    if not exposed:
+        return PortState(exposed=exposed, reserved=set())
+    listed = conn.run(["cat", RESERVED_PORTS], check=False)
+    parts = [part.strip() for part in listed.stdout.strip().split(",") if part.strip()]
+    known = listed.ok and all(port_set(part) for part in parts)  # a part that is not a port: not the kernel's list
+    return PortState(exposed=exposed, reserved=port_set(listed.stdout), known=known)
 
 
 def reserve(conn: Connection, ports: set[int]) -> PortState:
-    """Add the exposed ones of `ports` to what the host reserves (never narrowing it); the state read back."""
+    """Add the exposed ones of `ports` to what the host reserves, never narrowing it: a list that could not be read
+    whole is left as it is. The state read back."""
     state = port_state(conn, ports)
-    if state.unreserved:
+    if state.unreserved and state.known:
         value = port_ranges(state.reserved | state.exposed)
         conn.run(["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "reserve_ports", value, RESERVED_PORTS], check=False)
         state = port_state(conn, ports)

@@ -176,3 +176,35 @@ def test_the_host_check_says_whether_the_customer_ports_are_kept_from_outgoing_c
     host_check(host=host)
     host.refresh_from_db()
     assert f"customer ports: {exposed} reserved from the ephemeral ports" in host.isolation_report
+
+
+@pytest.mark.parametrize(
+    "listed",
+    [
+        None,  # the list could not be read (the command failed)
+        "42000-42007,garbage\n",  # not the kernel's own words: something in it would be lost on writing back
+    ],
+)
+def test_a_reserved_list_that_cannot_be_read_whole_is_never_written_back_narrower(listed):
+    files = {ports.EPHEMERAL_PORTS: "32768 60999"}
+    if listed is not None:
+        files[ports.RESERVED_PORTS] = listed
+    host = WritableHost(files)
+    summary = host_steps.reserve_customer_ports(host, _context(45000, host_port_span=2))
+    assert host.writes == [] and summary.startswith("WARNING: customer ports 45000-45001,46000-46063 are")
+
+
+class WritableHost(RefusingHost):
+    """A host that would take any write: whether one was sent is recorded."""
+
+    def __init__(self, files: dict[str, str]):
+        super().__init__(files)
+        self.writes = []
+
+    def run(self, argv, **_):
+        if argv[0] == "cat" and argv[1] not in self.files:
+            return CommandResult(" ".join(argv), 1, "", "cat: No such file or directory", 0.0)
+        if argv[0] == "sh":
+            self.writes.append(argv)
+            return CommandResult(" ".join(argv), 0, "", "", 0.0)
+        return super().run(argv)
