@@ -171,6 +171,14 @@ def readings_chart(order, *, width: int = 600, height: int = 160) -> dict | None
 DATA_KEPT_STATUSES = (OrderStatus.READY, OrderStatus.ACTIVE, OrderStatus.ENDED)
 
 
+def keys_can_change(order: Order) -> bool:
+    """Whether the order's keys still open something, or will: before and during the window, and after its end while
+    its files are kept (the download window takes them). Not once every host deleted its files."""
+    if not order.keys_can_change:
+        return False
+    return order.status != OrderStatus.ENDED or order.accesses.filter(wiped_at__isnull=True).exists()
+
+
 def kept_data_access(order: Order) -> Access | None:
     """The access whose data volume is still on its host, not wiped, when the order has exactly one (a volume is
     carried to a next order on its own host; an order spread over several hosts has one per host, and none is

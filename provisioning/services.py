@@ -17,8 +17,10 @@ from booking import notices
 from booking import services as booking_services
 from booking.models import RELEASING_STATUSES, Order, OrderStatus
 from booking.notices import Notice
+from booking.rules import BookingError
 from booking.services import order_transition
 from booking.ssh_keys import SshPublicKey
+from provisioning import selectors
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import ProvisioningError, acting
 from provisioning.runs import access_keys_renew, download_keys_renew, provisioning_start, teardown_start
@@ -62,6 +64,8 @@ def access_keys_change(*, order: Order, add: list[SshPublicKey], remove_ids: lis
     at once (a keys run; before the hand-over, the hand-over writes them), and the contact is told by e-mail either
     way, so that a leaked order link cannot add a key unseen. Returns the keys run, if one was started."""
     with transaction.atomic():
+        if order.status == OrderStatus.ENDED and not selectors.keys_can_change(order):
+            raise BookingError(_("The files of this order were deleted: no machine takes its keys any more."))
         added, removed = booking_services.order_keys_change(order=order, add=add, remove_ids=remove_ids)
         if not added and not removed:
             return None

@@ -8,7 +8,7 @@ from django.utils import translation
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 
-from booking.models import Order
+from booking.models import Order, OrderStatus
 from booking.notices import Notice
 
 
@@ -130,7 +130,7 @@ def _keys_changed(*, order: Order, added: list[str], removed: list[str], applied
         order=order,
         subject=gettext_lazy("The SSH keys of your Binôme order %(number)s changed"),
         template="email/keys_changed.txt",
-        context={"added": added, "removed": removed, "applied": applied},
+        context={"added": added, "removed": removed, "applied": applied, "ended": order.status == OrderStatus.ENDED},
     )
 
 

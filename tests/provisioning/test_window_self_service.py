@@ -12,6 +12,7 @@ from booking import services as booking_services
 from booking.models import Order, OrderStatus
 from payments.models import Invoice
 from payments.settlement import invoice_mark_paid
+from provisioning import runs
 from provisioning.models import ProvisioningRun
 from tests.provisioning.test_console import act, paid_order  # noqa: F401 (a fixture)
 
@@ -240,7 +241,7 @@ def test_a_bad_key_is_refused_with_a_message_and_the_keys_stay(client, ready_ord
 
 
 def test_at_most_ten_keys_still_changeable_for_the_download_window_and_none_once_cancelled(
-    client, ready_order, keypair, booking_data
+    client, ready_order, keypair, booking_data, mailoutbox, django_capture_on_commit_callbacks
 ):
     order, token = ready_order
     keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
@@ -252,7 +253,21 @@ def test_at_most_ten_keys_still_changeable_for_the_download_window_and_none_once
 
     # after the end the files stay readable by SFTP until the wipe, with the order's keys: a lost one is removed
     booking_services.order_end_early(order=order)
-    client.post(keys_url, {"remove": str(order.ssh_keys.first().pk)}, follow=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(keys_url, {"remove": str(order.ssh_keys.first().pk)}, follow=True)
+    assert order.ssh_keys.count() == 9
+    # (the teardown has not opened the download window yet: the e-mail does not promise a hand-over)
+    said = " ".join(mailoutbox[-1].body.split())
+    assert "no download window is open now: it takes these keys if it opens" in said and "handed over" not in said
+
+    # once the files are deleted, nothing takes keys: the page offers no change and a change is refused
+    with django_capture_on_commit_callbacks(execute=True):
+        runs.access_wipe_start(order=order)
+    assert order.accesses.filter(wiped_at__isnull=True).count() == 0
+    page = client.get(urls(order, token)["order"]).content.decode()
+    assert "Add SSH public keys" not in page and 'name="remove"' not in page
+    refused = client.post(keys_url, {"ssh_keys": a_key(keypair, "too-late")}, follow=True).content.decode()
+    assert "The files of this order were deleted: no machine takes its keys any more." in refused
     assert order.ssh_keys.count() == 9
 
     # a cancelled order keeps nothing of the customer's: its keys no longer change

@@ -123,6 +123,7 @@ def _order_context(order: Order, token: str) -> dict:
         "events_page": selectors.order_events_page(order=order, transitions_only=True),
         "rejection": selectors.order_rejection(order),
         "ssh_keys": list(order.ssh_keys.all()),
+        "keys_can_change": provisioning_selectors.keys_can_change(order),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
         "accesses": shown,
