@@ -17,7 +17,7 @@ from django.utils import timezone
 from nodekit.bundle import host_file_bytes
 from provisioning import containers
 from provisioning.container_steps import download_container_name
-from provisioning.drivers.base import CommandFailed, Connection
+from provisioning.drivers.base import Connection, DriverError
 from provisioning.host_steps import authorized_keys_lines
 from provisioning.step_context import (
     StepContext,
@@ -30,7 +30,9 @@ from provisioning.step_context import (
 )
 
 DOWNLOAD_START_ATTEMPTS = 4
-PORT_TAKEN = "address already in use"  # podman's and docker's words when the published port is bound already
+# The runtimes' words when the published port is held already: by a socket of the host's (podman, docker), by
+# another container (docker)
+PORTS_TAKEN = ("address already in use", "port is already allocated")
 DOWNLOAD_CONFIG, DOWNLOAD_KEYS = "download_config", "download_keys"
 # Every key of the window, restricted to nothing but the SFTP session sshd forces (no pty, no forwarding).
 DOWNLOAD_KEY_OPTIONS = "restrict"
@@ -99,7 +101,7 @@ def _start_download(conn: Connection, ctx: StepContext, *, uid: int, gid: int) -
         if started.ok:
             return port
         conn.run(runtime.remove(download_container_name(ctx.username)), check=False, timeout=120)
-        if PORT_TAKEN not in started.stderr.lower():
+        if not any(words in started.stderr.lower() for words in PORTS_TAKEN):
             break
         used.add(port)
     raise StepFailed(f"the download window's container did not start: {started.stderr.strip()[-400:]}")
@@ -112,7 +114,7 @@ def open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
     in the step's output for the operators, and the order page offers no download."""
     try:
         return _open_download(conn, ctx)
-    except (StepFailed, CommandFailed) as exc:
+    except (StepFailed, DriverError) as exc:  # a command that failed, timed out, or a connection lost
         return f"no download window: {getattr(exc, 'message', None) or exc}"
 
 

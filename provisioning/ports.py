@@ -7,6 +7,7 @@ default first customer port (42000) falls, and a port so held cannot be publishe
 customer ports there (host_steps.reserve_customer_ports), the host check says whether they are.
 """
 
+import re
 from dataclasses import dataclass
 
 from provisioning.drivers.base import Connection
@@ -17,6 +18,7 @@ DOWNLOAD_PORT_OFFSET = 1000
 DOWNLOAD_PORTS = 1000
 DOWNLOAD_PORTS_RESERVED = 64  # the first download ports, reserved with the windows' own
 LAST_PORT = 65535
+EPHEMERAL_RANGE = re.compile(r"\s*(\d{1,5})\s+(\d{1,5})\s*", re.ASCII)
 
 
 def window_ports(base: int, span: int) -> range:
@@ -35,15 +37,38 @@ def customer_ports(base: int, span: int) -> set[int]:
     return {*window_ports(base, span), *download_ports(base)[:DOWNLOAD_PORTS_RESERVED]}
 
 
+PART = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?", re.ASCII)
+MAX_PARTS = 40_000  # more than the kernel's own list can hold once merged (every other port): not its list
+
+
+def _parts(text: str) -> list[tuple[int, int]] | None:
+    """The ranges of a list in the kernel's spelling ("42000-42007,43000"), merged and sorted; None when any part
+    is not a port or a range of ports, or when there are more parts than the kernel's list can hold."""
+    parts = [part.strip() for part in text.strip().split(",") if part.strip()]
+    if len(parts) > MAX_PARTS:
+        return None
+    ranges = []
+    for part in set(parts):
+        found = PART.fullmatch(part)
+        if found is None:
+            return None
+        low, high = int(found[1]), int(found[2] or found[1])
+        if not low <= high <= LAST_PORT:
+            return None
+        ranges.append((low, high))
+    merged: list[list[int]] = []
+    for low, high in sorted(ranges):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [(low, high) for low, high in merged]
+
+
 def port_set(text: str) -> set[int]:
-    """The ports of the kernel's list of ranges ("42000-42007,43000"); what is not a port is left out."""
-    ports: set[int] = set()
-    for part in text.strip().split(","):
-        low, dash, high = part.strip().partition("-")
-        high = high if dash else low
-        if low.isdigit() and high.isdigit() and int(low) <= int(high) <= LAST_PORT:
-            ports.update(range(int(low), int(high) + 1))
-    return ports
+    """The ports of a list in the kernel's spelling; nothing when the list is not one (see `_parts`). At most every
+    port once: merged ranges, never a range per part."""
+    return {port for low, high in _parts(text) or [] for port in range(low, high + 1)}
 
 
 def port_ranges(ports: set[int]) -> str:
@@ -71,14 +96,15 @@ class PortState:
 def port_state(conn: Connection, ports: set[int]) -> PortState:
     """Which of `ports` the host's kernel could hand to an outgoing connection, and what it reserves. Read, never
     trusted: an ephemeral range that is not two numbers counts as none."""
-    words = conn.run(["cat", EPHEMERAL_PORTS], check=False).stdout.split()
-    low, high = (int(words[0]), int(words[1])) if len(words) == 2 and all(w.isdigit() for w in words) else (0, -1)
+    found = EPHEMERAL_RANGE.fullmatch(conn.run(["cat", EPHEMERAL_PORTS], check=False).stdout)
+    low, high = (int(found[1]), int(found[2])) if found else (0, -1)
     exposed = {port for port in ports if low <= port <= high}
     if not exposed:
         return PortState(exposed=exposed, reserved=set())
     listed = conn.run(["cat", RESERVED_PORTS], check=False)
-    parts = [part.strip() for part in listed.stdout.strip().split(",") if part.strip()]
-    known = listed.ok and all(port_set(part) for part in parts)  # a part that is not a port: not the kernel's list
+    # Read whole: the command answered, the kernel's closing newline came (a cut read would lose the rest of the
+    # list on writing back), and every part is a port or a range of ports.
+    known = listed.ok and listed.stdout.endswith("\n") and _parts(listed.stdout) is not None
     return PortState(exposed=exposed, reserved=port_set(listed.stdout), known=known)
 
 

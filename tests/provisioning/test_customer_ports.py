@@ -103,6 +103,8 @@ def test_a_host_that_refuses_the_reservation_is_said_in_the_output_and_does_not_
         {},  # nothing readable
         {ports.EPHEMERAL_PORTS: "lots of ports\n"},
         {ports.EPHEMERAL_PORTS: "60999 32768 1\n"},
+        {ports.EPHEMERAL_PORTS: "32768 ⁶⁰⁹⁹⁹\n"},  # digits int() refuses
+        {ports.EPHEMERAL_PORTS: "1" * 5000 + " 60999\n"},  # longer than int() reads
     ],
 )
 def test_an_ephemeral_range_that_cannot_be_read_reserves_nothing(files):
@@ -116,12 +118,20 @@ def test_an_ephemeral_range_that_cannot_be_read_reserves_nothing(files):
     [
         ("", set()),
         ("42000-42002,43000\n", {42000, 42001, 42002, 43000}),
-        ("42002-42000,abc,-5,70000,1-,x-3", set()),  # reversed, words, negatives, beyond 65535, halves
-        ("65535, 7 ,8-9", {65535, 7, 8, 9}),
+        ("65535, 7 ,8-9,8-9,1-3,2-5", {65535, 7, 8, 9, 1, 2, 3, 4, 5}),  # repeated and overlapping parts
+        # not the kernel's list: reversed, words, negatives, beyond 65535, halves, digits int() refuses, a number
+        # longer than int() reads, so nothing of it is trusted
+        *[(f"42000,{bad}", set()) for bad in ("42002-42000", "abc", "-5", "70000", "1-", "x-3", "²", "①", "9" * 5000)],
     ],
 )
-def test_the_kernels_port_list_is_read_leaving_out_what_is_not_a_port(text, expected):
+def test_the_kernels_port_list_is_read_and_anything_else_reads_as_none(text, expected):
     assert ports.port_set(text) == expected
+
+
+def test_a_huge_list_is_read_at_once():
+    # a million bytes of ranges (what one command's answer may hold) is no list of the kernel's, and no hang either
+    assert ports.port_set("0-65535," * 125_000) == set()
+    assert len(ports.port_set("0-65535," * 30_000)) == 65536  # repeated parts are read once
 
 
 def test_the_port_list_written_back_is_the_kernels_own_spelling():
@@ -183,6 +193,7 @@ def test_the_host_check_says_whether_the_customer_ports_are_kept_from_outgoing_c
     [
         None,  # the list could not be read (the command failed)
         "42000-42007,garbage\n",  # not the kernel's own words: something in it would be lost on writing back
+        "42000-42007,4500",  # cut: the kernel ends its list with a newline, the rest of it would be lost
     ],
 )
 def test_a_reserved_list_that_cannot_be_read_whole_is_never_written_back_narrower(listed):

@@ -136,11 +136,13 @@ def _sftp(access, private_key, batch: str, tmp_path) -> subprocess.CompletedProc
 
 
 def outgoing_connection_from(port: int) -> socket.socket:
-    """An outgoing TCP connection of the host's own (to PostgreSQL here) whose local port is `port`, as the kernel
-    hands out from its ephemeral ports: no server listens there, yet nothing else can publish that port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", port))
-    sock.connect(("127.0.0.1", 5432))
+    """An outgoing TCP connection of the host's own whose local port is `port`, as the kernel hands out from its
+    ephemeral ports: no server listens there, yet nothing else can publish that port while it is open."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", port))
+        sock.connect(server.getsockname())
+        server.accept()[0].close()  # the other end is done with it; this end holds its port until it closes
     return sock
 
 

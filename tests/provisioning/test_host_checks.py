@@ -16,7 +16,7 @@ from provisioning import host_probe
 from provisioning.drivers import get_driver
 from provisioning.hosts import HOST_CHECK_INTERVAL, HostCheck, host_check, hosts_check_due
 from provisioning.rules import ProvisioningError
-from tests.provisioning.conftest import make_loopback_host
+from tests.provisioning.conftest import loopback_port_base, make_loopback_host
 
 pytestmark = pytest.mark.django_db
 
@@ -351,6 +351,7 @@ def test_prepare_host_installs_the_guard_on_a_host_that_has_no_libexec_directory
             image_ref="",
             container_runtime="podman",
             keys_expire_at=datetime.now(UTC),
+            ssh_port_base=loopback_port_base(),  # below the ephemeral ports: nothing of this machine's reserved
         )
         summary = host_steps.prepare_host(admin, ctx)
 
