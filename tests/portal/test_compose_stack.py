@@ -5,13 +5,12 @@ variables a deployer gives: PostgreSQL and the two Redis servers pass their own 
 the app's processes accept the production settings with the secrets mounted as the file says, only the worker is
 given the SSH key, and the image holds none of the planted secrets.
 
-What cannot run here, and why: containers on this sandbox's bridges reach nothing but the outside world (its gVisor
-kernel passes no packet between two containers of one bridge, none from a container to the host, and aardvark-dns,
-podman's name server, never answers), so web cannot reach PostgreSQL, nginx cannot reach web, and the booking
-through nginx and the worker's task across the broker are not run as one stack. They are run apart: nginx with
-deploy/nginx.conf in front of the portal (tests/portal/test_nginx.py), real Celery workers on Redis (the
-integration tests). podman 4.3 also ignores `condition: service_healthy` and runs healthchecks from systemd timers,
-which this sandbox lacks: the test runs each service's own healthcheck (`podman healthcheck run`) until it passes.
+On this sandbox's bridges no packet passes between two containers (its kernel passes none between two containers
+of one bridge, none from a container to the host, and aardvark-dns, podman's name server, never answers), so here
+the services run on their compose networks apart, and tests/portal/test_compose_stack_host.py runs them as one on
+the host's network: a booking through nginx, the worker's e-mail, beat's schedule. podman 4.3 also ignores
+`condition: service_healthy` and runs healthchecks from systemd timers, which this sandbox lacks: the tests run
+each service's own healthcheck (`podman healthcheck run`) until it passes.
 The build sees the host's certificate store (this network's TLS proxy signs PyPI's certificates), and podman's file
 limit is lowered for every container (runc cannot raise it here): both are this machine's, not the stack's.
 """
@@ -23,6 +22,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,10 @@ def _free_port() -> int:
 
 
 class Stack:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, *, project: str = PROJECT, port: int | None = None):
         self.directory = directory
-        self.port = _free_port()
+        self.project = project
+        self.port = port or _free_port()
         conf = directory / "containers.conf"
         conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
@@ -62,10 +64,10 @@ class Stack:
 
     def compose(self, *argv: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
         podman_compose = shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
-        return self.run(podman_compose, "-p", PROJECT, *self.compose_files, *argv, timeout=timeout, check=check)
+        return self.run(podman_compose, "-p", self.project, *self.compose_files, *argv, timeout=timeout, check=check)
 
     def container(self, service: str) -> str:
-        return f"{PROJECT}_{service}_1"
+        return f"{self.project}_{service}_1"
 
     def healthy(self, service: str, deadline_s: float = 180) -> None:
         """The compose file's healthcheck of `service`, run until it passes (what systemd's timer would do)."""
@@ -108,10 +110,10 @@ def _build_context(directory: Path) -> Path:
     return context
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("stack")
-    stack = Stack(directory)
+@contextmanager
+def prepared_stack(stack: Stack, directory: Path, *, email_url: str = "smtp://mail:1025") -> Iterator[Stack]:
+    """The compose file's images built (the app's from a deployer's checkout with secrets planted in it), the
+    secrets and variables a deployer gives; the stack taken down, with its volumes, before and after."""
     images = dict(
         line.split("=", 1) for line in stack.run(str(ROOT / "bin" / "stack-images"), timeout=1200).stdout.split()
     )
@@ -142,18 +144,25 @@ def stack(tmp_path_factory):
         SECURE_SSL_REDIRECT="0",
         ALLOWED_HOSTS="localhost,127.0.0.1",
         CSRF_TRUSTED_ORIGINS=f"http://127.0.0.1:{stack.port},http://localhost:{stack.port}",
-        EMAIL_URL="smtp://mail:1025",
+        EMAIL_URL=email_url,
         DEFAULT_FROM_EMAIL="Binôme <bookings@binome.lab.internal>",
         PROXY_PORT=str(stack.port),
     )
     stack.compose("down", "-v", "-t", "2", check=False)
     try:
+        yield stack
+    finally:
+        stack.compose("down", "-v", "-t", "2", check=False)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("stack")
+    with prepared_stack(Stack(directory), directory) as stack:
         stack.compose("up", "-d", "--no-deps", "db", "broker", "cache")
         for service in ("db", "broker", "cache"):
             stack.healthy(service)
         yield stack
-    finally:
-        stack.compose("down", "-v", "-t", "2", check=False)
 
 
 def _in(stack: Stack, service: str, *argv: str) -> subprocess.CompletedProcess:

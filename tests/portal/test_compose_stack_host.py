@@ -1,0 +1,216 @@
+"""The whole production stack as one, here: docker-compose.yml's own services (PostgreSQL, the broker and cache
+Redis servers, the migration, web behind nginx, worker, beat) from its own images, with the deployer's variables,
+and a booking made through nginx that the worker turns into the e-mail with the order link.
+
+Why the host's network: this sandbox's bridges pass no packet between two containers (tests/portal/
+test_compose_stack.py), but containers on the host's network reach each other on loopback. So the test hands
+podman-compose the compose file with every service moved there, and nothing else changed: the service names
+resolve to 127.0.0.1 (extra_hosts), each server listens on a port of its own on 127.0.0.1 (this machine runs its
+own PostgreSQL and Redis on the usual ones), and nginx runs deploy/nginx.conf with those two ports moved. The
+e-mail goes to an SMTP server of the test's own (the only outside part).
+"""
+
+import re
+import secrets
+import socket
+import socketserver
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from http.cookiejar import CookieJar
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.factories import RESEARCH_ANSWERS
+from tests.portal.test_compose_stack import ROOT, Stack, _free_port, prepared_stack
+
+pytestmark = pytest.mark.integration
+
+PROJECT = "binome-stack-host"
+ON_LOOPBACK = ("db", "broker", "cache", "web", "mail")
+
+
+def _on_the_hosts_network(directory: Path, ports: dict[str, int]) -> Path:
+    """docker-compose.yml with every service on the host's network, and nothing else of it changed but the ports."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for name in ("chain", "chain-setup"):  # the demo profile: not started here
+        services.pop(name)
+    for name, service in services.items():
+        service["network_mode"] = "host"
+        service["extra_hosts"] = [f"{host}:127.0.0.1" for host in ON_LOOPBACK]
+        service.pop("ports", None)
+        service.pop("expose", None)
+        if "build" in service:
+            service["build"]["context"] = str(ROOT)
+        environment = service.get("environment")
+        if isinstance(environment, dict) and "DATABASE_URL" in environment:
+            environment["DATABASE_URL"] = environment["DATABASE_URL"].replace("@db:5432/", f"@db:{ports['db']}/")
+            environment["REDIS_URL"] = environment["REDIS_URL"].replace("@cache:6379/", f"@cache:{ports['cache']}/")
+            environment["CELERY_BROKER_URL"] = environment["CELERY_BROKER_URL"].replace(
+                "@broker:6379/", f"@broker:{ports['broker']}/"
+            )
+            environment["HOST"], environment["PORT"] = "127.0.0.1", str(ports["web"])
+        if name == "db":
+            service["environment"]["PGPORT"] = str(ports["db"])  # the server's and pg_isready's port
+        if name in ("broker", "cache"):
+            command = service["command"]
+            listen = f"--port {ports[name]} --bind 127.0.0.1"
+            command[-1] = command[-1].replace("exec redis-server", f"exec redis-server {listen}")
+            test = service["healthcheck"]["test"]
+            test[-1] = test[-1].replace("redis-cli ping", f"redis-cli -p {ports[name]} ping")
+    nginx = (ROOT / "deploy" / "nginx.conf").read_text()
+    nginx = nginx.replace("listen 8000;", f"listen 127.0.0.1:{ports['proxy']};")
+    nginx = nginx.replace("proxy_pass http://web:8000;", f"proxy_pass http://web:{ports['web']};")
+    assert f":{ports['proxy']};" in nginx and f"web:{ports['web']};" in nginx, "deploy/nginx.conf changed: update this"
+    (directory / "nginx.conf").write_text(nginx)
+    services["proxy"]["volumes"] = [f"{directory / 'nginx.conf'}:/etc/nginx/conf.d/default.conf:ro"]
+    path = directory / "docker-compose.host.yml"
+    path.write_text(yaml.safe_dump(compose, sort_keys=False))
+    return path
+
+
+class Mailbox(socketserver.ThreadingTCPServer):
+    """An SMTP server of the test's own on 127.0.0.1: what the worker sends lands in `messages`."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self):
+        self.messages: list[str] = []
+        super().__init__(("127.0.0.1", 0), _SmtpSession)
+
+
+class _SmtpSession(socketserver.StreamRequestHandler):
+    def handle(self):
+        self.wfile.write(b"220 mailbox ESMTP\r\n")
+        while line := self.rfile.readline():
+            verb = line.split(b" ")[0].split(b":")[0].strip().upper()
+            if verb in (b"EHLO", b"HELO"):
+                self.wfile.write(b"250 mailbox\r\n")
+            elif verb == b"DATA":
+                self.wfile.write(b"354 go on\r\n")
+                body = []
+                while (data := self.rfile.readline()) not in (b".\r\n", b".\n", b""):
+                    body.append(data)
+                self.server.messages.append(b"".join(body).decode("utf-8", "replace"))
+                self.wfile.write(b"250 queued\r\n")
+            elif verb == b"QUIT":
+                self.wfile.write(b"221 bye\r\n")
+                return
+            else:  # MAIL FROM, RCPT TO, RSET, NOOP
+                self.wfile.write(b"250 ok\r\n")
+
+
+@pytest.fixture(scope="module")
+def host_stack(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("stack-host")
+    mailbox = Mailbox()
+    threading.Thread(target=mailbox.serve_forever, daemon=True).start()
+    ports = {name: _free_port() for name in ("db", "broker", "cache", "web", "proxy")}
+    stack = Stack(directory, project=PROJECT, port=ports["proxy"])
+    stack.compose_files = ["-f", str(_on_the_hosts_network(directory, ports))]
+    with prepared_stack(stack, directory, email_url=f"smtp://mail:{mailbox.server_address[1]}"):
+        stack.compose("up", "-d", "--no-deps", "db", "broker", "cache")
+        for service in ("db", "broker", "cache"):
+            stack.healthy(service)
+        stack.compose("up", "-d", "--no-deps", "migrate")
+        migrated = stack.run("podman", "wait", stack.container("migrate"), timeout=300).stdout.strip()
+        assert migrated == "0", stack.logs("migrate")[-3000:]
+        stack.compose("up", "-d", "--no-deps", "web", "worker", "beat", "proxy")
+        stack.healthy("web")
+        yield stack, mailbox
+    mailbox.shutdown()
+
+
+class Browser:
+    """A visitor through nginx: cookies kept, redirects not followed (the test reads them)."""
+
+    class _NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    def __init__(self, stack: Stack):
+        self.stack = stack
+        self.cookies = CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.cookies), self._NoRedirect)
+
+    def request(self, path: str, data: dict | None = None) -> tuple[int, dict, str]:
+        body = urllib.parse.urlencode(data).encode() if data is not None else None
+        request = urllib.request.Request(self.stack.url(path), data=body, headers={"Host": "localhost"})
+        if data is not None:
+            request.add_header("Origin", f"http://localhost:{self.stack.port}")
+            request.add_header("Referer", f"http://localhost:{self.stack.port}{path}")
+        try:
+            with self.opener.open(request, timeout=30) as response:
+                return response.status, dict(response.headers), response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read().decode()
+
+
+def _ssh_key(directory: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ada@lab", "-f", str(directory / "id")],
+                   check=True)  # fmt: skip
+    return (directory / "id.pub").read_text().strip()
+
+
+def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_stack, tmp_path):
+    stack, mailbox = host_stack
+    # given: the operator's catalog (what they would enter in the admin: the demo's classes, lots and terms)
+    seeded = stack.compose(
+        "exec", "-T", "web", "python", "manage.py", "shell", "-c",
+        "from provisioning.demo import seed_demo_catalog; print(seed_demo_catalog())",
+    )  # fmt: skip
+    assert "lots" in seeded.stdout, seeded.stdout + seeded.stderr
+
+    # when: a researcher opens the booking page through nginx and books
+    browser = Browser(stack)
+    status, _headers, page = browser.request("/")
+    assert status == 200 and "csrfmiddlewaretoken" in page, page[-2000:]
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)[1]
+    terms = re.search(r'name="terms_version" value="(\d+)"', page)[1]
+    start = (datetime.now(UTC) + timedelta(days=9)).date().isoformat()
+    email = f"ada-{secrets.token_hex(4)}@lab.example.org"
+    status, headers, page = browser.request(
+        "/",
+        {
+            "csrfmiddlewaretoken": token, "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8",
+            "lots": "1", "start_date": start, "days": "7", "contact_name": "Ada Lovelace", "contact_email": email,
+            "organisation": "Analytical Engines Lab", "billing_address": "12 rue de la Paix\n75002 Paris",
+            "billing_country": "FR", "messenger": "", "ssh_keys": _ssh_key(tmp_path), **RESEARCH_ANSWERS,
+            "notes": "", "accept_terms": "on", "terms_version": terms,
+        },
+    )  # fmt: skip
+
+    # then: the booking lands (its order page, through nginx, says so) ...
+    assert status == 302, re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))[-2000:]
+    order_path = urllib.parse.urlsplit(headers["Location"]).path
+    status, _headers, page = browser.request(order_path)
+    assert status == 200 and "Awaiting payment" in page
+
+    # ... and the worker, over the broker, sends the order link to the researcher's address
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not any(email in message for message in mailbox.messages):
+        time.sleep(1)
+    mailed = [message for message in mailbox.messages if email in message]
+    assert mailed, f"no e-mail to {email}; worker said:\n{stack.logs('worker')[-3000:]}"
+    assert f"http://localhost:{stack.port}{order_path.rsplit('/', 2)[0]}" in mailed[0].replace("=\n", "")
+
+    # and: beat's schedule reaches the worker too (the chain scan runs, finding the unreachable node unavailable)
+    assert re.search(r"Task payments\.scan_chain\[[0-9a-f-]+\] succeeded", stack.logs("worker"))
+
+
+def test_nginx_answers_for_web_and_the_web_process_cannot_read_the_ssh_key(host_stack):
+    stack, _mailbox = host_stack
+    status, headers, _page = Browser(stack).request("/livez")
+    assert status == 200 and "nginx" in headers.get("Server", "")
+    key = stack.compose("exec", "-T", "web", "test", "-e", "/run/secrets/provisioning_ssh_key", check=False)
+    assert key.returncode != 0
+    assert stack.compose("exec", "-T", "worker", "test", "-r", "/run/secrets/provisioning_ssh_key").returncode == 0
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=5):
+        pass
