@@ -39,9 +39,17 @@ PLANTED = "PLANTED-SECRET-" + secrets.token_hex(8)
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port nothing listens on, below Linux's ephemeral ports (32768): between this look and the server's start
+    (a minute, with the build) no outgoing connection of this machine's can take it."""
+    for _ in range(200):
+        port = 29000 + secrets.randbelow(3700)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 29000-32699")
 
 
 class Stack:

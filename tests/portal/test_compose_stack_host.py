@@ -112,7 +112,9 @@ def host_stack(tmp_path_factory):
     directory = tmp_path_factory.mktemp("stack-host")
     mailbox = Mailbox()
     threading.Thread(target=mailbox.serve_forever, daemon=True).start()
-    ports = {name: _free_port() for name in ("db", "broker", "cache", "web", "proxy")}
+    ports: dict[str, int] = {}
+    while len(set(ports.values())) < 5:  # five servers, five ports
+        ports = {name: _free_port() for name in ("db", "broker", "cache", "web", "proxy")}
     stack = Stack(directory, project=PROJECT, port=ports["proxy"])
     stack.compose_files = ["-f", str(_on_the_hosts_network(directory, ports))]
     with prepared_stack(stack, directory, email_url=f"smtp://mail:{mailbox.server_address[1]}"):
