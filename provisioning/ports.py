@@ -56,6 +56,11 @@ def _parts(text: str) -> list[tuple[int, int]] | None:
         if not low <= high <= LAST_PORT:
             return None
         ranges.append((low, high))
+    return _merged(ranges)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges sorted, the overlapping and adjacent ones joined."""
     merged: list[list[int]] = []
     for low, high in sorted(ranges):
         if merged and low <= merged[-1][1] + 1:
@@ -73,12 +78,7 @@ def port_set(text: str) -> set[int]:
 
 def port_ranges(ports: set[int]) -> str:
     """The kernel's list of ranges for a set of ports."""
-    ranges: list[list[int]] = []
-    for port in sorted(ports):
-        if ranges and port == ranges[-1][1] + 1:
-            ranges[-1][1] = port
-        else:
-            ranges.append([port, port])
+    ranges = _merged([(port, port) for port in ports])
     return ",".join(f"{low}-{high}" if high > low else str(low) for low, high in ranges)
 
 
