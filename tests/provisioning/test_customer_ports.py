@@ -15,8 +15,8 @@ from provisioning import download_steps, host_steps, ports
 from provisioning.drivers.base import CommandResult
 from provisioning.ports import DOWNLOAD_PORTS_RESERVED
 from provisioning.step_context import StepContext
+from tests.builders.containers import outgoing_connection_from
 from tests.provisioning.conftest import RESERVED_PORTS
-from tests.provisioning.test_data_continuity import outgoing_connection_from
 
 EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -41,11 +41,32 @@ def _ephemeral() -> range:
     return range(low, high + 1)
 
 
+def _free(port: int) -> bool:
+    """Whether a server could listen on `port` now: no outgoing connection of this machine's holds it."""
+    try:
+        socket.create_server(("127.0.0.1", port)).close()
+    except OSError:
+        return False
+    return True
+
+
+def _first_port_in_the_ephemeral_ports(span: int = 8) -> int:
+    """A first customer port in the ephemeral ports whose window ports no connection holds yet: the suite's own
+    connections (PostgreSQL, Redis, SSH) take their local ports there too, and one taken before the reservation
+    keeps its port until it closes, as it would on a host (which the host check reports)."""
+    ephemeral = _ephemeral()
+    for _ in range(100):
+        base = ephemeral.start + 8 * secrets.randbelow((len(ephemeral) - 2000) // 8)
+        if all(_free(port) for port in range(base, base + span)):
+            return base
+    raise AssertionError("no free first customer port in 100 tries")
+
+
 def test_provisioning_reserves_the_window_and_download_ports_that_fall_in_the_ephemeral_ports(admin, reserved_ports):
     # given: a host whose first customer port is in the ephemeral ports (as the default 42000 is), with 8 GPUs, and
     # a port range its operator reserved already for something of their own
     ephemeral = _ephemeral()
-    base = ephemeral.start + 8 * secrets.randbelow((len(ephemeral) - 2000) // 8)
+    base = _first_port_in_the_ephemeral_ports()
     operators_own = ephemeral.stop - 5
     RESERVED_PORTS.write_text(f"{operators_own}-{operators_own + 2}\n")
 
@@ -167,8 +188,7 @@ def test_the_host_check_says_whether_the_customer_ports_are_kept_from_outgoing_c
 
     # given: a host whose first customer port is in the ephemeral ports, its lot on GPUs 0 and 1
     host = make_loopback_host(sshd, catalog, settings, name="ports", runtime="podman")
-    ephemeral = _ephemeral()
-    host.ssh_port_base = ephemeral.start + 8 * secrets.randbelow((len(ephemeral) - 2000) // 8)
+    host.ssh_port_base = _first_port_in_the_ephemeral_ports(span=2)
     host.save(update_fields=["ssh_port_base"])
     base, download = host.ssh_port_base, host.ssh_port_base + 1000
 
