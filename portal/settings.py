@@ -6,6 +6,7 @@ see docs/operations.md.
 """
 
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -145,21 +146,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # runs two Redis servers): the cache evicts under its memory limit, the broker must never lose a queued task, and
 # anyone can make the portal write cache entries. The broker defaults to REDIS_URL for a single-Redis development.
 REDIS_URL = env.str("REDIS_URL", default="")
-# The cache holds JSON (portal/cache.py JSONSerializer), never pickles. Bump this whenever the shape of a cached
+# The cache holds JSON (infrastructure/cache.py JSONSerializer), never pickles. Bump this whenever the shape of a cached
 # value changes: the entries of the earlier code become invisible at the deploy instead of being read as the new
 # shape. 2: web/ and inventory/; 3: JSON instead of pickles.
 CACHE_LAYOUT_VERSION = 3
 if REDIS_URL:
     CACHES = {
         "default": {
-            # Django's RedisCache, answering as an empty cache while Redis is unreachable (portal/cache.py).
-            "BACKEND": "portal.cache.ResilientRedisCache",
+            # Django's RedisCache, answering as an empty cache while Redis is unreachable (infrastructure/cache.py).
+            "BACKEND": "infrastructure.cache.ResilientRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
             "VERSION": CACHE_LAYOUT_VERSION,
             # Fail fast: a cache that does not answer must not hold a request.
             "OPTIONS": {
-                "serializer": "portal.cache.JSONSerializer",
+                "serializer": "infrastructure.cache.JSONSerializer",
                 "socket_connect_timeout": 1,
                 "socket_timeout": 2,
             },
@@ -171,9 +172,9 @@ else:
     CACHES = {
         "default": {
             # One SQLite file shared by every process of `make run` (web workers, Celery worker, beat), with an
-            # atomic incr and add (portal/embedded_cache.py): a cache private to each process would keep what
+            # atomic incr and add (infrastructure/embedded_cache.py): a cache private to each process would keep what
             # another invalidated.
-            "BACKEND": "portal.embedded_cache.SQLiteCache",
+            "BACKEND": "infrastructure.embedded_cache.SQLiteCache",
             "LOCATION": env.str("CACHE_FILE", default=str(VAR_DIR / "cache.sqlite3")),
             "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="binome"),
             "VERSION": CACHE_LAYOUT_VERSION,
@@ -235,7 +236,7 @@ AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.int("AXES_COOLOFF_MINUTES", default=30))
 AXES_LOCKOUT_PARAMETERS = ["ip_address", ["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
-AXES_CLIENT_IP_CALLABLE = "portal.client.client_address"  # the same address as the rate limits
+AXES_CLIENT_IP_CALLABLE = "infrastructure.client.client_address"  # the same address as the rate limits
 AXES_USERNAME_CALLABLE = "portal.views.axes_username"  # cut to 150 characters: no server error on a long one
 AXES_LOCKOUT_CALLABLE = "portal.views.login_locked"
 AXES_VERBOSE = False
@@ -299,38 +300,26 @@ RATELIMIT_RESEND_LINK = env.str("RATELIMIT_RESEND_LINK", default="5/h")
 RATELIMIT_ENABLE = env.bool("RATELIMIT_ENABLE", default=True)
 RATELIMIT_VIEW = "portal.views.ratelimited"
 # How many proxies (TLS terminator, load balancer) stand in front of gunicorn, each appending to X-Forwarded-For:
-# the client address the rate limits count is the entry the outermost one wrote (portal/client.py). 0: no proxy,
+# the client address the rate limits count is the entry the outermost one wrote (infrastructure/client.py). 0: no proxy,
 # X-Forwarded-For is ignored. docker-compose.yml runs one.
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
-RATELIMIT_IP_META_KEY = "portal.client.client_address"
+RATELIMIT_IP_META_KEY = "infrastructure.client.client_address"
 SILENCED_SYSTEM_CHECKS = [] if REDIS_URL else ["django_ratelimit.W001"]  # an atomic cache, not on its list
 
 # --- Payments ---------------------------------------------------------------------------------------------
-# The chains and assets accepted (TOML, see payments/config.py and docs/operations.md).
+# The chains and assets accepted (TOML, see payments/config.py and docs/operations.md). Read by payments when it
+# needs them (payments.config.chains), never here: a process that needs no chain needs no chains file.
 PAYMENTS_CHAINS_FILE = env.str(
     "PAYMENTS_CHAINS_FILE", default=str(BASE_DIR / "payments" / "chains.demo.toml") if DEBUG else ""
 )
 # The account-level extended PUBLIC key (m/44'/60'/account') deposit addresses derive from. Never a private key.
-from payments.addresses import DEMO_ACCOUNT_XPUB, InvalidXpub, validate_account_xpub  # noqa: E402
-
-PAYMENTS_XPUB = env.str("PAYMENTS_XPUB", default=DEMO_ACCOUNT_XPUB if DEBUG else "")
-if not DEBUG:
-    if not PAYMENTS_CHAINS_FILE:
-        raise ImproperlyConfigured("PAYMENTS_CHAINS_FILE must name the chains file when DEBUG is off.")
-    if PAYMENTS_XPUB == DEMO_ACCOUNT_XPUB:
-        raise ImproperlyConfigured("PAYMENTS_XPUB is the demo key (from a public test mnemonic): set your own.")
-try:
-    validate_account_xpub(PAYMENTS_XPUB)
-except InvalidXpub as exc:
-    raise ImproperlyConfigured(f"PAYMENTS_XPUB: {exc}") from exc
-# Production refuses the demo pieces: the demo chains file, chain 31337 and the demo (faucet) tokens (the file is
-# read now, so that they or a mistake stop the process at start, and again whenever it changes: payments/config.py),
-# and the demo operator with its public password (provisioning/checks.py, run by bin/web before serving).
+# Empty in development: payments derives from its demo key (payments.config.account_xpub).
+PAYMENTS_XPUB = env.str("PAYMENTS_XPUB", default="")
+# Production refuses the demo pieces: the demo chains file, chain 31337 and the demo (faucet) tokens, the demo xpub
+# or a missing or private one (system checks of payments: payments/checks.py), and the demo operator with its public
+# password (provisioning/checks.py). `manage.py check` runs them, and so do bin/web, bin/worker and bin/beat before
+# they start, which then refuse to start on an error.
 REFUSE_DEMO_PIECES = not DEBUG
-if REFUSE_DEMO_PIECES:
-    from payments.config import load_chains_file
-
-    load_chains_file(Path(PAYMENTS_CHAINS_FILE), production=True)
 # "chain_id:SYMBOL" of the asset offered first; by default the first stablecoin pegged to PRICE_CURRENCY.
 PAYMENTS_DEFAULT_ASSET = env.str("PAYMENTS_DEFAULT_ASSET", default="")
 # Late payments are still watched, recorded and flagged this long after the quote expired.
@@ -338,6 +327,15 @@ PAYMENTS_MONITOR_DAYS = env.int("PAYMENTS_MONITOR_DAYS", default=7)
 # A node's head more than this many blocks ahead of every other answering RPC URL of its chain is not believed
 # (that URL is set aside for the scan): a far-future head would move the cursor past the real chain.
 PAYMENTS_MAX_HEAD_LEAD_BLOCKS = env.int("PAYMENTS_MAX_HEAD_LEAD_BLOCKS", default=64)
+# Dust: money that bought nothing worth less than this, in the invoice's price currency (at its rate), is noted on
+# its order and counted in the console's reports, but neither flagged for an operator nor refunded (a refund of it
+# would e-mail the customer and wait in the refunds queue: a stranger's one-unit transfers would flood both).
+try:
+    PAYMENTS_DUST_THRESHOLD = Decimal(env.str("PAYMENTS_DUST_THRESHOLD", default="1.00"))
+except InvalidOperation as exc:
+    raise ImproperlyConfigured("PAYMENTS_DUST_THRESHOLD must be an amount, e.g. 1.00.") from exc
+if not PAYMENTS_DUST_THRESHOLD.is_finite() or PAYMENTS_DUST_THRESHOLD < 0:
+    raise ImproperlyConfigured("PAYMENTS_DUST_THRESHOLD must be an amount of 0 or more, e.g. 1.00.")
 # Who hears about paid orders awaiting approval (empty: nobody by e-mail; the console shows them).
 PAYMENTS_NOTIFY_EMAIL = env.str("PAYMENTS_NOTIFY_EMAIL", default="")
 CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
@@ -347,6 +345,10 @@ CELERY_BEAT_SCHEDULE["payments.scan_chains"] = {
 CELERY_BEAT_SCHEDULE["payments.print_fiscal_documents"] = {
     "task": "payments.print_fiscal_documents",
     "schedule": env.float("FISCAL_DOCUMENTS_SWEEP_SECONDS", default=300.0),
+}
+CELERY_BEAT_SCHEDULE["payments.sweep_ledger"] = {
+    "task": "payments.sweep_ledger",
+    "schedule": env.float("LEDGER_SWEEP_SECONDS", default=300.0),
 }
 # --- Provisioning -------------------------------------------------------------------------------------------
 # The portal's own SSH private key, used to log in to the GPU hosts (never a customer's key).
@@ -384,6 +386,12 @@ CELERY_BEAT_SCHEDULE["provisioning.check_hosts_health"] = {
     "schedule": env.float("HOST_HEALTH_EVERY_SECONDS", default=300.0),
 }
 HOST_HEALTH_MIN_FREE_GIB = env.int("HOST_HEALTH_MIN_FREE_GIB", default=20)
+# The containers of running windows: one found stopped is started again, with a backoff and a ceiling
+# (provisioning/restarts.py); the runtime never restarts them itself.
+CELERY_BEAT_SCHEDULE["provisioning.watch_containers"] = {
+    "task": "provisioning.watch_containers",
+    "schedule": env.float("CONTAINER_WATCH_EVERY_SECONDS", default=60.0),
+}
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 # --- Security -------------------------------------------------------------------------------------------------
@@ -418,13 +426,13 @@ if not DEBUG:
     # turn it off with SECURE_HSTS_PRELOAD=0 before the domain is ready for that.
     SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
 
-# No log line and no error report carries an order's secret token (portal/redaction.py); gunicorn's access log is
-# redacted by its logger class (bin/web).
+# No log line and no error report carries an order's secret token (infrastructure/redaction.py); gunicorn's access
+# log is redacted by its logger class (bin/web).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "redact_tokens": {"()": "portal.redaction.RedactTokensFilter"},
+        "redact_tokens": {"()": "infrastructure.redaction.RedactTokensFilter"},
         "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
     },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
@@ -443,4 +451,4 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
-DEFAULT_EXCEPTION_REPORTER = "portal.redaction.RedactingExceptionReporter"
+DEFAULT_EXCEPTION_REPORTER = "infrastructure.redaction.RedactingExceptionReporter"

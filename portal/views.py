@@ -6,7 +6,7 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from portal.client import client_address
+from infrastructure.client import client_address
 from portal.health import CHECKS
 
 

@@ -13,7 +13,7 @@ This backend gives them one cache instead, with what the portal relies on holdin
 - `set_many` writes in one `BEGIN IMMEDIATE` transaction and `get_many` reads in one statement, so a reader sees
   all of a `set_many` or none of it (the order versions one commit replaces);
 - integers are stored as SQLite integers (so `incr` can add to them in SQL), everything else as JSON, as the
-  Redis cache does (portal/cache.py `JSONSerializer`): the development cache refuses what production's would.
+  Redis cache does (infrastructure/cache.py `JSONSerializer`): the development cache refuses what production's would.
 
 The file is in WAL mode (readers never wait for the writer), `synchronous=NORMAL` (a cache may lose its last
 writes on a power cut, never its consistency) and a busy timeout: a writer waits for another's lock instead of
