@@ -10,6 +10,7 @@ from django.shortcuts import render
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from infrastructure.singleton import SingletonAdmin
 from payments import config, invoices, settlement
 from payments.errors import PaymentError
 from payments.models import (
@@ -23,7 +24,6 @@ from payments.models import (
     Transfer,
 )
 from payments.selectors import format_units
-from portal.singleton import SingletonAdmin
 
 
 def _explorer_link(transfer: Transfer) -> str:

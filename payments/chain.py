@@ -1,4 +1,4 @@
-"""The chain adapter: the only module that imports web3.
+"""The chain adapter: with `payments/chain_demo.py`, the only module that imports web3.
 
 `ChainClient` reads what the scanner needs, in a fixed number of round trips whatever the number of invoices:
 the head, the confirmed block, ERC-20 Transfer logs of the allow-listed contracts, the blocks of a range with their
@@ -8,18 +8,12 @@ provider refuses (a single block that still overflows is read per contract, then
 `ChainUnavailable` when nothing answers. Every round trip is counted (`calls`), for bench/chain_scan.py. What
 the nodes answer is parsed and judged by `payments/chain_answers.py` (what counts as a transfer, how a refusal is
 classified), which needs no web3; this module sends the requests and keeps what needs web3 (keccak selectors,
-checksummed addresses, ABI encoding).
-
-`DevChain` adds what the demo and the tests do on a local development chain (anvil): deploy the project's own
-contracts, mint, transfer from an unlocked account, mine. It sends transactions from the node's unlocked
-accounts: no private key is handled here either.
+checksummed addresses, ABI encoding). The development chain's helpers (anvil) are `payments/chain_demo.py`.
 """
 
 import hashlib
-import json
 import logging
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
@@ -57,7 +51,6 @@ def _keccak_hex(text: str) -> str:
 
 
 DECIMALS_CALL = _keccak_hex("decimals()")[:10]
-CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts" / "build"
 
 # What common providers accept (geth's defaults; hosted providers are often stricter on ranges, set per chain).
 MAX_BATCH = 1000  # calls in one JSON-RPC batch
@@ -818,77 +811,12 @@ def is_address(value: str) -> bool:
     return Web3.is_address(value)
 
 
-class DevChain(ChainClient):
-    """Development chain helpers (anvil): unlocked accounts sign; used by the demo and the tests."""
+def contract_deploy_data(abi: list, bytecode: str, *args) -> str:
+    """The data of a transaction that deploys a contract (its bytecode, then its constructor's arguments, ABI-encoded):
+    for the development chain (payments/chain_demo.py), which deploys the project's own contracts."""
+    return Web3().eth.contract(abi=abi, bytecode=bytecode).constructor(*args).data_in_transaction
 
-    def accounts(self) -> list[str]:
-        return [account.lower() for account in self.request("eth_accounts", [])]
 
-    def _transact(self, sender: str, transaction: dict) -> str:
-        tx_hash = self.request("eth_sendTransaction", [{"from": sender, **transaction}])
-        for _ in range(200):
-            receipt = self.request("eth_getTransactionReceipt", [tx_hash])
-            if receipt:
-                if int(receipt["status"], 16) != 1:
-                    raise RuntimeError(f"transaction {tx_hash} reverted")
-                return receipt
-            time.sleep(0.05)
-        raise RuntimeError(f"transaction {tx_hash} not mined")
-
-    @staticmethod
-    def artifact(name: str) -> dict:
-        return json.loads((CONTRACTS_DIR / f"{name}.json").read_text())
-
-    def deploy(self, name: str, *args, sender: str) -> str:
-        artifact = self.artifact(name)
-        contract = Web3().eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-        data = contract.constructor(*args).data_in_transaction
-        receipt = self._transact(sender, {"data": data})
-        return receipt["contractAddress"].lower()
-
-    def _call_data(self, name: str, function: str, *args) -> str:
-        contract = Web3().eth.contract(abi=self.artifact(name)["abi"])
-        return contract.encode_abi(function, args=list(args))
-
-    def mint(self, token: str, to: str, amount: int, *, sender: str, contract: str = "DemoStablecoin") -> str:
-        receipt = self._transact(sender, {"to": token, "data": self._call_data(contract, "mint", checksum(to), amount)})
-        return receipt["transactionHash"]
-
-    def send_token(self, token: str, to: str, amount: int, *, sender: str, contract: str = "DemoStablecoin") -> dict:
-        data = self._call_data(contract, "transfer", checksum(to), amount)
-        return self._transact(sender, {"to": token, "data": data})
-
-    def send_native(self, to: str, value: int, *, sender: str) -> dict:
-        return self._transact(sender, {"to": to, "value": hex(value)})
-
-    def call(
-        self, contract: str, address: str, function: str, *args, sender: str, gas: int | None = None, value: int = 0
-    ) -> dict:
-        """Send a transaction calling `function` of the deployed `contract` (an artefact name) at `address`, with
-        `value` wei attached."""
-        args = [checksum(arg) if isinstance(arg, str) and is_address(arg) else arg for arg in args]
-        transaction = {"to": address, "data": self._call_data(contract, function, *args)}
-        if gas:
-            transaction["gas"] = hex(gas)
-        if value:
-            transaction["value"] = hex(value)
-        return self._transact(sender, transaction)
-
-    def set_rate(self, feed: str, answer: int, *, sender: str) -> None:
-        # An explicit gas limit: anvil's estimate for this call can come out short (seen in the tests: the
-        # transaction reverted out of gas, its gas used equal to the estimate).
-        data = self._call_data("MockAggregator", "setAnswer", answer)
-        self._transact(sender, {"to": feed, "data": data, "gas": hex(200_000)})
-
-    def mine(self, blocks: int = 1) -> None:
-        self.request("anvil_mine", [hex(blocks)])
-
-    def snapshot(self) -> str:
-        return self.request("evm_snapshot", [])
-
-    def revert(self, snapshot_id: str) -> None:
-        self.request("evm_revert", [snapshot_id])
-
-    def balance_of(self, token: str, owner: str) -> int:
-        data = self._call_data("DemoStablecoin", "balanceOf", checksum(owner))
-        return int(self.request("eth_call", [{"to": token, "data": data}, "latest"]), 16)
+def contract_call_data(abi: list, function: str, *args) -> str:
+    """The data of a call of `function` of a contract with that ABI, its arguments ABI-encoded."""
+    return Web3().eth.contract(abi=abi).encode_abi(function, args=list(args))

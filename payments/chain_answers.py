@@ -1,5 +1,6 @@
-"""What a chain's nodes answer, read as hostile input, without web3 (`payments/chain.py`, the only module that
-imports it, sends the requests and hands the answers here).
+"""What a chain's nodes answer, read as hostile input, without web3 (`payments/chain.py`, which with
+`chain_demo.py` is the only module that imports it, sends the requests and hands the answers here); ABI-encoded
+return values are decoded by eth_abi (which web3 ships), within the bounds set here.
 
 `parse_transfer_log` decides what counts as an ERC-20 transfer of an allow-listed token and `parse_block` what
 native coin a block's transactions carried to the watched addresses; both skip, never raise on, what a node
@@ -15,6 +16,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+
+from eth_abi import decode as abi_decode
+from eth_abi.exceptions import DecodingError
 
 # keccak("Transfer(address,address,uint256)"), the topic of every ERC-20 Transfer log (tests/payments check it).
 TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
@@ -301,39 +305,54 @@ def _missing_receipts(missing: frozenset[str]):
     raise ValueError(f"no receipt for {len(missing)} transaction(s), e.g. {sorted(missing)[0]}")
 
 
+# A feed's description ("ETH / USD") is short: a longer one is not read. Its answer is the offset word, the length
+# word and the text padded to whole words; anything longer is refused before it is decoded.
+MAX_DESCRIPTION_BYTES = 200
+_MAX_ABI_STRING_ANSWER = 32 + 32 + -(-MAX_DESCRIPTION_BYTES // 32) * 32
+# latestRoundData() returns (uint80 roundId, int256 answer, uint256 startedAt, uint256 updatedAt,
+# uint80 answeredInRound).
+_ROUND_TYPES = ["uint80", "int256", "uint256", "uint256", "uint80"]
+
+
+def _abi_bytes(raw: object, *, limit: int) -> bytes:
+    """The bytes of a hex answer of at most `limit` bytes; ValueError for anything else."""
+    if not isinstance(raw, str) or len(raw) > 2 + 2 * limit:
+        raise ValueError("not a short hex answer")
+    return bytes.fromhex(raw.removeprefix("0x"))
+
+
 def parse_abi_string(raw: object) -> str:
-    """An ABI-encoded string return value, or "" when it is not one (bounded: a description is short)."""
+    """An ABI-encoded string return value, or "" when it is not one (bounded: a description is short). Bytes that
+    are not UTF-8 are replaced, not refused: the text is only shown."""
     try:
-        data = bytes.fromhex(str(raw).removeprefix("0x"))
-        offset = int.from_bytes(data[:32], "big")
-        length = int.from_bytes(data[offset : offset + 32], "big")
-        if length > 200:
-            return ""
-        return data[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
-    except (ValueError, OverflowError):
+        (text,) = abi_decode(["bytes"], _abi_bytes(raw, limit=_MAX_ABI_STRING_ANSWER))
+    except (ValueError, OverflowError, DecodingError):
         return ""
+    return "" if len(text) > MAX_DESCRIPTION_BYTES else text.decode("utf-8", errors="replace")
 
 
 def parse_feed_round(*, code: object, decimals: object, latest_round: object, description: object) -> FeedRound:
     """A Chainlink-style aggregator's answers to `eth_getCode`, `decimals()`, `latestRoundData()` and
     `description()`: no code at the address, a round that cannot be read (`rate` None), or the round. Whether
-    that round may price anything is for the caller to judge."""
+    that round may price anything is for the caller to judge. The words are decoded as their ABI types, strictly
+    (padding included); an answer longer than its words is not read."""
     if not isinstance(code, str) or code in ("0x", "0x0", ""):
         return FeedRound(has_code=False)
     try:
-        places = int(decimals, 16)
-        words = [int(latest_round[2 + 64 * index : 2 + 64 * (index + 1)], 16) for index in range(5)]
-    except (TypeError, ValueError):
+        (places,) = abi_decode(["uint8"], _abi_bytes(decimals, limit=32))
+        round_id, answer, _started_at, updated_at, answered_in_round = abi_decode(
+            _ROUND_TYPES, _abi_bytes(latest_round, limit=32 * len(_ROUND_TYPES))
+        )
+    except (ValueError, OverflowError, DecodingError):
         return FeedRound(has_code=True)
-    answer = words[1] - 2**256 if words[1] >= 2**255 else words[1]
     if not 0 <= places <= 36:
         return FeedRound(has_code=True)
     return FeedRound(
         has_code=True,
         rate=Decimal(answer).scaleb(-places),
-        round_id=words[0],
-        updated_at=words[3],
-        answered_in_round=words[4],
+        round_id=round_id,
+        updated_at=updated_at,
+        answered_in_round=answered_in_round,
         description=parse_abi_string(description),
     )
 

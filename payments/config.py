@@ -22,8 +22,9 @@
                                        # the symbol (e.g. "MATIC" for POL); default: the symbol
 
 RPC URLs may name environment variables, `${NAME}` or `${NAME:-default}`, so that provider keys stay out of the
-file. Loaded once per process (again when the file changes), validated on load: a mistake stops the process with a
-message, never a wrong address.
+file. Loaded when first needed, once per process (again when the file changes), and validated on load: a mistake is
+an error with its message, never a wrong address. The settings only name the file; `manage.py check` (and bin/web,
+bin/worker, bin/beat before they start) loads it, so a process refuses to start on a mistake (payments/checks.py).
 """
 
 import os
@@ -233,6 +234,16 @@ def chains() -> dict[int, Chain]:
     """The configured chains by chain id (reloaded when the file changes)."""
     path = Path(settings.PAYMENTS_CHAINS_FILE)
     return _load(str(path), path.stat().st_mtime if path.exists() else 0.0, settings.REFUSE_DEMO_PIECES)
+
+
+def account_xpub() -> str:
+    """The account-level xpub deposit addresses derive from: PAYMENTS_XPUB, or in development (DEBUG on) the demo
+    key when it is unset. Checked when a process starts (payments/checks.py), not here."""
+    if settings.PAYMENTS_XPUB or settings.REFUSE_DEMO_PIECES:
+        return settings.PAYMENTS_XPUB
+    from payments.addresses import DEMO_ACCOUNT_XPUB
+
+    return DEMO_ACCOUNT_XPUB
 
 
 def chain(chain_id: int) -> Chain | None:

@@ -7,7 +7,7 @@ from decimal import Decimal
 from django.conf import settings
 
 from payments import config
-from payments.chain import DevChain
+from payments.chain_demo import DevChain
 from payments.models import Invoice, OperatorRate
 
 DEMO_CHAIN_ID = 31337

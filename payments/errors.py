@@ -1,5 +1,5 @@
 """The payments app's refusal. A `BookingError`, so that the pages which already show booking's refusals (the
-message, and the form field it belongs to) show a payment's the same way (conventions.md #3)."""
+message, and the form field it belongs to) show a payment's the same way."""
 
 from booking.rules import BookingError
 

@@ -2,10 +2,11 @@
 billing details it is made out to, changeable until then.
 
 `fiscal_invoice_issue` runs inside the settling transaction (`settlement._settle`), after the order and the
-payment request are locked: it takes the year's next number from `FiscalInvoiceCounter`, locked last (so the lock
-that serialises every settlement of the year is held only for the few statements that follow), reads the issue
-date under that lock (numbers follow their dates, whatever clock the caller read), and writes the figures once. A
-settlement that rolls back gives its number back: numbers have no gap and no duplicate. The PDF
+payment request are locked: it takes the next number of the year's series of the prefix set now
+(`FiscalInvoiceSeries`), locked last (so the lock that serialises every settlement of the year is held only for the
+few statements that follow), reads the issue date under that lock (numbers follow their dates, whatever clock the
+caller read), and writes the figures once. A settlement that rolls back gives its number back: numbers have no gap
+and no duplicate in their series; a new prefix starts its own. The PDF
 (payments/fiscal_documents.py) is written after the commit, by a task, and e-mailed.
 
 VAT: the catalog's prices include the VAT where it is due, so a customer pays the same price whatever their VAT
@@ -22,6 +23,8 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.db import transaction
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
@@ -30,7 +33,8 @@ from booking import billing
 from booking.locks import lock_order
 from booking.models import Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from payments.models import FiscalInvoice, FiscalInvoiceCounter, Invoice, InvoicingSettings, Transfer
+from payments import enqueue
+from payments.models import FiscalInvoice, FiscalInvoiceSeries, Invoice, InvoicingSettings, Transfer
 
 CENT = Decimal("0.01")
 
@@ -70,6 +74,18 @@ def split_gross(*, gross: Decimal, rate: Decimal) -> tuple[Decimal, Decimal]:
         if net + vat == gross:
             return net, vat
     return estimate, gross - estimate
+
+
+def credit_split(
+    *, remaining_net: Decimal, remaining_vat: Decimal, amount: Decimal, rate: Decimal
+) -> tuple[Decimal, Decimal]:
+    """(net, VAT) of a credit of `amount` on an invoice of which `remaining_net` + `remaining_vat` is not credited
+    yet: what is left after the credit is split as a price is (`split_gross`), and the note takes the difference. A
+    sale credited in several notes then nets to exactly zero net and zero VAT, where splitting each note on its own
+    could leave a cent of each on opposite sides (100.01 credited as 50.00 + 50.01 at 20 %: 83.35 net and 16.66
+    VAT credited on 83.34 and 16.67 invoiced)."""
+    left_net, left_vat = split_gross(gross=remaining_net + remaining_vat - amount, rate=rate)
+    return remaining_net - left_net, remaining_vat - left_vat
 
 
 def _lines(*, order: Order, invoice: Invoice) -> list[dict]:
@@ -113,21 +129,31 @@ def _payment_amount(invoice: Invoice) -> str:
 
 
 def _take_number(*, prefix: str) -> tuple[int, int, str, datetime]:
-    """The next number and its issue date, read under the counter's lock: an invoice numbered later is dated later
-    (CGI art. 242 nonies A), whatever clock the caller read before (a scan cycle reads its own once, at its start).
-    The number's year is its date's: a wait for the lock across New Year's Eve moves on to the new year's counter
-    (years are locked in ascending order)."""
+    """The next number of the prefix's series and its issue date, read under the series' lock: an invoice numbered
+    later is dated later (CGI art. 242 nonies A), whatever clock the caller read before (a scan cycle reads its own
+    once, at its start). The number's year is its date's: a wait for the lock across New Year's Eve moves on to the
+    new year's series (years are locked in ascending order). Each prefix has its own series: the one set now,
+    whatever the documents issued under an earlier prefix (they keep theirs)."""
     year = timezone.now().year
     while True:
-        FiscalInvoiceCounter.objects.bulk_create([FiscalInvoiceCounter(year=year)], ignore_conflicts=True)
-        counter = FiscalInvoiceCounter.objects.select_for_update().get(year=year)
+        FiscalInvoiceSeries.objects.bulk_create([FiscalInvoiceSeries(prefix=prefix, year=year)], ignore_conflicts=True)
+        series = FiscalInvoiceSeries.objects.select_for_update().get(prefix=prefix, year=year)
         issued_at = timezone.now()
         if issued_at.year == year:
             break
         year = issued_at.year
-    counter.last_sequence += 1
-    counter.save(update_fields=["last_sequence"])
-    return year, counter.last_sequence, f"{prefix}-{year}-{counter.last_sequence:06d}", issued_at
+    series.last_sequence += 1
+    series.save(update_fields=["last_sequence"])
+    return year, series.last_sequence, f"{prefix}-{year}-{series.last_sequence:06d}", issued_at
+
+
+def _settings_locked() -> InvoicingSettings:
+    """The invoicing settings, their row locked until the caller's transaction ends: the seller, VAT rate and
+    prefix a document is issued with are the ones in force when it is numbered. The admin's change locks the same row
+    (payments/fiscal_admin.py), so a change waits for the documents being numbered, and every document numbered
+    after it was saved reads it: the settings' history says truly which prefix and rate each was issued under."""
+    InvoicingSettings.current()  # the row exists
+    return InvoicingSettings.objects.select_for_update().get(pk=1)
 
 
 def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> FiscalInvoice:
@@ -136,7 +162,7 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
     existing = FiscalInvoice.objects.filter(payment=invoice).first()
     if existing is not None:
         return existing
-    seller = InvoicingSettings.current()
+    seller = _settings_locked()  # before the series' lock: settings, then series, always
     buyer = billing.billing_details_of(order)
     category, rate = vat_treatment(seller_country=seller.seller_country, buyer=buyer, rate=seller.vat_rate_percent)
     gross = invoice.fiat_amount
@@ -152,6 +178,7 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
     year, sequence, number, issued_at = _take_number(prefix=seller.number_prefix)  # the last lock taken
     fiscal_invoice = FiscalInvoice.objects.create(
         number=number,
+        prefix=seller.number_prefix,
         year=year,
         sequence=sequence,
         order=order,
@@ -190,24 +217,36 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
 
 def fiscal_credit_note_issue(*, invoice: FiscalInvoice, amount: Decimal, reason: str) -> FiscalInvoice | None:
     """A credit note correcting `invoice` by `amount` (at most what it has not credited yet), in the caller's
-    transaction with the order locked: numbered in the same sequence, same buyer, seller and VAT treatment as the
-    invoice it names. None when nothing is left to credit."""
-    credited = sum(note.total_gross for note in invoice.credit_notes.all())
-    amount = min(amount, invoice.total_gross - credited)
+    transaction with the order locked: numbered in the series of the prefix set now, same buyer, seller and VAT
+    treatment (category and rate) as the invoice it names, its net and VAT split on what the invoice has left
+    (`credit_split`), so the notes of a fully credited invoice add up to its net and VAT. None when nothing is left
+    to credit."""
+    credited = invoice.credit_notes.aggregate(
+        gross=Coalesce(Sum("total_gross"), Decimal(0)),
+        net=Coalesce(Sum("total_net"), Decimal(0)),
+        vat=Coalesce(Sum("vat_amount"), Decimal(0)),
+    )
+    amount = min(amount, invoice.total_gross - credited["gross"])
     if amount <= 0:
         return None
-    net, vat = split_gross(gross=amount, rate=invoice.vat_rate)
+    net, vat = credit_split(
+        remaining_net=invoice.total_net - credited["net"],
+        remaining_vat=invoice.vat_amount - credited["vat"],
+        amount=amount,
+        rate=invoice.vat_rate,
+    )
     with translation.override(invoice.language):
         description = _("Credit on invoice %(number)s of %(date)s: %(reason)s") % {
             "number": invoice.number,
             "date": invoice.issued_at.strftime("%Y-%m-%d"),
             "reason": reason,
         }
-    seller = InvoicingSettings.current()
+    seller = _settings_locked()
     year, sequence, number, issued_at = _take_number(prefix=seller.number_prefix)  # dated when numbered, as invoices
     credit_note = FiscalInvoice.objects.create(
         kind=FiscalInvoice.Kind.CREDIT_NOTE,
         number=number,
+        prefix=seller.number_prefix,
         year=year,
         sequence=sequence,
         order=invoice.order,
@@ -286,9 +325,7 @@ def fiscal_credit_notes_for_refund(*, order_id: int) -> list[FiscalInvoice]:
 
 
 def _write_document(fiscal_invoice_id: int) -> None:
-    from payments.tasks import issue_fiscal_document
-
-    issue_fiscal_document.delay(fiscal_invoice_id)
+    enqueue.issue_fiscal_document_now(fiscal_invoice_id)
 
 
 @transaction.atomic

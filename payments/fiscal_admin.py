@@ -3,16 +3,24 @@ sets, and the issued invoices, read-only (an issued invoice never changes; it is
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from booking.billing import NOT_PRINTABLE_MESSAGE, printable
+from infrastructure.singleton import SingletonAdmin
 from payments import fiscal_documents
-from payments.models import FiscalDocumentFailure, FiscalInvoice, InvoicingSettings
-from portal.singleton import SingletonAdmin
+from payments.models import (
+    FiscalDocumentFailure,
+    FiscalInvoice,
+    FiscalInvoiceSeries,
+    InvoicingSettings,
+    InvoicingSettingsChange,
+)
 
 SETTINGS_FIELDS = [
     "seller_name",
@@ -34,6 +42,19 @@ class InvoicingSettingsForm(forms.ModelForm):
         model = InvoicingSettings
         fields = SETTINGS_FIELDS
 
+    def clean_vat_rate_percent(self):
+        # The rate is the standard rate (EN 16931 category S) of the buyers who pay VAT: S at 0 % breaks BR-S-05, and
+        # every invoice issued after the change would carry it.
+        rate = self.cleaned_data["vat_rate_percent"]
+        if rate is not None and rate <= 0:
+            raise forms.ValidationError(
+                _(
+                    "Invoices with VAT carry a rate above 0 %. A seller exempt from VAT (franchise) is not supported "
+                    "yet."
+                )
+            )
+        return rate
+
     def clean(self):
         cleaned = super().clean()
         for name, value in list(cleaned.items()):
@@ -47,11 +68,53 @@ class InvoicingSettingsAdmin(SingletonAdmin):
     form = InvoicingSettingsForm
     fields = SETTINGS_FIELDS
 
+    def save_model(self, request, obj, form, change):
+        """Save, and record what changed (when each prefix and rate was in force) in the same transaction, the row
+        locked as the documents being numbered lock it (payments/fiscal.py `_settings_locked`): the change waits for
+        them, and its time in the history comes after every document issued under the previous settings."""
+        with transaction.atomic():
+            before = InvoicingSettings.objects.select_for_update().filter(pk=obj.pk).first() if change else None
+            super().save_model(request, obj, form, change)
+            self._record_change(request, obj, before)
+
+    def _record_change(self, request, obj, before) -> None:
+        changes = {
+            name: [str(getattr(before, name)) if before else "", str(getattr(obj, name))]
+            for name in SETTINGS_FIELDS
+            if before is None or getattr(before, name) != getattr(obj, name)
+        }
+        if changes:
+            InvoicingSettingsChange.objects.create(changed_at=timezone.now(), changed_by=request.user, changes=changes)
+
+
+@admin.register(InvoicingSettingsChange)
+class InvoicingSettingsChangeAdmin(admin.ModelAdmin):
+    """When each invoicing setting changed, and to what, read-only."""
+
+    list_display = ["changed_at", "changed_by", "summary"]
+    readonly_fields = ["changed_at", "changed_by", "changes"]
+
+    @admin.display(description=_("changes"))
+    def summary(self, obj: InvoicingSettingsChange) -> str:
+        labels = {name: InvoicingSettings._meta.get_field(name).verbose_name for name in SETTINGS_FIELDS}
+        return "; ".join(
+            f"{labels.get(name, name)}: {before} → {after}" for name, (before, after) in obj.changes.items()
+        )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(FiscalInvoice)
 class FiscalInvoiceAdmin(admin.ModelAdmin):
     list_display = ["number", "kind", "issued_at", "order", "total_gross", "currency", "vat_category", "pdf_link"]
-    list_filter = ["year", "kind", "vat_category"]
+    list_filter = ["year", "prefix", "kind", "vat_category", "vat_rate"]
     search_fields = ["number", "order__public_id", "buyer__organisation"]
     exclude = ["pdf"]
 
@@ -95,6 +158,28 @@ class FiscalInvoiceAdmin(admin.ModelAdmin):
         response = HttpResponse(bytes(fiscal_invoice.pdf), content_type="application/pdf")
         response["Content-Disposition"] = f'attachment; filename="{fiscal_invoice.filename}"'
         return response
+
+
+@admin.register(FiscalInvoiceSeries)
+class FiscalInvoiceSeriesAdmin(admin.ModelAdmin):
+    """The number series, one per prefix and year, read-only: the last number each issued (a prefix changed in the
+    invoicing settings starts a new one; the documents issued under the earlier prefix keep theirs)."""
+
+    list_display = ["prefix", "year", "last_sequence", "last_number"]
+    list_filter = ["year"]
+
+    @admin.display(description=_("last number"))
+    def last_number(self, obj: FiscalInvoiceSeries) -> str:
+        return f"{obj.prefix}-{obj.year}-{obj.last_sequence:06d}" if obj.last_sequence else "-"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(FiscalDocumentFailure)

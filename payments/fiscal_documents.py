@@ -107,7 +107,11 @@ def facturx_xml(fiscal_invoice: FiscalInvoice) -> bytes:
         settlement = _el(item, "ram:SpecifiedLineTradeSettlement")
         tax = _el(settlement, "ram:ApplicableTradeTax")
         _el(tax, "ram:TypeCode", "VAT")
+        if fi.vat_category in _EXEMPTION_CODES:
+            _el(tax, "ram:ExemptionReason", fi.vat_mention)
         _el(tax, "ram:CategoryCode", fi.vat_category)
+        if fi.vat_category in _EXEMPTION_CODES:
+            _el(tax, "ram:ExemptionReasonCode", _EXEMPTION_CODES[fi.vat_category])
         _el(tax, "ram:RateApplicablePercent", _money(fi.vat_rate))
         summation = _el(settlement, "ram:SpecifiedTradeSettlementLineMonetarySummation")
         _el(summation, "ram:LineTotalAmount", _money(line_net))
@@ -147,6 +151,13 @@ def facturx_xml(fiscal_invoice: FiscalInvoice) -> bytes:
     if fi.vat_category in _EXEMPTION_CODES:
         _el(tax, "ram:ExemptionReasonCode", _EXEMPTION_CODES[fi.vat_category])
     _el(tax, "ram:RateApplicablePercent", _money(fi.vat_rate))
+    if fi.is_credit_note:  # an amount is due (to the buyer): EN 16931 BR-CO-25 asks for the payment terms
+        _el(
+            _el(settlement, "ram:SpecifiedTradePaymentTerms"),
+            "ram:Description",
+            f"Refunded on chain {fi.payment_chain_id} in {fi.payment_asset} at the rate of invoice "
+            f"{fi.corrects.number}, to the address the buyer confirms on the order page.",
+        )
     totals = _el(settlement, "ram:SpecifiedTradeSettlementHeaderMonetarySummation")
     _el(totals, "ram:LineTotalAmount", _money(fi.total_net))
     _el(totals, "ram:TaxBasisTotalAmount", _money(fi.total_net))

@@ -8,12 +8,13 @@ number back); its PDF/A-3 is written once after the commit, with its SHA-256, an
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
-from portal.singleton import SingletonRow
+from infrastructure.singleton import SingletonRow
 
 
 class InvoicingSettings(SingletonRow, models.Model):
@@ -45,14 +46,19 @@ class InvoicingSettings(SingletonRow, models.Model):
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("100"))],
         help_text=_(
             "The rate included in the prices where VAT is due (buyers in the seller's country, and EU buyers "
-            "without a VAT number). Reverse-charge and non-EU buyers pay the same price with no VAT in it."
+            "without a VAT number). Reverse-charge and non-EU buyers pay the same price with no VAT in it. A new "
+            "rate applies to the invoices issued after the change; issued ones, and the credit notes that correct "
+            "them, keep the rate they were issued at."
         ),
     )
     number_prefix = models.CharField(
         _("invoice number prefix"),
         max_length=8,
         default="F",
-        help_text=_("Invoice numbers read PREFIX-YEAR-SEQUENCE, e.g. F-2026-000042."),
+        help_text=_(
+            "Invoice numbers read PREFIX-YEAR-SEQUENCE, e.g. F-2026-000042. Each prefix numbers its own documents "
+            "from 1 each year, without gaps: a new prefix starts a new series, and issued documents keep theirs."
+        ),
     )
 
     class Meta:
@@ -69,18 +75,49 @@ class InvoicingSettings(SingletonRow, models.Model):
         return str(_("Invoicing settings"))
 
 
-class FiscalInvoiceCounter(models.Model):
-    """The last number issued in a year. Locked (`select_for_update`) by the settling transaction that takes the
-    next one, so two settlements never take one number and a rolled-back one leaves no gap."""
+class InvoicingSettingsChange(models.Model):
+    """One change of the invoicing settings as the operator saved it: when, by whom, each field's value before and
+    after. The issued documents keep what was set when they were issued (their own copy); this says when each
+    setting was in force."""
 
-    year = models.PositiveSmallIntegerField(primary_key=True)
-    last_sequence = models.PositiveIntegerField(default=0)
+    changed_at = models.DateTimeField(_("changed"))
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("changed by"),
+    )
+    changes = models.JSONField(_("changes"))  # {field: [before, after]}, as text
 
     class Meta:
-        verbose_name = _("invoice counter")
+        ordering = ["-changed_at", "-pk"]
+        verbose_name = _("invoicing settings change")
+        verbose_name_plural = _("invoicing settings history")
 
     def __str__(self) -> str:
-        return f"{self.year}: {self.last_sequence}"
+        return f"{self.changed_at:%Y-%m-%d %H:%M} {', '.join(self.changes)}"
+
+
+class FiscalInvoiceSeries(models.Model):
+    """The last number issued under a prefix in a year: each prefix the operator has used numbers its own documents
+    from 1 each year, without gaps (a new prefix starts a new series; going back to an earlier one continues it).
+    Locked (`select_for_update`) by the transaction that takes the next number, so two settlements never take one
+    number and a rolled-back one leaves no gap."""
+
+    prefix = models.CharField(_("number prefix"), max_length=8)
+    year = models.PositiveSmallIntegerField(_("year"))
+    last_sequence = models.PositiveIntegerField(_("last number issued"), default=0)
+
+    class Meta:
+        ordering = ["-year", "prefix"]
+        verbose_name = _("invoice number series")
+        verbose_name_plural = _("invoice number series")
+        constraints = [models.UniqueConstraint(fields=["prefix", "year"], name="fiscal_invoice_series_once")]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}-{self.year}: {self.last_sequence}"
 
 
 class FiscalInvoicePublished(Exception):
@@ -88,8 +125,9 @@ class FiscalInvoicePublished(Exception):
 
 
 class FiscalInvoice(models.Model):
-    """The invoice a lab files: one per settled payment request, numbered PREFIX-YEAR-SEQUENCE without gaps; or a
-    credit note that corrects one (a refund owed), numbered in the same sequence."""
+    """The invoice a lab files: one per settled payment request, numbered PREFIX-YEAR-SEQUENCE without gaps in the
+    series of its prefix and year; or a credit note that corrects one (a refund owed), numbered in the same series
+    as the invoices issued with it."""
 
     class Kind(models.TextChoices):
         INVOICE = "invoice", _("Invoice")
@@ -104,6 +142,7 @@ class FiscalInvoice(models.Model):
 
     kind = models.CharField(_("kind"), max_length=12, choices=Kind.choices, default=Kind.INVOICE)
     number = models.CharField(_("invoice number"), max_length=32, unique=True)
+    prefix = models.CharField(_("number prefix"), max_length=8)  # the prefix set when it was issued
     year = models.PositiveSmallIntegerField()
     sequence = models.PositiveIntegerField()
     order = models.ForeignKey("booking.Order", on_delete=models.PROTECT, related_name="fiscal_invoices")
@@ -151,7 +190,7 @@ class FiscalInvoice(models.Model):
         verbose_name = _("fiscal invoice")
         verbose_name_plural = _("fiscal invoices")
         constraints = [
-            models.UniqueConstraint(fields=["year", "sequence"], name="fiscal_invoice_number_once_a_year"),
+            models.UniqueConstraint(fields=["prefix", "year", "sequence"], name="fiscal_invoice_number_once_a_series"),
             models.CheckConstraint(condition=Q(sequence__gte=1), name="fiscal_invoice_sequence_positive"),
             models.CheckConstraint(
                 condition=Q(total_gross=F("total_net") + F("vat_amount")), name="fiscal_invoice_totals_add_up"

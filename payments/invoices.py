@@ -1,7 +1,7 @@
 """An invoice before the chain settles it: created with its quote and a deposit address of its own (a native-coin
 address that already holds or has sent coin is never issued), replaced when the researcher picks another asset,
 and "I've paid" recorded with a check of the chain asked for. `lock_invoice` takes the locks every write to an
-invoice takes, order first (conventions.md #4). Amounts and transactions are never taken from a request: only the
+invoice takes, order first (booking/locks.py). Amounts and transactions are never taken from a request: only the
 scanner moves an invoice towards paid.
 """
 
@@ -19,13 +19,13 @@ from django.utils.translation import gettext as _
 from booking import services as booking
 from booking.locks import lock_order
 from booking.models import BookingPolicy, Order, OrderEvent, OrderStatus
-from payments import config
+from infrastructure.numbers import whole_number
+from payments import config, enqueue
 from payments.addresses import deposit_address
 from payments.chain import ChainClient, ChainUnavailable
 from payments.errors import PaymentError
 from payments.models import DerivationSlot, Invoice
 from payments.quotes import default_asset, quote
-from portal.numbers import whole_number
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _new_deposit_address(asset: config.Asset) -> tuple[int, str]:
     reconciled, and an address that has sent cannot be reconciled (`balances.native_balance_checks`)."""
     for _attempt in range(USED_ADDRESS_SKIPS):
         index = DerivationSlot.objects.create().pk
-        address = deposit_address(settings.PAYMENTS_XPUB, index)
+        address = deposit_address(config.account_xpub(), index)
         if not asset.is_native:
             return index, address
         try:
@@ -197,12 +197,10 @@ def _request_tx_hint_check(*, invoice_id: int) -> None:
     """Queue the reading of the invoice's pasted hash, unless a chain of readings is already queued or retrying:
     that one reads the invoice's current hash at its next attempt, with a full count of retries for a new hash
     (payments/tasks.py). Ten pastes an hour start at most one chain, not ten."""
-    from payments.tasks import check_tx_hint
-
     if not cache.add(tx_hint_pending_key(invoice_id), {}, timeout=CHECK_PENDING_SECONDS):
         return
     try:
-        check_tx_hint.apply_async(args=[invoice_id], retry=False)
+        enqueue.check_tx_hint_now(invoice_id)
     except Exception as exc:  # not queued: the scan still finds the payment; the next paste asks again
         cache.delete(tx_hint_pending_key(invoice_id))
         logger.warning("could not queue the check of the transaction hash of invoice %s: %s", invoice_id, exc)
@@ -221,8 +219,6 @@ def check_pending_key(invoice_id: int) -> str:
 def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bool:
     """Ask a worker to check this invoice now. False (and the invoice says "check delayed") if the broker is
     unreachable; beat's scan will find the payment anyway once it is back."""
-    from payments.tasks import check_invoice
-
     now = now or timezone.now()
     invoice = Invoice.objects.filter(pk=invoice_id).first()
     if invoice is None:
@@ -237,7 +233,7 @@ def invoice_request_check(*, invoice_id: int, now: datetime | None = None) -> bo
         invoice.save(update_fields=["check_requested_at"])
         return True
     try:
-        check_invoice.apply_async(args=[invoice_id], retry=False)
+        enqueue.check_invoice_now(invoice_id)
     except Exception as exc:  # kombu/redis raise many types; any of them means "not queued"
         cache.delete(check_pending_key(invoice_id))
         logger.warning("could not queue the check of invoice %s: %s", invoice_id, exc)

@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from portal.singleton import SingletonRow
+from infrastructure.singleton import SingletonRow
 
 UINT256_DIGITS = 78
 
@@ -90,6 +90,10 @@ class Invoice(models.Model):
     needs_operator = models.BooleanField(_("needs an operator"), default=False)
     marked = models.BooleanField(_("marked paid by an admin"), default=False)
     marked_reason = models.TextField(blank=True)
+    # What the chain showed (confirmed or seen pending) when an admin marked it paid: the transfer the mark may have
+    # been for. What confirms beyond it came on top of the amount due paid by another route, and bought nothing
+    # (payments/ledger.py). Null on invoices marked before it was recorded: their transfers count toward the mark.
+    marked_chain_units = models.DecimalField(max_digits=UINT256_DIGITS, decimal_places=0, null=True, blank=True)
     marked_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
@@ -269,6 +273,8 @@ class Refund(models.Model):
         LATE_PAYMENT = "late_payment", _("Paid after the invoice was settled or the order closed")
         PROVIDER_FAULT = "provider_fault", _("Provider fault")
         EXTENSION_REFUSED = "extension_refused", _("Extension paid when it was no longer possible")
+        # A part payment, a payment to a replaced quote or to an order closed meanwhile: it bought nothing.
+        UNUSED_PAYMENT = "unused_payment", _("Paid for an order that could not take the payment")
 
     class Status(models.TextChoices):
         AWAITING_ADDRESS = "awaiting_address", _("Waiting for your refund address")
@@ -400,6 +406,7 @@ class RefundPayment(models.Model):
 from payments.fiscal_models import (  # noqa: E402, F401
     FiscalDocumentFailure,
     FiscalInvoice,
-    FiscalInvoiceCounter,
+    FiscalInvoiceSeries,
     InvoicingSettings,
+    InvoicingSettingsChange,
 )

@@ -13,12 +13,12 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from infrastructure.numbers import whole_number
 from payments import config
 from payments.chain import ChainClient, ChainUnavailable
 from payments.chain_answers import FeedRound, parse_timestamp
 from payments.errors import PaymentError
 from payments.models import OperatorRate
-from portal.numbers import whole_number
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy
 
 from booking import services as booking
 from booking.models import OrderEvent
-from payments import config
+from payments import config, enqueue
 from payments.chain import ChainClient, ChainUnavailable, RangeNotReady, RangeRefused
 from payments.chain_answers import TransferLog
 from payments.errors import PaymentError
@@ -207,15 +207,11 @@ def _refund_apply_payments(*, refund: Refund, order, tx_hash: str, user, now: da
         },
     )
     if refund.status == Refund.Status.PAID:
-        from payments.tasks import send_refund_sent
-
-        send_refund_sent.delay_on_commit(refund.pk)
+        enqueue.send_refund_sent(refund.pk)
 
 
 def _request_recheck(*, refund_id: int, tx_hash: str) -> None:
-    from payments.tasks import check_refund_tx
-
-    transaction.on_commit(lambda: check_refund_tx.apply_async(args=[refund_id, tx_hash], countdown=5))
+    enqueue.check_refund_tx(refund_id, tx_hash)
 
 
 # --- the scan's watch of token refunds ---------------------------------------------------------------------------

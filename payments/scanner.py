@@ -10,7 +10,7 @@ is renewed at each), then moves the invoices whose amounts or deadlines changed,
 outage is recorded on the cursor and the holds about to run out are kept alive; when it answers again, quotes and
 holds move by the length of the outage.
 
-Locks, when several are taken: order, then invoice, then allocation rows (conventions.md #4).
+Locks, when several are taken: order, then invoice, then allocation rows (booking/locks.py).
 """
 
 import logging

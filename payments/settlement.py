@@ -7,7 +7,7 @@ operator with the figures. An admin's `invoice_mark_paid` is the other way in; b
 "payment received" e-mail after the commit. Last, the reaction to the order's transitions: a settled invoice of
 an order cancelled or rejected opens its refunds (payments/refunds.py), as does an overpayment.
 
-Locks: order, then invoice (`lock_invoice`), then allocation rows through booking (conventions.md #4).
+Locks: order, then invoice (`lock_invoice`), then allocation rows through booking (booking/locks.py).
 """
 
 from datetime import datetime
@@ -21,7 +21,7 @@ from booking import selectors as booking_selectors
 from booking import services as booking
 from booking.models import Order, OrderEvent, OrderStatus
 from booking.rules import BookingError
-from payments import config, fiscal, refunds
+from payments import config, enqueue, fiscal, ledger, refunds, unapplied
 from payments.errors import PaymentError
 from payments.invoices import lock_invoice
 from payments.models import Invoice, PaymentSettings, Refund, Transfer
@@ -39,11 +39,26 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
         evidence = {"invoice": invoice.pk, "confirmed_units": str(confirmed), "head": head}
         if invoice.status == Invoice.Status.SETTLED:
             # Paid again after settlement: recorded; only what exceeds the amount due is owed back. An invoice an
-            # admin marked paid (the transfer was late to confirm, or not found yet) counts its own transfer when it
-            # confirms: flagging the whole amount would refund a payment that was owed. It never moves the order.
-            if confirmed > confirmed_before and confirmed > due:
+            # admin marked paid counts the transfer the chain showed then (late to confirm) when it confirms; what
+            # confirms beyond it came on top of the amount due paid by another route (the ledger's word): it
+            # waits for an operator, who knows whether the customer paid twice. It never moves the order.
+            on_top_of_mark = (
+                invoice.marked
+                and invoice.marked_chain_units is not None
+                and confirmed > int(invoice.marked_chain_units)
+            )
+            if confirmed > confirmed_before and on_top_of_mark and order.status not in ledger.CLOSED_STATUSES:
+                if unapplied.unapplied_units(invoice, order=order):
+                    unapplied.invoice_flag(
+                        order=order, invoice=invoice, why="paid on chain after an admin marked it paid by another route"
+                    )
+            elif confirmed > confirmed_before and (confirmed > due or on_top_of_mark):
                 invoice.paid_over = True
-                owed = confirmed - max(due, confirmed_before)
+                # What the ledger says this invoice holds and bought nothing: beyond its price when its order took
+                # it, all of it when it did not (a refused extension), less what went back already.
+                refund = refunds.refund_unaccounted(
+                    order=order, invoice=invoice, reason=Refund.Reason.LATE_PAYMENT, evidence=evidence, now=now
+                )
                 booking.order_note(
                     order=order,
                     reason="payment after settlement: refund owed",
@@ -51,15 +66,8 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                     evidence={
                         **evidence,
                         "received_after_settlement_units": str(confirmed - confirmed_before),
-                        "refund_owed_units": str(owed),
+                        "refund_owed_units": str(refund.amount_units if refund else 0),
                     },
-                )
-                refunds.refund_open(
-                    order=order,
-                    invoice=invoice,
-                    reason=Refund.Reason.LATE_PAYMENT,
-                    amount_units=owed,
-                    evidence=evidence,
                 )
             elif confirmed > confirmed_before and invoice.marked:
                 booking.order_note(
@@ -69,13 +77,16 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                     evidence={**evidence, "received_after_settlement_units": str(confirmed - confirmed_before)},
                 )
         elif invoice.status == Invoice.Status.INVALID:
-            if confirmed or pending:
-                invoice.needs_operator = True  # paid to a replaced quote: refund or apply by hand
+            closed = order.status in ledger.CLOSED_STATUSES  # it all goes back by itself (below)
+            if not closed and (pending or unapplied.unapplied_units(invoice, order=order)):
+                # Paid to a replaced quote (or again after an operator refunded it): refund or apply by hand.
+                unapplied.invoice_flag(order=order, invoice=invoice, why="payment to a replaced or closed quote")
         elif confirmed >= due:
             invoice.paid_over = confirmed > due
             invoice.paid_partial = False
             invoice.paid_late = _paid_at(invoice, now) > invoice.expires_at
-            if invoice.paid_late and (figures := _late_payment_held(order=order, invoice=invoice, now=now)):
+            held = invoice.paid_late and order.status not in ledger.CLOSED_STATUSES  # closed: it all goes back
+            if held and (figures := _late_payment_held(order=order, invoice=invoice, now=now)):
                 # Not settled by itself: an operator decides (mark paid, or refund), with the figures.
                 invoice.status, invoice.needs_operator = Invoice.Status.EXPIRED, True
                 booking.order_note(
@@ -95,12 +106,8 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
                 now=now,
             )
             if taken and invoice.paid_over:  # not taken: the whole payment is owed back already
-                refunds.refund_open(
-                    order=order,
-                    invoice=invoice,
-                    reason=Refund.Reason.OVERPAYMENT,
-                    amount_units=confirmed - due,
-                    evidence=evidence,
+                refunds.refund_unaccounted(
+                    order=order, invoice=invoice, reason=Refund.Reason.OVERPAYMENT, evidence=evidence, now=now
                 )
             return True
         elif pending and now >= invoice.monitor_until:
@@ -119,7 +126,23 @@ def invoice_apply_chain_state(*, invoice: Invoice, confirmed: int, pending: int,
         else:
             invoice.paid_partial = 0 < confirmed < due
             invoice.status = Invoice.Status.EXPIRED if now >= invoice.expires_at else Invoice.Status.NEW
+        if (
+            invoice.status != Invoice.Status.SETTLED
+            and confirmed
+            and order.status not in ledger.CLOSED_STATUSES
+            and (
+                order.status == OrderStatus.EXPIRED
+                or (invoice.purpose == Invoice.Purpose.EXTENSION and invoice.status == Invoice.Status.EXPIRED)
+            )
+            and unapplied.unapplied_units(invoice, order=order)
+        ):
+            # Part of a payment for a hold that ran out: it buys nothing unless the rest comes (the late payment
+            # then settles by the policy above); meanwhile it waits in the console's queue.
+            unapplied.invoice_flag(order=order, invoice=invoice, why="partial payment after the hold expired")
         _follow_chain(order=order, invoice=invoice, was=was, evidence=evidence, now=now)
+        if order.status in ledger.CLOSED_STATUSES and int(invoice.amount_confirmed_units) > confirmed_before:
+            # Paid (in part, or to a replaced quote) for an order that takes no more payments: it goes back.
+            refunds.refund_unaccounted(order=order, invoice=invoice, evidence=evidence, now=now)
         invoice.save()
     return False
 
@@ -253,12 +276,10 @@ def _settle(
             evidence=evidence,
         )
         # Money that buys nothing goes back: an order that will not be served, or an extension that can no longer
-        # be given (its lots were taken meanwhile, the window ended).
+        # be given (its lots were taken meanwhile, the window ended). What goes back is what the ledger says the
+        # invoice holds and bought nothing (a part of it may have gone back already).
         if order.status in refunds.REFUND_REASON_BY_STATUS or invoice.purpose == Invoice.Purpose.EXTENSION:
-            received = int(invoice.amount_confirmed_units)
-            if invoice.marked:  # marked paid by hand: the amount due came by another route
-                received = max(received, int(invoice.amount_due_units))
-            refunds.refund_open(
+            refunds.refund_unaccounted(
                 order=order,
                 invoice=invoice,
                 reason=(
@@ -266,9 +287,12 @@ def _settle(
                     if order.status in refunds.REFUND_REASON_BY_STATUS
                     else Refund.Reason.EXTENSION_REFUSED
                 ),
-                amount_units=received,
                 evidence=evidence,
+                now=now,
             )
+            invoice.needs_operator = False  # it goes back by itself: nothing of it waits for an operator
+    if carried:  # nothing of it waits for an operator any more (a late or replaced payment applied)
+        invoice.needs_operator = False
     invoice.save()
     if carried:  # the sale took place: its fiscal invoice is numbered in this transaction (payments/fiscal.py)
         fiscal.fiscal_invoice_issue(order=order, invoice=invoice, now=now)
@@ -278,9 +302,7 @@ def _settle(
 
 
 def _send_payment_received(invoice_id: int) -> None:
-    from payments.tasks import send_payment_received
-
-    send_payment_received.delay(invoice_id)
+    enqueue.send_payment_received_now(invoice_id)
 
 
 # --- admin review --------------------------------------------------------------------------------------------
@@ -297,6 +319,9 @@ def invoice_mark_paid(*, invoice: Invoice, user: AbstractBaseUser, reason: str, 
     if invoice.status == Invoice.Status.SETTLED:
         raise PaymentError(_("This invoice is already paid."))
     invoice.marked, invoice.marked_reason, invoice.marked_by = True, reason, user
+    # The transfer the mark may be for (seen, late to confirm): counted toward it when it confirms; beyond it, what
+    # confirms came on top of the payment made elsewhere (payments/ledger.py).
+    invoice.marked_chain_units = int(invoice.amount_confirmed_units) + int(invoice.amount_pending_units)
     _settle(
         order=order,
         invoice=invoice,
@@ -306,6 +331,29 @@ def invoice_mark_paid(*, invoice: Invoice, user: AbstractBaseUser, reason: str, 
         evidence={"invoice": invoice.pk, "marked_by": user.get_username(), "reason": reason},
         now=now,
     )
+
+
+def settle_for_operator(*, order: Order, invoice: Invoice, actor: AbstractBaseUser, now: datetime) -> None:
+    """An operator applies a flagged payment to its order (payments/unapplied.py), order and invoice locked: it
+    settles as a payment in time would, what exceeds the price is refunded, and the flag is cleared. When the order
+    does not take it after all, PaymentError, and the caller's transaction undoes everything."""
+    evidence = {"invoice": invoice.pk, "applied_by": actor.get_username()}
+    taken = _settle(
+        order=order,
+        invoice=invoice,
+        actor_kind=OrderEvent.Actor.OPERATOR,
+        actor=actor,
+        reason="flagged payment applied to the order by an operator",
+        evidence=evidence,
+        now=now,
+    )
+    if not taken:
+        raise PaymentError(_("The order could not take this payment: nothing was changed. Refund it instead."))
+    if int(invoice.amount_confirmed_units) > int(invoice.amount_due_units):
+        invoice.paid_over = True
+        invoice.save(update_fields=["paid_over"])
+        # What the ledger says it holds beyond its price, less what went back already.
+        refunds.refund_unaccounted(order=order, invoice=invoice, reason=Refund.Reason.OVERPAYMENT, evidence=evidence)
 
 
 # --- reactions to the order's transitions (connected in payments/apps.py) ------------------------------------

@@ -1,4 +1,5 @@
-"""Thin Celery wrappers for the chain queue."""
+"""Thin Celery wrappers, on the chain queue except the fiscal documents' printing (CELERY_TASK_ROUTES in
+portal/settings.py decides)."""
 
 from datetime import timedelta
 
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 from booking import links, notices
 from booking.notices import Notice
-from payments import config, fiscal_documents, invoices, refund_proofs, scanner, tx_hints
+from payments import config, fiscal_documents, invoices, refund_proofs, refunds, scanner, tx_hints
 from payments.chain import ChainUnavailable
 from payments.errors import PaymentError
 from payments.models import ChainCursor, FiscalInvoice, Invoice, Refund
@@ -22,6 +23,12 @@ def scan_chains() -> list[int]:
     for chain_id in chain_ids:
         scan_chain.delay(chain_id)
     return chain_ids
+
+
+@shared_task(name="payments.sweep_ledger")
+def sweep_ledger() -> int:
+    """Beat: repair the refunds and flags a reaction lost after its commit (payments/refunds.py `ledger_sweep`)."""
+    return refunds.ledger_sweep()
 
 
 @shared_task(name="payments.scan_chain")

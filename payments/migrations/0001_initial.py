@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import portal.singleton
+import infrastructure.singleton
 from django.conf import settings
 from django.db import migrations, models
 
@@ -118,7 +118,7 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'payment settings',
                 'constraints': [models.CheckConstraint(condition=models.Q(('pk', 1)), name='payment_settings_single_row'), models.CheckConstraint(condition=models.Q(('late_rate_tolerance_percent__gte', 0)), name='late_rate_tolerance_not_negative')],
             },
-            bases=(portal.singleton.SingletonRow, models.Model),
+            bases=(infrastructure.singleton.SingletonRow, models.Model),
         ),
         migrations.CreateModel(
             name='Transfer',

@@ -3,7 +3,7 @@
 import django.core.validators
 import django.db.models.deletion
 import django.db.models.expressions
-import portal.singleton
+import infrastructure.singleton
 from decimal import Decimal
 from django.db import migrations, models
 
@@ -44,7 +44,7 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'invoicing settings',
                 'constraints': [models.CheckConstraint(condition=models.Q(('pk', 1)), name='invoicing_settings_single_row'), models.CheckConstraint(condition=models.Q(('vat_rate_percent__gte', 0), ('vat_rate_percent__lte', 100)), name='invoicing_vat_rate_bounds')],
             },
-            bases=(portal.singleton.SingletonRow, models.Model),
+            bases=(infrastructure.singleton.SingletonRow, models.Model),
         ),
         migrations.CreateModel(
             name='FiscalInvoice',
