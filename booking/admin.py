@@ -21,8 +21,8 @@ from booking.models import (
     TermsVersion,
 )
 from booking.selectors import OFFERED_LOT, offered_lots
+from infrastructure.singleton import SingletonAdmin
 from inventory.models import HardwareClass, Lot
-from portal.singleton import SingletonAdmin
 
 
 class PriceInline(admin.TabularInline):
@@ -116,6 +116,7 @@ class BookingPolicyAdmin(SingletonAdmin):
         "min_notice_hours",
         "horizon_days",
         "max_unpaid_lots_per_client",
+        "unconfirmed_share_percent",
     ]
 
 

@@ -19,7 +19,10 @@ class BookingConfig(AppConfig):
     def ready(self) -> None:
         # Admin edits of the catalog or the fleet, and single saves of allocations, change what can be booked
         # (allocations' bulk writes say so themselves: AllocationQuerySet).
-        from booking import availability
+        from booking import (
+            availability,
+            tasks,  # noqa: F401 (registers the tasks that booking/enqueue.py queues by name)
+        )
         from booking.models import Allocation, BookingPolicy, EnvironmentImage, Price
         from inventory.models import HardwareClass, Host, Lot, MaintenanceWindow
 

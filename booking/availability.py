@@ -6,7 +6,7 @@ Booking's availability hint (placing._availability_hint) is kept so; the present
 of the booking page by the same generation (web/page_cache.py). Entries also expire after `TTL` seconds, which
 bounds the drift of time-based content (the earliest date).
 
-The shared cache holds JSON only (portal/cache.py): `remember` takes values JSON can write. Model instances (the
+The shared cache holds JSON only (infrastructure/cache.py): `remember` takes values JSON can write. Model instances (the
 catalog the booking page draws from, the current terms) are kept by `remember_in_process` instead: in the memory of
 each process, under the same shared generation, so a change made by any process is seen by all at their next read.
 """

@@ -1,18 +1,41 @@
 """The order's secret links: minted (only their hash is kept), mailed, revoked, and sent again on request."""
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core import signing
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
-from django.urls import reverse
 from django.utils import timezone
 
-from booking import notices, selectors
+from booking import enqueue, notices, selectors
 from booking.locks import lock_order
 from booking.models import Order, OrderAccessToken, OrderEvent
 from booking.notices import Notice
 from booking.services import order_note
 from booking.tokens import new_access_token, token_hash
+
+# The pages these links open are served above booking (web/customer/urls.py): the layer that serves them tells
+# booking how their paths are built when it is ready (web/apps.py, `serve_links`), so booking names none of its URLs.
+_paths: dict[str, Callable[..., str]] = {}
+
+
+def serve_links(*, order: Callable[..., str], address_confirmed: Callable[..., str]) -> None:
+    """Called by the layer that serves the pages: `order(public_id=, token=)` and `address_confirmed(signed=)` answer
+    the path of each page (the site's base, SITE_URL, is added here)."""
+    _paths.update(order=order, address_confirmed=address_confirmed)
+
+
+def _link(page: str, **kwargs: str) -> str:
+    try:
+        path = _paths[page]
+    except KeyError:
+        raise ImproperlyConfigured(
+            f"No installed app serves booking's {page} page (web.apps.WebConfig does)."
+        ) from None
+    return settings.SITE_URL + path(**kwargs)
+
 
 # The links of an order that work at once: each new one retires the oldest beyond this, so resends and end-of-window
 # e-mails never pile up live secrets.
@@ -29,7 +52,7 @@ def issue_token(*, order: Order, mailed: bool = False) -> str:
 
 
 def order_link(*, order: Order, token: str) -> str:
-    return settings.SITE_URL + reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
+    return _link("order", public_id=order.public_id, token=token)
 
 
 def order_send_link(*, order: Order) -> None:
@@ -63,9 +86,7 @@ def order_links_revoke(*, order: Order, token: str) -> int:
         return 0
     revoked, _by_model = order.access_tokens.all().delete()  # post_delete: the status polls of old links stop
     order_note(order=order, reason="links revoked", actor_kind=OrderEvent.Actor.CUSTOMER, evidence={"links": revoked})
-    from booking.tasks import send_order_link
-
-    send_order_link.delay_on_commit(order.pk)
+    enqueue.send_order_link(order.pk)
     return revoked
 
 
@@ -82,6 +103,41 @@ def orders_send_links(*, email: str, language: str, now: datetime | None = None)
 
 def orders_request_links(*, email: str, language: str) -> None:
     """Ask for fresh links by e-mail. Same work whether or not the address has orders (nothing to learn)."""
-    from booking.tasks import send_order_links
+    enqueue.send_order_links(email.strip().lower(), language)
 
-    send_order_links.delay_on_commit(email.strip().lower(), language)
+
+# A link proving that its opener reads a mailbox, before any order of theirs exists: the booking of a contact who
+# confirmed their address is not counted in the class's share of unconfirmed holds (booking.placing).
+ADDRESS_CONFIRMATION_SALT = "binome.booking.address-confirmation"
+ADDRESS_CONFIRMATION_MAX_AGE = timedelta(hours=1)
+
+
+def address_confirmation_link(*, email: str) -> str:
+    """A signed, expiring link for `email` (minted where it is mailed: no secret travels through the broker)."""
+    value = signing.dumps(email.strip().lower(), salt=ADDRESS_CONFIRMATION_SALT, compress=True)
+    return _link("address_confirmed", signed=value)
+
+
+def address_confirmed(*, signed: str) -> str | None:
+    """The address a confirmation link was made for, or None when it is forged or older than an hour."""
+    try:
+        email = signing.loads(
+            signed[:1000], salt=ADDRESS_CONFIRMATION_SALT, max_age=ADDRESS_CONFIRMATION_MAX_AGE.total_seconds()
+        )
+    except signing.BadSignature:  # SignatureExpired too
+        return None
+    return email if isinstance(email, str) and "@" in email and len(email) <= 254 else None
+
+
+def address_send_confirmation(*, email: str, language: str) -> None:
+    notices.send(
+        Notice.ADDRESS_CONFIRMATION,
+        to=email,
+        language=language,
+        link=address_confirmation_link(email=email),
+        valid_minutes=int(ADDRESS_CONFIRMATION_MAX_AGE.total_seconds() // 60),
+    )
+
+
+def address_request_confirmation(*, email: str, language: str) -> None:
+    enqueue.send_address_confirmation(email.strip().lower(), language)

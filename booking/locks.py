@@ -1,7 +1,7 @@
 """Row locks, always taken in one order so that two transactions never wait on each other in a cycle:
-the order, then its invoices (`payments.locks`), then the booking client (its e-mail address and client address,
-whose limit of unpaid lots spans every class), then the hardware class (the capacity lock that serialises
-bookings of one class), then allocation rows (conventions.md #4, Saleor's `checkout/lock_objects.py`).
+the order, then its invoices (`payments.invoices.lock_invoice`), then the booking client (its e-mail address and
+client address, whose limit of unpaid lots spans every class), then the hardware class (the capacity lock that
+serialises bookings of one class), then allocation rows (as Saleor's `checkout/lock_objects.py` does).
 
 Call inside a transaction; each function locks what it names and returns the fresh rows.
 """
@@ -10,7 +10,7 @@ import hashlib
 
 from django.db import connection
 
-from booking.models import Order
+from booking.models import Order, mailbox_of
 from inventory.models import HardwareClass
 
 
@@ -36,7 +36,7 @@ def lock_client(*, email: str, client_key: str) -> None:
     serialises every writing transaction already (IMMEDIATE, portal/settings.py)."""
     if connection.vendor != "postgresql":
         return
-    names = {f"email:{email.strip().lower()}"} | ({f"client:{client_key}"} if client_key else set())
+    names = {f"email:{mailbox_of(email)}"} | ({f"client:{client_key}"} if client_key else set())
     keys = sorted(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True) for name in names)
     with connection.cursor() as cursor:
         for key in keys:

@@ -10,14 +10,14 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from booking import availability
+from infrastructure.singleton import SingletonRow
 from inventory.models import HardwareClass, Lot, Runtime, validate_version, version_tuple
-from portal.singleton import SingletonRow
 
 
 class WindowDays(models.IntegerChoices):
@@ -131,11 +131,27 @@ class BookingPolicy(SingletonRow, models.Model):
             "costs nothing until paid)."
         ),
     )
+    unconfirmed_share_percent = models.PositiveSmallIntegerField(
+        _("share of a class held unpaid by contacts who never paid (%)"),
+        default=50,
+        validators=[MaxValueValidator(100)],
+        help_text=_(
+            "Of each hardware class's lots, how many (in %, rounded down) bookings of contacts who never paid an "
+            "order may hold unpaid over the same dates, however many addresses and client addresses they use: the "
+            "rest stays on sale for researchers who paid before and confirmed their address (an e-mailed link "
+            "opened in their browser). 100: no share."
+        ),
+    )
 
     class Meta:
         verbose_name = _("booking policy")
         verbose_name_plural = _("booking policy")
-        constraints = [models.CheckConstraint(condition=Q(pk=1), name="booking_policy_single_row")]
+        constraints = [
+            models.CheckConstraint(condition=Q(pk=1), name="booking_policy_single_row"),
+            models.CheckConstraint(
+                condition=Q(unconfirmed_share_percent__lte=100), name="booking_policy_unconfirmed_share_percent"
+            ),
+        ]
 
     def __str__(self) -> str:
         return str(_("Booking policy"))
@@ -271,7 +287,34 @@ class OrderStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
-# The state machine of design.md, in one table. A late payment may revive an expired order (payments re-allocates).
+# An order in one of these was paid (its contact's mailbox has paid an order: booking/placing.py's share of unpaid
+# holds does not bind it once confirmed).
+PAID_ONCE_STATUSES = frozenset(
+    {
+        OrderStatus.PAID,
+        OrderStatus.APPROVED,
+        OrderStatus.PROVISIONING,
+        OrderStatus.PROVISIONING_FAILED,
+        OrderStatus.READY,
+        OrderStatus.ACTIVE,
+        OrderStatus.ENDED,
+    }
+)
+
+
+def mailbox_of(email: str) -> str:
+    """The mailbox an address delivers to, as the limits on unpaid holds compare addresses: case-folded, its
+    "+tag" dropped (s+1@ and s+2@ are one mailbox at every provider that delivers plus-addresses). Dots are kept:
+    only some providers ignore them."""
+    local, at, domain = email.strip().casefold().rpartition("@")
+    if not at:
+        return domain
+    untagged = local.split("+", 1)[0]
+    return f"{untagged or local}@{domain}"
+
+
+# The order's state machine, in one table (docs/architecture.md, "One order's life"). A late payment may revive an
+# expired order (payments re-allocates).
 ORDER_TRANSITIONS: dict[str, frozenset[str]] = {
     OrderStatus.AWAITING_PAYMENT: frozenset(
         {OrderStatus.PAYMENT_PROCESSING, OrderStatus.PAID, OrderStatus.EXPIRED, OrderStatus.CANCELLED}
@@ -361,6 +404,8 @@ class Order(models.Model):
 
     contact_name = models.CharField(_("name"), max_length=120)
     contact_email = models.EmailField(_("e-mail"), max_length=254)
+    # The address's mailbox (mailbox_of), kept with it by save(): the limits on unpaid holds compare mailboxes.
+    contact_mailbox = models.CharField(_("mailbox"), max_length=254, blank=True, editable=False)
     organisation = models.CharField(_("organisation"), max_length=200)
     messenger = models.CharField(_("messenger handle"), max_length=100, blank=True)
     # Who the fiscal invoice is made out to (booking/billing.py checks them; editable until it is issued). Blank only
@@ -397,7 +442,7 @@ class Order(models.Model):
     fit_inputs = models.JSONField(_("fit advisor inputs"), null=True, blank=True)
     fit_advice = models.JSONField(_("fit advisor verdict"), null=True, blank=True)
     language = models.CharField(_("language"), max_length=8, default="en")
-    # A keyed digest of the client address the order was placed from (portal.client.client_key), for the limit
+    # A keyed digest of the client address the order was placed from (infrastructure.client.client_key), for the limit
     # on unpaid lots; the address itself is not kept.
     client_key = models.CharField(_("client key"), max_length=64, blank=True, editable=False)
     # When a link sent to the contact's address was first opened: from then on the order counts toward that
@@ -450,10 +495,18 @@ class Order(models.Model):
         indexes = [
             models.Index(fields=["status", "hold_expires_at"]),
             models.Index(fields=["contact_email"]),
+            models.Index(fields=["contact_mailbox"]),
         ]
 
     def __str__(self) -> str:
         return self.public_id
+
+    def save(self, *args, **kwargs) -> None:
+        self.contact_mailbox = mailbox_of(self.contact_email)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "contact_email" in update_fields:
+            kwargs["update_fields"] = {*update_fields, "contact_mailbox"}
+        super().save(*args, **kwargs)
 
     @property
     def is_settled(self) -> bool:
@@ -582,12 +635,21 @@ class AllocationQuerySet(models.QuerySet):
         availability.bump_generation()
         return created
 
+    def in_use(self) -> "AllocationQuerySet":
+        """The lots the order uses: live and not vacated (a lot a move took the order off stays live, held for no
+        one, until the container that held its cards is gone)."""
+        return self.filter(released_at__isnull=True, vacated_at__isnull=True)
+
 
 class Allocation(models.Model):
     """A lot held for an order over [window start − turnaround, window end + turnaround).
 
     Live while `released_at` is null. PostgreSQL forbids two live allocations of one lot whose periods overlap
     (exclusion constraint `allocation_no_overlap`, migration 0002).
+
+    `vacated_at`: a provider-fault move took the order off the lot (services.order_move_lot). The order no longer
+    uses it, but it stays live, so nobody books it, until provisioning has seen the container that held its cards
+    go (services.allocations_release_vacated); the release then sets `released_at`.
     """
 
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="allocations")
@@ -595,6 +657,7 @@ class Allocation(models.Model):
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
+    vacated_at = models.DateTimeField(null=True, blank=True)
 
     objects = AllocationQuerySet.as_manager()
 

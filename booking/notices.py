@@ -17,6 +17,8 @@ from django.dispatch import Signal
 class Notice(StrEnum):
     ORDER_LINK = "order_link"  # order=, link=: a fresh secret link to the order's contact
     ORDER_LINKS = "order_links"  # to=, language=, links=[(order, link)]: every recent order of an address
+    # to=, language=, link=, valid_minutes=: a link that confirms the address in the browser that opens it
+    ADDRESS_CONFIRMATION = "address_confirmation"
     PAYMENT_RECEIVED = "payment_received"  # order=, invoice=: to the contact, and a copy to the operators
     ACCESS_READY = "access_ready"  # order=, accesses=: how to log in
     END_WARNING = "end_warning"  # order=, kind= ("48h", "6h"), wipe_at=, wipe_after_days=, link= (to extend)
@@ -34,6 +36,8 @@ class Notice(StrEnum):
     # a provider fault moves the order to other lots
     ORDER_MOVED = "order_moved"
     HOST_FAILING = "host_failing"  # host_name=, problems=[str]: to the operators, when a host turns to failing
+    # order=, host_name=, restarts=: to the operators, when the watch stops restarting a container that keeps stopping
+    CONTAINER_HELD = "container_held"
 
 
 notice = Signal()

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from booking import availability, selectors
+from booking import availability, enqueue, selectors
 from booking.billing import BillingDetails, billing_check
 from booking.links import issue_token
 from booking.locks import lock_capacity, lock_client, lock_order
@@ -30,6 +30,7 @@ from booking.models import (
 )
 from booking.rules import (
     BookingError,
+    ConfirmAddressFirst,
     SoldOut,
     StaleTerms,
     capacity_problem,
@@ -93,11 +94,14 @@ class BookingRequest:
     language: str = "en"
     fit_inputs: dict | None = None
     fit_advice: dict | None = None
-    client_key: str = ""  # portal.client.client_key of the request: counts unpaid lots per client address
+    client_key: str = ""  # infrastructure.client.client_key of the request: counts unpaid lots per client address
     terms_version_id: int | None = None  # the terms version the customer accepted (the form's hidden field)
     # Who the fiscal invoice is made out to (the booking form always gives them; scripts placing orders may not).
     billing: BillingDetails | None = None
     carry: DataCarry | None = None
+    # The contact proved the mailbox of `contact.email` in the browser that books (opened a link e-mailed there):
+    # the order is confirmed from the start, and the class's share of unconfirmed holds does not apply.
+    contact_confirmed: bool = False
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -316,6 +320,8 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
     )
     if len(lot_ids) < request.lot_count:
         raise SoldOutUnderLock(free=len(lot_ids))
+    # after the lots' own answer: confirming an address would not make lots that are taken free
+    _check_unconfirmed_share(request=request, policy=plan.policy, window=plan.window)
     order = _order_from(plan)
     try:
         with transaction.atomic():
@@ -341,9 +347,7 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
         reason="order placed",
         evidence={"lots": len(lot_ids), "held_until": order.hold_expires_at.isoformat()},
     )
-    from booking.tasks import send_order_link
-
-    send_order_link.delay_on_commit(order.pk)
+    enqueue.send_order_link(order.pk)
     return order, token
 
 
@@ -369,6 +373,45 @@ def _check_unpaid_lots(*, request: BookingRequest, policy: BookingPolicy, now: d
         message % {"held": held.lots, "limit": limit, "frees_at": frees_at},
         field="lots",
     )
+
+
+def _check_unconfirmed_share(*, request: BookingRequest, policy: BookingPolicy, window: selectors.Window) -> None:
+    """Holding lots costs nothing until paid, and so do addresses: a confirmed one costs a click in a mailbox of
+    one's own, a new one a plus-address. Bookings of contacts who never paid an order (or did not confirm their
+    address) may together hold at most the policy's share of the class's lots (rounded down) over the same dates,
+    however many e-mail and client addresses they use, so a stranger cannot take a class. The rest is for
+    researchers who paid an order before and confirmed their address in the browser they book with. Checked under
+    the class lock."""
+    if policy.unconfirmed_share_percent >= 100:
+        return
+    if request.contact_confirmed and selectors.mailbox_has_paid(email=request.contact.email):
+        return
+    total = selectors.active_lot_count(hardware_class=request.hardware_class)
+    limit = total * policy.unconfirmed_share_percent // 100
+    held = selectors.unconfirmed_unpaid_lots(hardware_class=request.hardware_class, window=window)
+    if held.lots + request.lot_count <= limit:
+        return
+    figures = {"limit": limit, "total": total, "name": request.hardware_class.name, "held": held.lots}
+    message = (
+        _(
+            "Bookings of researchers who have not paid an order with us yet may hold %(limit)s of the %(total)s "
+            "%(name)s lots unpaid over the same dates (%(held)s are held so now): the rest is kept for researchers "
+            "who have."
+        )
+        % figures
+    )
+    if not request.contact_confirmed:  # whether this mailbox paid before is not said to whoever types it
+        message += " " + _(
+            "If you paid an order before, confirm your address with the link we e-mail you (open it in this "
+            "browser), then book again."
+        )
+    if held.lots and held.first_release is not None:
+        message += " " + _("Or book again after %(frees_at)s UTC, when the first of those holds ends.") % {
+            "frees_at": held.first_release.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+        }
+    if not request.contact_confirmed:
+        raise ConfirmAddressFirst(message)
+    raise BookingError(message, field="lots")
 
 
 def _order_from(plan: OrderPlan) -> Order:
@@ -411,4 +454,5 @@ def _order_from(plan: OrderPlan) -> Order:
         fit_advice=request.fit_advice,
         terms_version_id=request.terms_version_id,
         carry_data_from=request.carry.order if request.carry else None,
+        email_verified_at=plan.now if request.contact_confirmed else None,
     )

@@ -44,6 +44,14 @@ class InvalidTransition(BookingError):
     pass
 
 
+class ConfirmAddressFirst(BookingError):
+    """Bookings whose e-mail address is not confirmed hold the share of the class they may hold unpaid: this one
+    waits until its contact confirms their address (the page offers to e-mail a link)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="contact_email")
+
+
 def check_environment(*, hardware_class: HardwareClass, environment: EnvironmentImage) -> None:
     if not hardware_class.is_active:
         raise BookingError(_("This hardware class is not offered any more."), field="hardware_class")

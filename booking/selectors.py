@@ -9,6 +9,7 @@ from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, Query
 from django.utils import timezone
 
 from booking.models import (
+    PAID_ONCE_STATUSES,
     Allocation,
     BookingPolicy,
     EnvironmentImage,
@@ -17,6 +18,7 @@ from booking.models import (
     OrderEvent,
     OrderStatus,
     Price,
+    mailbox_of,
 )
 from booking.tokens import token_hash
 from inventory.models import HardwareClass, Lot, MaintenanceWindow
@@ -160,9 +162,13 @@ def order_data_carried(*, order: Order) -> Order | None:
 
 def order_disk(*, order: Order) -> OrderDisk:
     """The data disk of the order's live lots (one aggregated query)."""
-    found = Allocation.objects.filter(order=order, released_at__isnull=True).aggregate(
-        per_lot_gib=Min("lot__host__disk_per_lot_gib", filter=Q(lot__host__disk_per_lot_gib__gt=0)),
-        shared=Count("pk", filter=Q(lot__host__disk_per_lot_gib=0)),
+    found = (
+        Allocation.objects.filter(order=order)
+        .in_use()
+        .aggregate(
+            per_lot_gib=Min("lot__host__disk_per_lot_gib", filter=Q(lot__host__disk_per_lot_gib__gt=0)),
+            shared=Count("pk", filter=Q(lot__host__disk_per_lot_gib=0)),
+        )
     )
     return OrderDisk(per_lot_gib=found["per_lot_gib"], shared=found["shared"] > 0)
 
@@ -299,13 +305,40 @@ class UnpaidLots:
 
 
 def unpaid_lots_of(*, email: str, client_key: str) -> UnpaidLots:
-    """The lots held, unpaid, by orders of this e-mail address whose contact confirmed it (opened a link sent
-    there: anyone can type someone else's address), or placed from this client address (one query)."""
-    same_client = Q(contact_email__iexact=email.strip(), email_verified_at__isnull=False)
+    """The lots held, unpaid, by orders of this e-mail address's mailbox (s+1@ and s+2@ are one: mailbox_of) whose
+    contact confirmed it (opened a link sent there: anyone can type someone else's address), or placed from this
+    client address (one query)."""
+    same_client = Q(contact_mailbox=mailbox_of(email), email_verified_at__isnull=False)
     if client_key:
         same_client |= Q(client_key=client_key)
     held = Order.objects.filter(same_client, status=OrderStatus.AWAITING_PAYMENT).aggregate(
         lots=Sum("lot_count"), first_release=Min("hold_expires_at")
+    )
+    return UnpaidLots(lots=held["lots"] or 0, first_release=held["first_release"])
+
+
+def mailbox_has_paid(*, email: str) -> bool:
+    """Whether an order of this address's mailbox was ever paid (one query)."""
+    return Order.objects.filter(contact_mailbox=mailbox_of(email), status__in=PAID_ONCE_STATUSES).exists()
+
+
+def unconfirmed_unpaid_lots(*, hardware_class: HardwareClass, window: Window) -> UnpaidLots:
+    """The lots of the class held unpaid, over any part of the window's held period, by orders of contacts who never
+    paid an order, or did not confirm their address (one query): what the class-wide share of such holds counts.
+    A confirmed address costs a click in a mailbox of one's own, and a new one costs a plus-address: paying once is
+    what sets a contact apart from a stranger."""
+    mailbox = OuterRef("order__contact_mailbox")
+    paid_before = Order.objects.filter(contact_mailbox=mailbox, status__in=PAID_ONCE_STATUSES)
+    held = (
+        Allocation.objects.filter(
+            order__status=OrderStatus.AWAITING_PAYMENT,
+            lot__hardware_class=hardware_class,
+            released_at__isnull=True,
+            starts_at__lt=window.held_until,
+            ends_at__gt=window.held_from,
+        )
+        .exclude(Q(order__email_verified_at__isnull=False) & Exists(paid_before))
+        .aggregate(lots=Count("pk"), first_release=Min("order__hold_expires_at"))
     )
     return UnpaidLots(lots=held["lots"] or 0, first_release=held["first_release"])
 
@@ -422,11 +455,19 @@ def utilisation_by_week(*, first_week: date, weeks: int) -> tuple[list[date], li
     sold: dict[tuple[str, str], list[Decimal]] = {}
     held = Allocation.objects.filter(
         order__status__in=SOLD_STATUSES, order__starts_at__lt=period_end, order__ends_at__gt=starts[0]
-    ).values_list("lot__hardware_class__name", "lot__host__name", "order__starts_at", "order__ends_at", "released_at")
+    ).values_list(
+        "lot__hardware_class__name",
+        "lot__host__name",
+        "order__starts_at",
+        "order__ends_at",
+        "released_at",
+        "vacated_at",
+    )
     day = Decimal(86400)
-    for class_name, host_name, begins, ends, released_at in held:
-        if released_at is not None:
-            ends = min(ends, released_at)
+    for class_name, host_name, begins, ends, released_at, vacated_at in held:
+        left = vacated_at or released_at  # the order stopped using the lot then (a move vacates it first)
+        if left is not None:
+            ends = min(ends, left)
         per_week = sold.setdefault((class_name, host_name), [Decimal(0)] * weeks)
         for index, week_start in enumerate(starts):
             overlap = (min(ends, week_start + timedelta(weeks=1)) - max(begins, week_start)).total_seconds()

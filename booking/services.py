@@ -10,7 +10,7 @@ from django.db.models import Max, Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from booking import selectors
+from booking import enqueue, selectors
 from booking.cancellation import refund_quote
 from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
 from booking.models import (
@@ -89,7 +89,8 @@ def order_transition(
     if to_status in RELEASING_STATUSES:
         # Bumps availability first among the on-commit callbacks (AllocationQuerySet): the booking page shows the
         # lots free before any order page says they were released.
-        Allocation.objects.filter(order=locked, released_at__isnull=True).update(released_at=now)
+        # A lot a move vacated stays held until the container on its cards is gone (allocations_release_vacated).
+        Allocation.objects.filter(order=locked).in_use().update(released_at=now)
         locked.hold_expires_at = None
         update_fields.append("hold_expires_at")
     OrderEvent.objects.create(
@@ -143,13 +144,16 @@ def order_reallocate_after_late_payment(
     )
 
 
-def _allocation_move(*, order: Order, from_lot_id: int, to_lot_id: int, window_of, not_free: str, now: datetime):
-    """Release the order's allocation of `from_lot_id` now and allocate `to_lot_id` for the period `window_of(the
-    allocation)` must be free (BookingError `not_free` when it is not), from the later of the old allocation's start
-    and that period's, to the old allocation's end. The order is locked; the class's capacity is locked here. The
-    new allocation is checked by the same exclusion constraint as a booking."""
+def _allocation_move(
+    *, order: Order, from_lot_id: int, to_lot_id: int, window_of, not_free: str, now: datetime, vacate: bool = False
+):
+    """Release the order's allocation of `from_lot_id` now (with `vacate`, only mark it vacated: it stays held
+    until allocations_release_vacated) and allocate `to_lot_id` for the period `window_of(the allocation)` must be
+    free (BookingError `not_free` when it is not), from the later of the old allocation's start and that period's,
+    to the old allocation's end. The order is locked; the class's capacity is locked here. The new allocation is
+    checked by the same exclusion constraint as a booking."""
     lock_capacity(order.hardware_class_id)
-    current = Allocation.objects.select_for_update().filter(order=order, lot_id=from_lot_id, released_at__isnull=True)
+    current = Allocation.objects.select_for_update().filter(order=order, lot_id=from_lot_id).in_use()
     allocation = current.first()
     if allocation is None:
         raise BookingError(_("This lot is not allocated to the order."), field="from_lot")
@@ -157,7 +161,7 @@ def _allocation_move(*, order: Order, from_lot_id: int, to_lot_id: int, window_o
     free = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=10_000)
     if to_lot_id not in free:
         raise BookingError(not_free, field="to_lot")
-    current.update(released_at=now)
+    current.update(**{"vacated_at" if vacate else "released_at": now})
     try:
         with transaction.atomic():
             Allocation.objects.create(
@@ -176,10 +180,18 @@ REASSIGNABLE = frozenset({OrderStatus.PAID, OrderStatus.APPROVED, OrderStatus.PR
 
 @transaction.atomic
 def order_reassign_lot(
-    *, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser, now: datetime | None = None
+    *,
+    order: Order,
+    from_lot_id: int,
+    to_lot_id: int,
+    actor: AbstractBaseUser,
+    vacate: bool = False,
+    now: datetime | None = None,
 ) -> None:
     """Move one of the order's lots to another free lot of the same class, for the same period. The new
-    allocation is checked by the same exclusion constraint as a booking."""
+    allocation is checked by the same exclusion constraint as a booking. With `vacate` (a container of the order may
+    hold the old lot's cards: provisioning knows), the old lot is only vacated, as a move's: nobody can book it
+    until provisioning saw that container go (allocations_release_vacated); else it is released at once."""
     now = now or timezone.now()
     order = lock_order(order.pk)
     if order.status not in REASSIGNABLE:
@@ -194,6 +206,7 @@ def order_reassign_lot(
         ),
         not_free=_("That lot is not free for this window, or not of this class."),
         now=now,
+        vacate=vacate,
     )
     order_note(
         order=order,
@@ -220,7 +233,7 @@ def move_window(*, order: Order, allocation: Allocation, now: datetime) -> selec
 def free_lots_for_move(*, order: Order, now: datetime | None = None, limit: int = 50) -> list[int]:
     """Lots of the order's class free for the rest of its window (what the console offers to move a lot to)."""
     now = now or timezone.now()
-    allocation = order.allocations.filter(released_at__isnull=True).order_by("ends_at").last()
+    allocation = order.allocations.in_use().order_by("ends_at").last()
     if allocation is None:
         return []
     window = move_window(order=order, allocation=allocation, now=now)
@@ -232,7 +245,9 @@ def order_move_lot(
     *, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser, now: datetime | None = None
 ) -> None:
     """Move one lot of a ready or active order to another free lot of its class, from now to the window's end (a
-    provider fault: the old lot's host failed). The old allocation ends now; the new one is checked by the same
+    provider fault: the old lot's host failed). The old allocation is vacated now: the order no longer uses it, but
+    nobody can book it until provisioning saw the container holding its cards go (its move replaced the container,
+    or the teardown of the host left removed it: allocations_release_vacated). The new one is checked by the same
     exclusion constraint as a booking. Provisioning prepares the new lot, then tears down what the order left."""
     now = now or timezone.now()
     order = lock_order(order.pk)
@@ -245,6 +260,7 @@ def order_move_lot(
         window_of=lambda allocation: move_window(order=order, allocation=allocation, now=now),
         not_free=_("That lot is not free for the rest of this window, or not of this class."),
         now=now,
+        vacate=True,
     )
     order_note(
         order=order,
@@ -253,6 +269,26 @@ def order_move_lot(
         actor=actor,
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id, "at": now.isoformat()},
     )
+
+
+def allocations_release_vacated(*, order: Order, host_ids: set[int], now: datetime | None = None) -> int:
+    """Provisioning saw the order's container go from these hosts, or made again without the cards of the lots a
+    move vacated there: those lots are free to book again. Returns how many were released."""
+    now = now or timezone.now()
+    vacated = Allocation.objects.filter(
+        order=order, lot__host_id__in=host_ids, vacated_at__isnull=False, released_at__isnull=True
+    )
+    lots = list(vacated.values_list("lot_id", flat=True))
+    if not lots:
+        return 0
+    vacated.update(released_at=now)
+    order_note(
+        order=order,
+        reason="lots the move left released: the container on their cards is gone",
+        actor_kind=OrderEvent.Actor.SYSTEM,
+        evidence={"lots": lots},
+    )
+    return len(lots)
 
 
 @transaction.atomic
@@ -276,7 +312,7 @@ def order_credit_time(*, order: Order, lost: timedelta, actor: AbstractBaseUser)
         raise BookingError(
             _("The lots are taken after this window: credit the lost time as a refund instead."), field="credit"
         )
-    live = Allocation.objects.filter(order=order, released_at__isnull=True)
+    live = Allocation.objects.filter(order=order).in_use()
     extension_days_held = timedelta(0)
     if order.extension_held_until is not None:
         lots_held_until = live.aggregate(until=Max("ends_at"))["until"] or window_held_until
@@ -301,7 +337,7 @@ def order_credit_time(*, order: Order, lost: timedelta, actor: AbstractBaseUser)
 def _lots_busy_from(*, order: Order, after: datetime) -> tuple[datetime | None, datetime | None]:
     """When the order's lots are next taken after `after`: the earliest start of another live allocation of them,
     and of a maintenance window of their hosts, still running at `after` (either None when there is none)."""
-    lot_ids = list(order.allocations.filter(released_at__isnull=True).values_list("lot_id", flat=True))
+    lot_ids = list(order.allocations.in_use().values_list("lot_id", flat=True))
     booked = (
         Allocation.objects.filter(lot_id__in=lot_ids, released_at__isnull=True, ends_at__gt=after)
         .exclude(order=order)
@@ -410,7 +446,7 @@ def extension_hold(*, order: Order, days: int, actor: AbstractBaseUser | None = 
     window = extension_check(order=order, days=days)
     policy = BookingPolicy.current()
     until = now + timedelta(minutes=policy.hold_minutes) + EXTENSION_PAYMENT_GRACE
-    Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
+    Allocation.objects.filter(order=order).in_use().update(ends_at=window.held_until)
     order.extension_held_until = until
     order.save(update_fields=["extension_held_until", "updated_at"])
     order_note(
@@ -439,9 +475,7 @@ def extension_holds_release(*, now: datetime | None = None, batch_size: int = 20
             if order is None:
                 continue
             window_end = order.ends_at + BookingPolicy.current().turnaround
-            shrunk = Allocation.objects.filter(order=order, released_at__isnull=True, ends_at__gt=window_end).update(
-                ends_at=window_end
-            )
+            shrunk = Allocation.objects.filter(order=order, ends_at__gt=window_end).in_use().update(ends_at=window_end)
             order.extension_held_until = None
             order.save(update_fields=["extension_held_until", "updated_at"])
             if shrunk:  # not when the order ended or was cancelled meanwhile: its lots are already free
@@ -457,7 +491,7 @@ def order_extend(*, order: Order, days: int, evidence: dict, price: Decimal = De
     before the new one."""
     order = lock_order(order.pk)
     window = extension_check(order=order, days=days)
-    Allocation.objects.filter(order=order, released_at__isnull=True).update(ends_at=window.held_until)
+    Allocation.objects.filter(order=order).in_use().update(ends_at=window.held_until)
     order.ends_at = window.ends_at
     order.extension_held_until = None
     order.extensions_price += price
@@ -588,9 +622,7 @@ def order_cancel_by_customer(*, order: Order, refund_shown: Decimal | None = Non
             },
             now=now,
         )
-        from booking.tasks import send_order_cancelled
-
-        send_order_cancelled.delay_on_commit(order.pk)
+        enqueue.send_order_cancelled(order.pk)
 
 
 def order_cancel_by_operator(*, order: Order, actor: AbstractBaseUser, reason: str = "") -> bool:

@@ -28,6 +28,13 @@ def send_order_links(email: str, language: str) -> int:
     return links.orders_send_links(email=email, language=language)
 
 
+@shared_task(name="booking.send_address_confirmation", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_address_confirmation(email: str, language: str) -> None:
+    validate_email(email)  # task arguments are input like any other
+    language = language if language in dict(settings.LANGUAGES) else settings.LANGUAGE_CODE
+    links.address_send_confirmation(email=email, language=language)
+
+
 @shared_task(name="booking.send_order_cancelled", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def send_order_cancelled(order_id: int) -> None:
     """The written confirmation of a paid order cancelled by its customer, with the refund its terms give."""

@@ -3,7 +3,7 @@
 import django.core.validators
 import django.db.models.deletion
 import inventory.models
-import portal.singleton
+import infrastructure.singleton
 from decimal import Decimal
 from django.conf import settings
 from django.db import migrations, models
@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'booking policy',
                 'constraints': [models.CheckConstraint(condition=models.Q(('pk', 1)), name='booking_policy_single_row')],
             },
-            bases=(portal.singleton.SingletonRow, models.Model),
+            bases=(infrastructure.singleton.SingletonRow, models.Model),
         ),
         migrations.CreateModel(
             name='EnvironmentImage',

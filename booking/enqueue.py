@@ -1,0 +1,26 @@
+"""How booking's services hand work to a worker: by the task's name, so that the services never import the tasks
+that call them (booking/tasks.py imports the services; the app registers its tasks when ready, booking/apps.py).
+Each function queues after the current transaction commits, as the conventions ask."""
+
+from celery import current_app
+
+
+def task(name: str):
+    """The registered task called `name` (its @shared_task name)."""
+    return current_app.tasks[name]
+
+
+def send_order_link(order_id: int) -> None:
+    task("booking.send_order_link").delay_on_commit(order_id)
+
+
+def send_order_links(email: str, language: str) -> None:
+    task("booking.send_order_links").delay_on_commit(email, language)
+
+
+def send_address_confirmation(email: str, language: str) -> None:
+    task("booking.send_address_confirmation").delay_on_commit(email, language)
+
+
+def send_order_cancelled(order_id: int) -> None:
+    task("booking.send_order_cancelled").delay_on_commit(order_id)
