@@ -93,6 +93,9 @@ class HardwareClass(models.Model):
 MAX_CPUS_PER_LOT = 1024
 MAX_MEMORY_PER_LOT_GIB = 16384  # 16 TiB: more than any host of the fleet, less than what overflows podman
 MAX_SHM_GIB = 1024
+MAX_CONNECTIONS_PER_LOT = 10_000_000  # the kernel's connection-tracking table is sized in the hundreds of thousands
+MAX_PTYS_PER_LOT = 65536
+MAX_DISK_MBPS_PER_LOT = 100_000
 
 
 class Isolation(models.TextChoices):
@@ -180,7 +183,7 @@ class Host(models.Model):
     is_active = models.BooleanField(_("active"), default=True)
     notes = models.TextField(_("notes"), blank=True)
     # Each lot's container gets this share of the host (podman --cpus / --memory / --shm-size); a share left empty
-    # is derived from the host's size split over its lots (provisioning.container_steps._shares).
+    # is derived from the host's size split over its lots (provisioning.shares).
     cpus_per_lot = models.DecimalField(
         _("CPUs per lot"),
         max_digits=6,
@@ -203,6 +206,31 @@ class Host(models.Model):
         default=8,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_SHM_GIB)],
         help_text=_("Size of each container's /dev/shm, where PyTorch data loaders pass batches."),
+    )
+    # What every tenant of the host draws from (provisioning/shares.py): 0 splits the host's own over its lots.
+    connections_per_lot = models.PositiveIntegerField(
+        _("tracked connections per lot"),
+        default=0,
+        validators=[MaxValueValidator(MAX_CONNECTIONS_PER_LOT)],
+        help_text=_(
+            "Connections each lot's container may hold in the kernel's connection-tracking table; 0: the host's "
+            "table (nf_conntrack_max) split over its lots."
+        ),
+    )
+    ptys_per_lot = models.PositiveIntegerField(
+        _("terminals per lot"),
+        default=0,
+        validators=[MaxValueValidator(MAX_PTYS_PER_LOT)],
+        help_text=_("Terminals (ptys) each lot's container may hold; 0: the host's pool split over its lots."),
+    )
+    disk_mbps_per_lot = models.PositiveIntegerField(
+        _("disk bandwidth per lot (MB/s)"),
+        default=0,
+        validators=[MaxValueValidator(MAX_DISK_MBPS_PER_LOT)],
+        help_text=_(
+            "Reads and writes each lot's container may make on the data volumes' disk, per second; 0: no limit, a "
+            "weight by lots where the host's kernel honours one (the host check says whether it does)."
+        ),
     )
     # What the last "check host" found (provisioning/hosts.py). offers_lots is computed by the database from
     # the mode: booking filters its lots on it (and on exclusive_lot) without knowing what the modes are.
@@ -272,6 +300,14 @@ class Host(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(shm_size_gib__gte=1, shm_size_gib__lte=MAX_SHM_GIB), name="host_shm_size_in_range"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    connections_per_lot__lte=MAX_CONNECTIONS_PER_LOT,
+                    ptys_per_lot__lte=MAX_PTYS_PER_LOT,
+                    disk_mbps_per_lot__lte=MAX_DISK_MBPS_PER_LOT,
+                ),
+                name="host_shared_tables_in_range",
             ),
         ]
 

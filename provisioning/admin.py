@@ -3,8 +3,8 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from infrastructure.singleton import SingletonAdmin
 from inventory.models import Host, MaintenanceWindow
-from portal.singleton import SingletonAdmin
 from provisioning import hosts
 from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep
 
@@ -63,6 +63,9 @@ class HostAdmin(admin.ModelAdmin):
                     "memory_per_lot_gib",
                     "shm_size_gib",
                     "disk_per_lot_gib",
+                    "connections_per_lot",
+                    "ptys_per_lot",
+                    "disk_mbps_per_lot",
                 ]
             },
         ),

@@ -16,14 +16,14 @@ from django.utils import timezone
 
 from nodekit.bundle import host_file_bytes
 from provisioning import containers
-from provisioning.container_steps import download_container_name
+from provisioning.container_steps import download_container_name, release_volume, remove_checked
 from provisioning.drivers.base import Connection, DriverError
 from provisioning.host_steps import authorized_keys_lines
 from provisioning.step_context import (
     StepContext,
     StepFailed,
     StepOutput,
-    account_ids,
+    id_ranges,
     install_root_files,
     is_dry_run,
     runtime_of,
@@ -64,16 +64,15 @@ def _download_state(conn: Connection, ctx: StepContext) -> tuple[int, bool] | No
     return (int(port) if port.isdigit() else 0), running == "true"
 
 
-def _download_argv(ctx: StepContext, *, uid: int, gid: int, port: int) -> list[str]:
+def _download_argv(ctx: StepContext, *, uid_base: int, gid_base: int, port: int) -> list[str]:
     runtime = runtime_of(ctx)
     name = download_container_name(ctx.username)
     argv = runtime.command("run", "--name", name, "--hostname", name, "--detach", "--init", "--restart", "always")
-    argv += ["--read-only", "--user", f"{uid}:{gid}", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
-    if runtime.is_podman:
-        spec_user = f"{ctx.username}:*:{uid}:{gid}::{ctx.home}:/usr/sbin/nologin"
-        argv += ["--passwd-entry", spec_user]
-    else:
-        argv += ["--volume", f"{ctx.kit_dir}/passwd:/etc/passwd:ro"]
+    # the window's user namespace (the volume's files are its ids), and sshd as the customer's account in it
+    customer = f"{containers.CUSTOMER_ID}:{containers.CUSTOMER_ID}"
+    argv += ["--read-only", *runtime.id_map(uid_base, gid_base), "--user", customer]
+    argv += ["--cap-drop", "all", "--security-opt", "no-new-privileges"]
+    argv += ["--volume", f"{ctx.kit_dir}/passwd:/etc/passwd:ro", "--volume", f"{ctx.kit_dir}/group:/etc/group:ro"]
     for ulimit in containers.ULIMITS:
         argv += ["--ulimit", ulimit]
     argv += ["--pids-limit", "64", "--memory", "512m", "--memory-swap", "512m", "--cpus", "1"]
@@ -87,7 +86,7 @@ def _download_argv(ctx: StepContext, *, uid: int, gid: int, port: int) -> list[s
     return [*argv, ctx.image_id, "/usr/sbin/sshd", "-D", "-e", "-f", config]
 
 
-def _start_download(conn: Connection, ctx: StepContext, *, uid: int, gid: int) -> int:
+def _start_download(conn: Connection, ctx: StepContext, *, uid_base: int, gid_base: int) -> int:
     """The download window's container started on the first free port of its range; a port taken between the look
     and the start (the host's own outgoing connections take ports at any time) is skipped for the next one."""
     runtime = runtime_of(ctx)
@@ -97,10 +96,12 @@ def _start_download(conn: Connection, ctx: StepContext, *, uid: int, gid: int) -
         port = next((p for p in ports if p not in used), 0)
         if not port:
             raise StepFailed(f"no free port for the download window in {ports.start}-{ports.stop - 1}")
-        started = conn.run(_download_argv(ctx, uid=uid, gid=gid, port=port), check=False, timeout=300)
+        argv = _download_argv(ctx, uid_base=uid_base, gid_base=gid_base, port=port)
+        release_volume(conn, runtime, ctx.volume_name)
+        started = conn.run(argv, check=False, timeout=300)
         if started.ok:
             return port
-        conn.run(runtime.remove(download_container_name(ctx.username)), check=False, timeout=120)
+        remove_checked(conn, runtime, download_container_name(ctx.username))
         if not any(words in started.stderr.lower() for words in PORTS_TAKEN):
             break
         used.add(port)
@@ -130,7 +131,7 @@ def _open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
         return "no data volume on this host: no download window"
     if not ctx.image_id:
         raise StepFailed("the order's image is not pinned: the download window has no image to run sshd from")
-    uid, gid = account_ids(conn, ctx.username)
+    uid_base, gid_base = id_ranges(conn, ctx)
     lines = [
         line.replace(line.split(",expiry-time=")[0], DOWNLOAD_KEY_OPTIONS, 1)
         for line in authorized_keys_lines(ctx.authorized_keys, ctx.download_until)
@@ -145,14 +146,15 @@ def _open_download(conn: Connection, ctx: StepContext) -> StepOutput | str:
     state = _download_state(conn, ctx)
     if state and state[0]:
         if not state[1]:
+            release_volume(conn, runtime, ctx.volume_name)
             conn.run(runtime.command("start", download_container_name(ctx.username)), timeout=120)
         port, kept = state[0], " (kept)"
     else:
         if state:  # made without a port (a failed start): made again
-            conn.run(runtime.remove(download_container_name(ctx.username)), timeout=120)
+            remove_checked(conn, runtime, download_container_name(ctx.username))
         if not conn.run(runtime.command("network", "inspect", ctx.network_name), check=False).ok:
             conn.run(runtime.network_create(ctx.network_name))
-        port, kept = _start_download(conn, ctx, uid=uid, gid=gid), ""
+        port, kept = _start_download(conn, ctx, uid_base=uid_base, gid_base=gid_base), ""
     until = ctx.download_until.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return StepOutput(
         f"download window{kept}: read-only SFTP on port {port} until {until}",

@@ -17,9 +17,9 @@ from booking import notices
 from booking.locks import lock_order
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
-from booking.services import order_note, order_transition
+from booking.services import allocations_release_vacated, order_note, order_transition
 from inventory.models import Host
-from provisioning import selectors, steps
+from provisioning import enqueue, selectors, steps
 from provisioning.drivers.base import DriverError
 from provisioning.hosts import host_connect
 from provisioning.models import RETRIED_RUN_KINDS, Access, OperatorSettings, ProvisioningRun, ProvisioningStep
@@ -39,7 +39,7 @@ RELEASED_RUN_KINDS = (
 )
 
 
-def _context(order: Order, access: Access, host: Host) -> StepContext:
+def _context(order: Order, access: Access, host: Host, run: ProvisioningRun) -> StepContext:
     hardware = order.hardware_class
     operator_settings = OperatorSettings.current()
     gpu_indices = [int(index) for index in access.gpu_indices.split(",") if index]
@@ -65,6 +65,10 @@ def _context(order: Order, access: Access, host: Host) -> StepContext:
         device_dir=settings.PROVISIONING_DEVICE_DIR,
         carry_from_username=selectors.carried_volume_username(order, host=host),
         download_until=_download_until(order, operator_settings),
+        container_held=access.restarts_held_at is not None,
+        # a change of keys in the window never starts a stopped container: the watch does, counted (the hand-over's
+        # keys run follows the provision's start, before the customer can stop anything)
+        starts_stopped_container=run.kind != ProvisioningRun.Kind.KEYS or order.status in HANDING_OVER,
         **selectors.container_limits(host, lots=lots),
     )
 
@@ -147,7 +151,7 @@ def _execute_step(
     try:
         if step.host_id not in connections:
             connections[step.host_id] = host_connect(host=step.host)
-        context = _context(order, access, step.host)
+        context = _context(order, access, step.host, run)
         output = steps.STEPS[step.name](connections[step.host_id], context)
     except (DriverError, StepFailed) as exc:
         failure = f"{step.name} on {step.host.name}: {getattr(exc, 'message', None) or exc}"
@@ -173,13 +177,15 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     now = timezone.now()
     status = ProvisioningRun.Status.FAILED if failure else ProvisioningRun.Status.SUCCEEDED
     attempts = ProvisioningRun.objects.select_for_update().values_list("attempts", flat=True).get(pk=run.pk) + 1
-    retry_at = now + retry_delay(attempts) if failure and run.kind in RETRIED_RUN_KINDS else None
+    order = Order.objects.select_for_update().get(pk=order.pk)
+    retry_at = now + retry_delay(attempts) if failure and _retried(run, order) else None
     _save(
         run, status=status, finished_at=now, error=failure, lease_until=None, attempts=attempts, next_retry_at=retry_at
     )
     if retry_at:
         logger.warning("%s run %s failed (attempt %s), retry at %s: %s", run.kind, run.pk, attempts, retry_at, failure)
-    order = Order.objects.select_for_update().get(pk=order.pk)
+    if not failure:
+        _release_vacated_lots(order=order, run=run)
     if run.kind == ProvisioningRun.Kind.PROVISION and order.status == OrderStatus.PROVISIONING:
         failed_checks = _failed_preflights(order)
         if failure:
@@ -188,10 +194,7 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
             _provisioning_failed(
                 order, "pre-flight check failed: waiting for an operator", {"run": run.pk, "failed": failed_checks}
             )
-            from provisioning.tasks import send_preflight_held
-
-            order_id = order.pk
-            transaction.on_commit(lambda: send_preflight_held.delay(order_id))
+            enqueue.send_preflight_held(order.pk)
         else:
             handover_start(order=order)
     elif run.kind == ProvisioningRun.Kind.PREFLIGHT and not failure and awaits_preflight_decision(order):
@@ -228,25 +231,48 @@ def _finish(*, run: ProvisioningRun, order: Order, failure: str) -> str:
     return status
 
 
+def _retried(run: ProvisioningRun, order: Order) -> bool:
+    """Whether a failed run is queued again by the sweep: the kinds that take access away, always; a move while its
+    order is still in its window, unless an operator gave it up or a later move replaced it."""
+    if run.kind not in RETRIED_RUN_KINDS or run.given_up_at is not None:
+        return False
+    return run.kind != ProvisioningRun.Kind.MOVE or order.status in (OrderStatus.READY, OrderStatus.ACTIVE)
+
+
+# The steps after which the order has no container on a host holding other cards than its lots there: the container
+# was made again from the lots it uses, or removed.
+_CONTAINER_REMADE_OR_GONE = ("start_container", "remove_container", "wipe_data")
+
+
+def _release_vacated_lots(*, order: Order, run: ProvisioningRun) -> None:
+    """The lots a move vacated on the hosts where this run made the order's container again or removed it are free
+    to book again: no container of the order holds their cards any more."""
+    done = run.steps.filter(name__in=_CONTAINER_REMADE_OR_GONE, status=ProvisioningStep.Status.DONE)
+    hosts = set(done.values_list("host_id", flat=True))
+    if hosts:
+        allocations_release_vacated(order=order, host_ids=hosts)
+
+
 def _moved(*, order: Order, run: ProvisioningRun, now: datetime, failure: str) -> None:
     """The new lots of a moved order are ready (its access there too), and the hosts it left are torn down now;
-    the customer is e-mailed how to log in. A failed move leaves the order where it was, for an operator's retry."""
+    the customer is e-mailed how to log in. A failed move leaves the customer on the machine they work on (its lot
+    held, vacated, for no one) and is retried with backoff (lifecycle._retry_failed) until it succeeds or an operator
+    gives it up (moves.move_give_up)."""
     if failure:
-        order_note(
-            order=order,
-            reason="move failed: the order stays on its previous lots until an operator retries",
-            actor_kind=OrderEvent.Actor.SYSTEM,
-            evidence={"run": run.pk, "error": failure[:500]},
-        )
+        if run.attempts <= 1:  # once: its retries are counted on the run, not in the order's history
+            order_note(
+                order=order,
+                reason="move failed: the customer stays on the previous machine; the move is retried until it "
+                "succeeds or an operator gives it up",
+                actor_kind=OrderEvent.Actor.SYSTEM,
+                evidence={"run": run.pk, "error": failure[:500]},
+            )
         return
     accesses_set(order, hosts=run.steps.values("host_id"), status=Access.Status.READY, ready_at=now)
     access_release_left_hosts(order=order, reason="order moved after a provider fault")
     order_note(order=order, reason="moved: the new lots are handed over", actor_kind=OrderEvent.Actor.SYSTEM,
                evidence={"run": run.pk})  # fmt: skip
-    from provisioning.tasks import send_order_moved
-
-    order_id, run_id = order.pk, run.pk
-    transaction.on_commit(lambda: send_order_moved.delay(order_id, run_id, "done"))
+    enqueue.send_order_moved(order.pk, run.pk, "done")
 
 
 def order_moved_email_send(
@@ -301,9 +327,7 @@ def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **ac
         order_transition(
             order=order, to_status=OrderStatus.ACTIVE, actor_kind=OrderEvent.Actor.SYSTEM, reason="window started"
         )
-    from provisioning.tasks import send_access_ready
-
-    send_access_ready.delay_on_commit(order.pk)
+    enqueue.send_access_ready(order.pk)
 
 
 def preflight_held_email_send(*, order: Order) -> None:

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inventory.models import Isolation
-from provisioning import ports
+from provisioning import cards, escapes, ports, shares
 from provisioning.containers import CUSTOMER_GROUP, GUARD_FORWARD, GUARD_IN, GUARD_TO, Runtime
 from provisioning.drivers.base import Connection
+from provisioning.step_context import VOLUME_ROOT
 
 PROBE_TIMEOUT_S = 60
 MAX_REPORT_LINES = 60
@@ -64,7 +65,7 @@ _LOGIN_STACK = (
     'getent passwd | grep "^$1" | cut -d: -f1,6,7; echo "--homes"; '
     'getent passwd | grep "^$1" | cut -d: -f6 | while read -r home; do '
     'stat -c "%U %a %n" -- "$home" 2>/dev/null || echo "missing - $home"; done; echo "--linger"; '
-    'ls /var/lib/systemd/linger 2>/dev/null | grep "^$1"; echo "--pam"; '
+    'for f in /var/lib/systemd/linger/"$1"*; do [ -e "$f" ] && printf "%s\\n" "${f##*/}"; done; echo "--pam"; '
     r'grep -lE "^[^#]*pam_env\.so.*user_readenv=1" /etc/pam.d/* 2>/dev/null; echo "--sshd"; '
     "sshd -T 2>/dev/null | grep -iE '^(denygroups|denyusers|allowgroups|allowusers) '; echo '--end'"
 )
@@ -122,27 +123,57 @@ def login_stack(connection: Connection) -> LoginStack:
     return LoginStack(problems=problems, notes=notes)
 
 
-# Run inside the image, with no network, as nobody: what an image must have to be handed to a customer.
+# Run inside the image, with no network, as nobody: what an image must have to be handed to a customer, then its
+# accounts (the container's /etc/passwd and /etc/group are these plus the customer's, from the kit).
 _IMAGE_NEEDS = (
     'missing=; [ -x /usr/sbin/sshd ] || missing="$missing sshd(/usr/sbin/sshd)"; '
-    'command -v python3 >/dev/null 2>&1 || missing="$missing python3"; echo "missing:$missing"'
+    'command -v python3 >/dev/null 2>&1 || missing="$missing python3"; echo "missing:$missing"; '
+    "echo '--passwd'; head -c 65536 /etc/passwd; echo; echo '--group'; head -c 65536 /etc/group; echo"
 )
+_ACCOUNT_LINE = {"passwd": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?:[^:]*:\d{1,10}:\d{1,10}:[^:]*:[^:]*:[^:]*"),
+                 "group": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}:[^:]*:\d{1,10}:[A-Za-z0-9_.,-]*")}  # fmt: skip
+MAX_ACCOUNTS = 2000
 
 
-def image_problem(connection: Connection, command: Callable[..., list[str]], image: str) -> str:
-    """Why an image cannot be handed to a customer ("" if it can): customers log in to its own SSH server (sftp is
-    sshd's internal one, so always inside), and the pre-flight check runs with its own Python."""
+@dataclass(frozen=True)
+class ImageFacts:
+    problem: str  # why it cannot be handed to a customer ("" if it can)
+    passwd: list[str] = field(default_factory=list)  # its accounts' lines, each checked for form
+    group: list[str] = field(default_factory=list)
+
+
+def image_facts(connection: Connection, command: Callable[..., list[str]], image: str) -> ImageFacts:
+    """Whether an image can be handed to a customer (customers log in to its own SSH server, sftp being sshd's
+    internal one; the pre-flight check runs with its own Python), and its accounts. What it prints is the image's
+    word: only lines of the form of passwd and group entries are kept."""
     argv = command(
         "run", "--rm", "--network", "none", "--user", "65534:65534", "--cap-drop", "all",
         "--security-opt", "no-new-privileges", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
         "--entrypoint", "/bin/sh", image, "-c", _IMAGE_NEEDS,
     )  # fmt: skip
     result = connection.run(argv, check=False, timeout=PROBE_TIMEOUT_S)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("missing:")]
+    sections: dict[str, list[str]] = {"needs": []}
+    current = "needs"
+    for line in result.stdout.splitlines()[: MAX_ACCOUNTS * 2 + 10]:
+        if line in ("--passwd", "--group"):
+            current = line[2:]
+            sections[current] = []
+        elif current == "needs" or _ACCOUNT_LINE[current].fullmatch(line):
+            sections[current].append(line)
+    lines = [line for line in sections["needs"] if line.startswith("missing:")]
     if not lines:
-        return f"it does not run a shell ({_first_line(result.stderr) or f'exit {result.exit_status}'})"
+        return ImageFacts(f"it does not run a shell ({_first_line(result.stderr) or f'exit {result.exit_status}'})")
     missing = lines[-1].removeprefix("missing:").split()
-    return f"it has no {', '.join(missing)}" if missing else ""
+    return ImageFacts(
+        f"it has no {', '.join(missing)}" if missing else "",
+        sections.get("passwd", [])[:MAX_ACCOUNTS],
+        sections.get("group", [])[:MAX_ACCOUNTS],
+    )
+
+
+def image_problem(connection: Connection, command: Callable[..., list[str]], image: str) -> str:
+    """Why an image cannot be handed to a customer ("" if it can)."""
+    return image_facts(connection, command, image).problem
 
 
 def device_paths(lot: LotDevices, device_dir: str = "/dev") -> list[str]:
@@ -181,11 +212,21 @@ def probe(
     ]
     _devices_protected(connection, lots, device_dir, lines)
     if runtime_found:
+        lines += cards.report_lines(connection, Runtime(runtime_found), [lot.vendor for lot in lots] or ["nvidia"])
         lines += _image_lines(connection, Runtime(runtime_found), images)
     guard = _guard_in_place(connection, runtime_found) if runtime_found else False
     lines.append(f"firewall guard around the customers' networks: {'in place' if guard else 'missing'}")
     if customer_ports:
         lines.append(_ports_line(connection, customer_ports))
+    shared_ids = []
+    if runtime_found:  # each container's shares read back, the ids of its user namespace, the runtime's escapes
+        share_lines, shared_ids = shares.shares_report(connection, Runtime(runtime_found), VOLUME_ROOT)
+        lines += (
+            share_lines + [f"user namespaces: {problem}" for problem in shared_ids] + escapes.escape_lines(connection)
+        )
+    if runtime_found and stack.ok and shared_ids:
+        lines.insert(0, "mode: not isolated (two customer accounts share host ids: their containers' roots are one)")
+        return Finding(Isolation.NOT_ISOLATED, _report(lines))
     if runtime_found and stack.ok and not guard:
         lines.insert(0, "mode: not isolated (the firewall guard around the customers' networks is missing)")
         lines.append("provision an order on the host (its first step rebuilds the guard), then check the host again")

@@ -13,6 +13,7 @@ from provisioning.container_steps import remove_container, remove_download
 from provisioning.containers import CUSTOMER_GROUP  # the host's sshd denies it (docs/operations.md)
 from provisioning.drivers.base import CommandFailed, Connection
 from provisioning.step_context import (
+    IDS_LOCK,
     KIT_ROOT,
     VOLUME_ROOT,
     StepContext,
@@ -92,33 +93,43 @@ def reserve_customer_ports(conn: Connection, ctx: StepContext) -> str:
     return f"customer ports {ports.port_ranges(state.exposed)} reserved from the ephemeral ports"
 
 
+# Each account's own range of subordinate ids, its containers' user namespace: useradd gives one to every new account
+# where login.defs sets SUB_UID_COUNT (Debian, Ubuntu, Fedora do); an account without one gets the range above the
+# highest listed in either file. Under one lock with useradd: two runs never take the same range.
+_SUBORDINATE_IDS = (
+    "start=$(awk -F: 'BEGIN { top = 100000 } $2 + $3 > top { top = $2 + $3 } END { print top }' /etc/subuid "
+    "/etc/subgid 2>/dev/null); end=$((start + $2 - 1)); "
+    'grep -q "^$1:" /etc/subuid 2>/dev/null || usermod --add-subuids "$start-$end" "$1" || exit 1; '
+    'grep -q "^$1:" /etc/subgid 2>/dev/null || usermod --add-subgids "$start-$end" "$1" || exit 1; '
+    'grep -m 1 "^$1:" /etc/subuid | cut -d: -f2'
+)
+
+
+# The account ($1) made, or brought to this design when it exists (a home of the customer's own, a login shell), with
+# its kit directory ($3, in $7) as a root-owned home, no login shell ($4), in the customers' group ($5); prints what it
+# did, then the start of its range of subordinate ids. usermod names it --home (useradd --home-dir): the other
+# spelling is a usage error, exit status 2.
+_CREATE_USER = (
+    'install -d -m 755 -o root -g root "$7" "$3" && if id -u "$1" >/dev/null 2>&1; then '
+    'usermod --home "$3" --shell "$4" --append --groups "$5" --lock "$1" && echo "already exists"; else '
+    'useradd --no-create-home --home-dir "$3" --shell "$4" --groups "$5" --comment "$6" "$1" '
+    '&& usermod --lock "$1" && echo created; fi && '
+)
+
+
 def create_user(conn: Connection, ctx: StepContext) -> str:
-    """The account that gives the container its uid: no login shell, password locked, home the root-owned kit
-    directory, in the group the host's sshd denies. Nothing in it is the customer's."""
+    """The account that gives the container its user namespace: no login shell, password locked, home the root-owned
+    kit directory, in the group the host's sshd denies, with a range of subordinate ids of its own. Nothing in it is
+    the customer's. One round trip, under the lock of the ranges (useradd takes one too)."""
     home = ctx.kit_dir
-    conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", KIT_ROOT, home])
-    if user_exists(conn, ctx.username):  # made earlier, or by the previous design (a home of the customer's own)
-        # usermod names it --home (useradd --home-dir): the other spelling is a usage error, exit status 2
-        conn.run(["usermod", "--home", home, "--shell", NOLOGIN, "--append", "--groups", CUSTOMER_GROUP, "--lock",
-                  ctx.username])  # fmt: skip
-        return f"user {ctx.username} already exists (no login shell, locked, home {home} root-owned)"
-    conn.run(
-        [
-            "useradd",
-            "--no-create-home",
-            "--home-dir",
-            home,
-            "--shell",
-            NOLOGIN,
-            "--groups",
-            CUSTOMER_GROUP,
-            "--comment",
-            ctx.comment,
-            ctx.username,
-        ]
+    script = _CREATE_USER + _SUBORDINATE_IDS
+    argv = ["sh", "-c", script, "create_user", ctx.username, str(containers.ID_RANGE), home, NOLOGIN, CUSTOMER_GROUP]
+    answer = conn.run(["flock", IDS_LOCK, *argv, ctx.comment, KIT_ROOT]).stdout.splitlines()
+    made, start = ([*answer, "?", "?"])[:2] if not is_dry_run(conn) else ("made", "?")
+    return (
+        f"user {ctx.username} {made} (no login shell, locked, home {home} root-owned; "
+        f"user namespace from host id {start})"
     )
-    conn.run(["usermod", "--lock", ctx.username])
-    return f"user {ctx.username} created (no login shell, locked, home {home} root-owned)"
 
 
 def authorized_keys_lines(authorized_keys: str, expires_at: datetime) -> list[str]:
@@ -156,11 +167,17 @@ def revoke_keys(conn: Connection, ctx: StepContext) -> str:
     return "authorized keys removed"
 
 
-# Kill every process of user $1 until none is left (a process may fork while the previous ones die); exit 1 with
-# the survivors listed when some remain after about 5 s (one in uninterruptible sleep: the operator retries).
+# Kill every process of user $1 and of its range of subordinate ids (its containers' processes) until none is left (a
+# process may fork while the previous ones die); exit 1 with the survivors listed when some remain after about 5 s
+# (one in uninterruptible sleep: the operator retries).
 _KILL_ALL = (
-    'killed=0; for attempt in $(seq 20); do pgrep -u "$1" >/dev/null || { echo "killed=$killed"; exit 0; }; '
-    'pkill -KILL -u "$1" && killed=1; sleep 0.25; done; pgrep -a -u "$1"; exit 1'
+    "# shellcheck disable=SC2086,SC2046 # the pid lists split into words on purpose\n"
+    'uid=$(id -u "$1"); range=$(grep -m 1 "^$1:" /etc/subuid 2>/dev/null | cut -d: -f2,3); start=${range%%:*}; '
+    'count=${range##*:}; [ -n "$range" ] || { start=0; count=0; }; '
+    'tenant() { ps -e -o uid=,pid= | awk -v u="$uid" -v s="$start" -v n="$count" '
+    "'$1 == u || ($1 >= s && $1 < s + n) { print $2 }'; }; "
+    'killed=0; for _ in $(seq 20); do pids=$(tenant); [ -n "$pids" ] || { echo "killed=$killed"; exit 0; }; '
+    'kill -KILL $pids 2>/dev/null && killed=1; sleep 0.25; done; echo "survivors:" $(tenant); exit 1'
 )
 
 

@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from booking.models import EnvironmentImage, Order
 from booking.services import order_note
 from inventory.models import Host
-from provisioning import host_probe, ports, selectors
+from provisioning import enqueue, host_probe, ports, selectors
 from provisioning.drivers import get_driver
 from provisioning.drivers.base import Connection, DriverError, HostSpec
 from provisioning.rules import ProvisioningError, acting
@@ -131,10 +131,8 @@ def host_check_request(*, host: Host, actor: AbstractBaseUser | None = None, now
 
 
 def _queue_check(*, host_id: int, actor_id: int | None) -> None:
-    from provisioning.tasks import check_host
-
     try:
-        check_host.apply_async(args=[host_id, actor_id], retry=False)
+        enqueue.check_host_now(host_id, actor_id)
     except Exception as exc:  # kombu and redis raise many types; any of them means "not queued"
         logger.warning("the check of host %s could not be queued: %s", host_id, exc)
         Host.objects.filter(pk=host_id, check_state=Host.CheckState.QUEUED).update(

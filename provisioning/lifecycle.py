@@ -1,8 +1,9 @@
 """Beat's lifecycle sweep (`lifecycle_tick`): the window's life after approval, driven by the clock. It starts
 provisioning in time, opens windows, renews the keys of extended ones, warns before the end (and says when the files
-are wiped), tears down what ended or was released, wipes files after their grace period, queues failed teardowns
-again when their retry is due, resumes abandoned runs and approves what auto-approval missed. Each part re-reads
-state, handles a capped batch and is safe to run twice at once.
+are wiped), tears down what ended or was released, wipes files after their grace period, queues failed runs of
+RETRIED_RUN_KINDS (teardowns, wipes, releases, moves) again when their retry is due, resumes abandoned runs and
+approves what auto-approval missed. Each part re-reads state, handles a capped batch and is safe to run twice at
+once.
 """
 
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
 from booking.rules import BookingError
 from booking.services import order_transition
+from provisioning import enqueue
 from provisioning.models import RETRIED_RUN_KINDS, Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from provisioning.rules import UNDER_WAY, ProvisioningError
 from provisioning.runs import _run_requeue, access_keys_renew, access_wipe_start, provisioning_start, teardown_start
@@ -38,9 +40,7 @@ SWEEP_BATCH = 50  # orders a sweep starts runs for in one tick
 
 
 def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
-    """Beat: start provisioning in time, open and close windows, warn before the end, tear down what was
-    released, resume abandoned runs, approve what auto-approval missed. Each part re-reads state, handles a capped
-    batch and is safe to run twice at once."""
+    """Beat: every part of the sweep the module's docstring lists, in this order; the counts say what each did."""
     now = now or timezone.now()
     return {
         "approved": _approve_missed(),
@@ -89,9 +89,7 @@ def _warn_ending(now: datetime) -> int:
                 order=order, kind=due[-1], window_end=order.ends_at
             )
             if created:
-                from provisioning.tasks import send_end_warning
-
-                send_end_warning.delay_on_commit(order.pk, due[-1])
+                enqueue.send_end_warning(order.pk, due[-1])
                 warned += 1
     return warned
 
@@ -182,12 +180,15 @@ def _wipe_due(now: datetime) -> int:
 
 
 def _retry_failed(now: datetime) -> int:
-    """Failed teardowns, wipes and releases of hosts whose next retry is due, oldest due first, a capped batch:
-    each queued again (the same run, at its failed step) by a conditional update, so two sweeps at once queue it
-    once. Its next failure sets the next retry, twice as far (retry_delay)."""
+    """Failed teardowns, wipes, releases of hosts and moves (not given up) whose next retry is due, oldest due
+    first, a capped batch: each queued again (the same run, at its failed step) by a conditional update, so two
+    sweeps at once queue it once. Its next failure sets the next retry, twice as far (retry_delay)."""
     due = (
         ProvisioningRun.objects.filter(
-            kind__in=RETRIED_RUN_KINDS, status=ProvisioningRun.Status.FAILED, next_retry_at__lte=now
+            kind__in=RETRIED_RUN_KINDS,
+            status=ProvisioningRun.Status.FAILED,
+            next_retry_at__lte=now,
+            given_up_at__isnull=True,
         )
         .order_by("next_retry_at", "pk")
         .values_list("pk", flat=True)[:20]
@@ -202,8 +203,6 @@ def _retry_failed(now: datetime) -> int:
 def _resume_abandoned(now: datetime) -> int:
     """Runs whose worker stopped (lease expired), and queued runs whose task was lost or kept waiting (counted
     from when they were queued: created, or queued again)."""
-    from provisioning.tasks import execute_run
-
     abandoned = (
         ProvisioningRun.objects.annotate(queued_at=Coalesce("next_retry_at", "created_at"))
         .filter(
@@ -214,7 +213,7 @@ def _resume_abandoned(now: datetime) -> int:
     )
     resumed = 0
     for run_id in abandoned:
-        execute_run.delay(run_id)
+        enqueue.execute_run_now(run_id)
         resumed += 1
     return resumed
 

@@ -1,8 +1,8 @@
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from infrastructure.singleton import SingletonRow
 from inventory.models import Host
-from portal.singleton import SingletonRow
 
 
 class OperatorSettings(SingletonRow, models.Model):
@@ -48,6 +48,9 @@ class ProvisioningRun(models.Model):
         MOVE = "move", _("Move to other lots")
         # After the end: the download window's keys rewritten (a key removed or added while the files are kept).
         DOWNLOAD_KEYS = "download_keys", _("Rewrite the download window's keys")
+        # During the window, the container found stopped by the watch (provisioning/restarts.py), or an operator's
+        # decision after the watch held it: started again and its sshd answering.
+        RESTART = "restart", _("Start the stopped container again")
 
     class Status(models.TextChoices):
         QUEUED = "queued", _("Queued")
@@ -71,6 +74,9 @@ class ProvisioningRun(models.Model):
     # that doubles at each failure (provisioning.rules.retry_delay): the same run resumes at its failed step.
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     next_retry_at = models.DateTimeField(_("next retry at"), null=True, blank=True)
+    # A failed run that is not retried any more: an operator decided (stop retrying a move, with the reason in the
+    # order's events), or a later move replaced it. The sweep and the console's failing runs leave it alone.
+    given_up_at = models.DateTimeField(_("given up at"), null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -93,9 +99,16 @@ class ProvisioningRun(models.Model):
         return None
 
 
-# Runs that take access away: one that fails is queued again by the lifecycle sweep, after a delay that doubles at
-# each failure (provisioning.rules.retry_delay), until it succeeds; the console lists those failing.
-RETRIED_RUN_KINDS = (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE, ProvisioningRun.Kind.RELEASE_HOST)
+# Runs that take access away, and moves (a failed one holds a lot that no one can book, beside the container the
+# customer still works in): one that fails is queued again by the lifecycle sweep, after a delay that doubles at
+# each failure (provisioning.rules.retry_delay), until it succeeds or, for a move, an operator gives it up; the
+# console lists those failing.
+RETRIED_RUN_KINDS = (
+    ProvisioningRun.Kind.TEARDOWN,
+    ProvisioningRun.Kind.WIPE,
+    ProvisioningRun.Kind.RELEASE_HOST,
+    ProvisioningRun.Kind.MOVE,
+)
 
 
 class ProvisioningStep(models.Model):
@@ -165,6 +178,11 @@ class Access(models.Model):
     # SFTP-only server, and when its keys expire (the wipe's date).
     download_port = models.PositiveIntegerField(null=True, blank=True)
     download_until = models.DateTimeField(null=True, blank=True)
+    # The container's restarts by the watch during the window (provisioning/restarts.py): how many since it last ran
+    # long enough, the last one, and when the watch stopped restarting it (a loop) until an operator decides.
+    restarts = models.PositiveSmallIntegerField(default=0)
+    restarted_at = models.DateTimeField(null=True, blank=True)
+    restarts_held_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host__name"]

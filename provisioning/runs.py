@@ -1,10 +1,11 @@
 """Provisioning runs: creating them (one `ProvisioningStep` row per step and host) and every way one is started,
-resumed or queued again: provisioning, retry, the hand-over, the pre-flight re-run, the keys, teardown, the wipe,
-the release of hosts an order left, and the reassignment that leads to it. Executing a run is
-provisioning/execution.py's job; the run's task is queued once the transaction that made or requeued it commits.
+resumed or queued again: a starter for each kind of run (`ProvisioningRun.Kind` is the list), the retry of a failed
+one, and the release of the hosts an order left (the operators' reassignment and provider-fault move that lead to
+it: provisioning/moves.py). Executing a run is provisioning/execution.py's job; the run's task is queued once the
+transaction that made or requeued it commits.
 """
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -13,10 +14,9 @@ from django.utils.translation import gettext as _
 
 from booking.locks import lock_order
 from booking.models import Order, OrderStatus
-from booking.services import order_credit_time, order_move_lot, order_note, order_reassign_lot, order_transition
-from inventory.models import Host, Lot
-from payments.refunds import refund_for_lost_time
-from provisioning import steps
+from booking.services import order_note, order_transition
+from inventory.models import Host
+from provisioning import enqueue, steps
 from provisioning.models import RETRIED_RUN_KINDS, Access, ProvisioningRun, ProvisioningStep
 from provisioning.rules import (
     HANDING_OVER,
@@ -28,9 +28,9 @@ from provisioning.rules import (
 )
 
 
-def _hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
+def hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
     by_host: dict[int, tuple[Host, list[int]]] = {}
-    for allocation in order.allocations.filter(released_at__isnull=True).select_related("lot__host"):
+    for allocation in order.allocations.in_use().select_related("lot__host"):
         host = allocation.lot.host
         by_host.setdefault(host.pk, (host, []))[1].extend(allocation.lot.gpu_index_list)
     return [(host, sorted(indices)) for host, indices in by_host.values()]
@@ -39,7 +39,7 @@ def _hosts_of(order: Order) -> list[tuple[Host, list[int]]]:
 def held_host_ids(order: Order) -> set[int]:
     """The hosts of the order's live lots: those its access is on now (a host it left may still have an access
     until its teardown succeeds)."""
-    return set(order.allocations.filter(released_at__isnull=True).values_list("lot__host_id", flat=True).distinct())
+    return set(order.allocations.in_use().values_list("lot__host_id", flat=True).distinct())
 
 
 def _hosts_left(order: Order) -> list[Host]:
@@ -49,7 +49,7 @@ def _hosts_left(order: Order) -> list[Host]:
     return [access.host for access in accesses]
 
 
-def _hosts_in_unfinished_runs(order: Order, *kinds: str) -> set[int]:
+def hosts_in_unfinished_runs(order: Order, *kinds: str) -> set[int]:
     """The hosts that a run of the order of one of `kinds` works on and has not finished (queued, running, or
     failed and waiting for its retry)."""
     steps_left = ProvisioningStep.objects.filter(run__order=order, run__kind__in=kinds).exclude(
@@ -65,11 +65,11 @@ def _hosts_for_run(order: Order, kind: str) -> list[tuple[Host, list[int]]]:
     not hold the order's end back). The release of hosts works on the hosts the order left."""
     if kind == ProvisioningRun.Kind.RELEASE_HOST:
         return [(host, []) for host in _hosts_left(order)]
-    hosts = _hosts_of(order)
+    hosts = hosts_of(order)
     if kind in (ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.WIPE) or not hosts:
         known = {host.pk for host, _indices in hosts}
         if kind == ProvisioningRun.Kind.TEARDOWN:
-            known |= _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST)
+            known |= hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST)
         accesses = order.accesses.select_related("host")
         if kind == ProvisioningRun.Kind.TEARDOWN:
             accesses = accesses.exclude(status=Access.Status.REVOKED)
@@ -78,7 +78,7 @@ def _hosts_for_run(order: Order, kind: str) -> list[tuple[Host, list[int]]]:
 
 
 @transaction.atomic
-def _create_run(
+def run_create(
     *,
     order: Order,
     kind: str,
@@ -106,9 +106,7 @@ def _create_run(
         for name in step_names:
             ProvisioningStep.objects.create(run=run, host=host, position=position, name=name)
             position += 1
-    from provisioning.tasks import execute_run
-
-    transaction.on_commit(lambda: execute_run.delay(run.pk))
+    enqueue.execute_run(run.pk)
     return run
 
 
@@ -134,7 +132,7 @@ def _access_reopen(access: Access) -> None:
 @transaction.atomic
 def provisioning_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
     order_transition(order=order, to_status=OrderStatus.PROVISIONING, reason="provisioning started", **acting(actor))
-    return _create_run(order=order, kind=ProvisioningRun.Kind.PROVISION, step_names=steps.PROVISION_STEPS, actor=actor)
+    return run_create(order=order, kind=ProvisioningRun.Kind.PROVISION, step_names=steps.PROVISION_STEPS, actor=actor)
 
 
 def provisioning_retry(*, order: Order, actor: AbstractBaseUser, run_id: int | None = None) -> ProvisioningRun:
@@ -146,6 +144,8 @@ def provisioning_retry(*, order: Order, actor: AbstractBaseUser, run_id: int | N
     else:
         runs = order.provisioning_runs.filter(pk=run_id)
     run = runs.filter(status=ProvisioningRun.Status.FAILED).first()
+    if run is not None and run.given_up_at is not None:
+        raise ProvisioningError(_("This run was given up: there is nothing to retry."))
     if run is not None and run.kind == ProvisioningRun.Kind.MOVE:
         moved_to = set(run.steps.values_list("host_id", flat=True))
         if not moved_to <= held_host_ids(order):  # a later move took the order elsewhere: this one must not run
@@ -178,9 +178,7 @@ def _run_requeue(*, run_id: int, now: datetime | None = None, due: bool = False,
     # run once when two sweeps, or a sweep and an operator, reach it at the same time.
     if not failed.update(**values):
         return False
-    from provisioning.tasks import execute_run
-
-    transaction.on_commit(lambda: execute_run.delay(run_id))
+    enqueue.execute_run(run_id)
     return True
 
 
@@ -203,49 +201,87 @@ def provisioning_hand_over(*, order: Order, actor: AbstractBaseUser, reason: str
 def handover_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
     """The keys written and each container's sshd answering: only now can the customer log in, so that no process
     of theirs runs before the pre-flight check (or beside it). The order turns ready when this run succeeds."""
-    return _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
+    return run_create(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor)
 
 
 def preflight_rerun(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
     if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE) and not awaits_preflight_decision(order):
         raise ProvisioningError(_("The pre-flight check runs on machines that are ready."))
-    return _create_run(order=order, kind=ProvisioningRun.Kind.PREFLIGHT, step_names=steps.PREFLIGHT_STEPS, actor=actor)
+    return run_create(order=order, kind=ProvisioningRun.Kind.PREFLIGHT, step_names=steps.PREFLIGHT_STEPS, actor=actor)
 
 
-def access_keys_renew(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
+def access_keys_renew(
+    *, order: Order, actor: AbstractBaseUser | None = None, end_sessions: bool = False
+) -> ProvisioningRun:
     """Rewrite the keys (the order's current ones, with the window's current end in their expiry-time: after a key
     change or an extension) wherever the customer can log in now: on the hosts of the order's lots, and on a host it
     left whose release has not started, where it still works (a move that has not succeeded yet, or failed). Not
-    on a host being prepared (its hand-over writes them), nor one being released (its teardown revokes them)."""
-    covered = _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
-    held = {host.pk: indices for host, indices in _hosts_of(order)}
+    on a host being prepared (its hand-over writes them), nor one being released (its teardown revokes them).
+    `end_sessions` (a key was removed): then every open session there is ended (container_steps.end_sessions)."""
+    covered = hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
+    held = {host.pk: indices for host, indices in hosts_of(order)}
     ready = order.accesses.filter(status=Access.Status.READY).exclude(host_id__in=covered).select_related("host")
     hosts = [(access.host, held.get(access.host_id, [])) for access in ready]
-    return _create_run(
-        order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor, hosts=hosts or None
+    step_names = steps.KEYS_REMOVED_STEPS if end_sessions else steps.KEYS_STEPS
+    return run_create(
+        order=order, kind=ProvisioningRun.Kind.KEYS, step_names=step_names, actor=actor, hosts=hosts or None
     )
 
 
-def download_keys_renew(*, order: Order) -> ProvisioningRun | None:
+def container_restart_start(*, order: Order, hosts: list[Host], actor: AbstractBaseUser | None) -> ProvisioningRun:
+    """Start the order's stopped container again on `hosts` (the watch's decision: provisioning/restarts.py)."""
+    return run_create(
+        order=order,
+        kind=ProvisioningRun.Kind.RESTART,
+        step_names=steps.RESTART_STEPS,
+        actor=actor,
+        hosts=[(host, []) for host in hosts],
+    )
+
+
+@transaction.atomic
+def container_restart(*, order: Order, actor: AbstractBaseUser) -> ProvisioningRun:
+    """The operator's decision on a container the watch left stopped after it kept stopping: started again, its
+    count of restarts back to zero (the watch restarts it again if it stops, with its backoff and ceiling)."""
+    order = lock_order(order.pk)
+    if order.status not in (OrderStatus.READY, OrderStatus.ACTIVE):
+        raise ProvisioningError(_("Only a running window's container can be started again."))
+    if order.provisioning_runs.filter(status__in=UNDER_WAY).exists():
+        raise ProvisioningError(_("A run of this order is under way: wait for it to end."))
+    ready = order.accesses.filter(status=Access.Status.READY).select_related("host")
+    held = [access for access in ready if access.restarts_held_at] or list(ready)
+    if not held:
+        raise ProvisioningError(_("This order has no container to start."))
+    Access.objects.filter(pk__in=[access.pk for access in held]).update(
+        restarts=0, restarted_at=None, restarts_held_at=None
+    )
+    names = ", ".join(access.host.name for access in held)
+    run = container_restart_start(order=order, hosts=[access.host for access in held], actor=actor)
+    order_note(order=order, reason=f"container started again on {names}", evidence={"run": run.pk}, **acting(actor))
+    return run
+
+
+def download_keys_renew(*, order: Order, end_sessions: bool = False) -> ProvisioningRun | None:
     """After the end, the keys changed: rewrite them in the download window of each host where it is open (until the
-    wipe), so that a key removed then reads nothing more. None when no window is open."""
+    wipe), so that a key removed then reads nothing more, and with `end_sessions` (a key was removed) end the SFTP
+    sessions open there. None when no window is open."""
     windows = order.accesses.filter(
         download_port__isnull=False, wiped_at__isnull=True, download_until__gt=timezone.now()
     )
     hosts = [(access.host, []) for access in windows.select_related("host")]
     if not hosts:
         return None
-    return _create_run(
+    return run_create(
         order=order,
         kind=ProvisioningRun.Kind.DOWNLOAD_KEYS,
-        step_names=steps.DOWNLOAD_KEYS_STEPS,
+        step_names=steps.DOWNLOAD_KEYS_REMOVED_STEPS if end_sessions else steps.DOWNLOAD_KEYS_STEPS,
         actor=None,
         hosts=hosts,
     )
 
 
 def access_wipe_start(*, order: Order, actor: AbstractBaseUser | None = None) -> ProvisioningRun:
-    return _create_run(order=order, kind=ProvisioningRun.Kind.WIPE, step_names=steps.WIPE_STEPS, actor=actor)
+    return run_create(order=order, kind=ProvisioningRun.Kind.WIPE, step_names=steps.WIPE_STEPS, actor=actor)
 
 
 @transaction.atomic
@@ -263,7 +299,7 @@ def teardown_start(
         _run_requeue(run_id=run.pk)
         reason = f"{reason} (the failed teardown resumed)"
     else:
-        run = _create_run(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
+        run = run_create(order=order, kind=ProvisioningRun.Kind.TEARDOWN, step_names=steps.TEARDOWN_STEPS, actor=actor)
     order_note(order=order, reason=f"teardown: {reason}", evidence={"run": run.pk}, **acting(actor))
     return run
 
@@ -277,11 +313,11 @@ def access_release_left_hosts(
     other hosts. A host that a teardown or release still under way (or failing, and retried) covers is left to
     it. None when no host was left."""
     order = lock_order(order.pk)
-    covered = _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
+    covered = hosts_in_unfinished_runs(order, ProvisioningRun.Kind.TEARDOWN, ProvisioningRun.Kind.RELEASE_HOST)
     left = [host for host in _hosts_left(order) if host.pk not in covered]
     if not left:
         return None
-    run = _create_run(
+    run = run_create(
         order=order,
         kind=ProvisioningRun.Kind.RELEASE_HOST,
         step_names=steps.TEARDOWN_STEPS,
@@ -295,107 +331,6 @@ def access_release_left_hosts(
         evidence={"hosts": names, "run": run.pk},
         **acting(actor),
     )
-    return run
-
-
-@transaction.atomic
-def lot_reassign(*, order: Order, from_lot_id: int, to_lot_id: int, actor: AbstractBaseUser) -> ProvisioningRun | None:
-    """The console's reassignment: booking moves the lot, then every host the order left is torn down (its
-    account, keys and container), in the same transaction. Returns the release run, if a host was left.
-
-    A lot cannot move back to a host whose release is not finished: that teardown would undo the new
-    provisioning there."""
-    order = lock_order(order.pk)
-    to_host_id = Lot.objects.filter(pk=to_lot_id).values_list("host_id", flat=True).first()
-    if to_host_id in _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST):
-        host = Host.objects.get(pk=to_host_id)
-        raise ProvisioningError(
-            _(
-                "Access on %(host)s is still being torn down for this order: choose a lot on another host, or move "
-                "it back once that teardown has succeeded."
-            )
-            % {"host": host.name},
-            field="to_lot",
-        )
-    order_reassign_lot(order=order, from_lot_id=from_lot_id, to_lot_id=to_lot_id, actor=actor)
-    return access_release_left_hosts(order=order, actor=actor, reason="lot reassigned")
-
-
-class Credit:
-    """How the time a provider fault cost is given back (the console's choice when it moves an order)."""
-
-    NONE = "none"
-    EXTENSION = "extension"  # the window ends later by the hours lost, if the lots are free for them
-    REFUND = "refund"  # the hours lost refunded pro rata (payments.refunds.refund_for_lost_time), with a credit note
-    ALL = (NONE, EXTENSION, REFUND)
-
-
-@transaction.atomic
-def order_move(
-    *,
-    order: Order,
-    from_lot_id: int,
-    to_lot_id: int,
-    actor: AbstractBaseUser,
-    hours_lost: int = 0,
-    credit: str = Credit.NONE,
-) -> ProvisioningRun:
-    """A provider fault during a window: one of the order's lots moves to a free lot of its class for the rest of
-    the window, the new lot is prepared, checked and handed over in one run (kind move), and only when it succeeds
-    are the hosts the order left torn down (so the customer keeps working on the old one while it still works).
-    On the same host the container is replaced and the data volume kept; on another host the customer starts from
-    an empty volume, and is told so. The time lost is credited as a longer window or a pro-rata refund, in the
-    same transaction: nothing moves if the credit cannot be given. The customer is e-mailed now and when the new
-    machine is ready."""
-    order = lock_order(order.pk)
-    if credit not in Credit.ALL:
-        raise ProvisioningError(_("Choose how the lost time is credited."), field="credit")
-    window_hours = int((order.ends_at - order.starts_at).total_seconds() // 3600)
-    if not isinstance(hours_lost, int) or not 0 <= hours_lost <= window_hours:
-        raise ProvisioningError(
-            _("The hours lost are a whole number from 0 to %(hours)d (the window's length).") % {"hours": window_hours},
-            field="hours_lost",
-        )
-    if credit != Credit.NONE and hours_lost == 0:
-        raise ProvisioningError(_("Say how many hours were lost, or credit nothing."), field="hours_lost")
-    if order.provisioning_runs.filter(kind=ProvisioningRun.Kind.MOVE, status__in=UNDER_WAY).exists():
-        raise ProvisioningError(_("A move of this order is under way: wait for it to finish (or fail) first."))
-    lots = dict(Lot.objects.filter(pk__in=[from_lot_id, to_lot_id]).values_list("pk", "host_id"))
-    to_host_id = lots.get(to_lot_id)
-    if to_host_id in _hosts_in_unfinished_runs(order, ProvisioningRun.Kind.RELEASE_HOST, ProvisioningRun.Kind.TEARDOWN):
-        raise ProvisioningError(
-            _("Access on %(host)s is still being torn down for this order: choose a lot on another host.")
-            % {"host": Host.objects.get(pk=to_host_id).name},
-            field="to_lot",
-        )
-    data_kept = to_host_id in held_host_ids(order)  # before the move: the order already works on that host
-    order_move_lot(order=order, from_lot_id=from_lot_id, to_lot_id=to_lot_id, actor=actor)
-    if credit == Credit.EXTENSION:
-        order_credit_time(order=order, lost=timedelta(hours=hours_lost), actor=actor)
-    elif credit == Credit.REFUND:
-        refund_for_lost_time(order=order, lost=timedelta(hours=hours_lost), lots=1)
-    # The new lot's host first; then the old one's, if the order keeps another lot there: its container is made
-    # again with the GPUs it keeps (start_container replaces a container whose lot changed, the volume stays).
-    held = _hosts_of(order)
-    moved = [(host, indices) for host, indices in held if host.pk == to_host_id]
-    moved += [(host, indices) for host, indices in held if host.pk == lots.get(from_lot_id) != to_host_id]
-    run = _create_run(
-        order=order, kind=ProvisioningRun.Kind.MOVE, step_names=steps.MOVE_STEPS, actor=actor, hosts=moved
-    )
-    others = [(host, indices) for host, indices in held if host.pk not in {moved_host.pk for moved_host, _i in moved}]
-    if credit == Credit.EXTENSION and others:  # the keys' expiry follows the window's new end there too
-        _create_run(order=order, kind=ProvisioningRun.Kind.KEYS, step_names=steps.KEYS_STEPS, actor=actor, hosts=others)
-    host = moved[0][0]
-    order_note(
-        order=order,
-        reason=f"moving to {host.name} after a provider fault",
-        evidence={"run": run.pk, "data_kept": data_kept, "credit": credit, "hours_lost": hours_lost},
-        **acting(actor),
-    )
-    from provisioning.tasks import send_order_moved
-
-    order_id, run_id = order.pk, run.pk
-    transaction.on_commit(lambda: send_order_moved.delay(order_id, run_id, "started", data_kept, credit, hours_lost))
     return run
 
 

@@ -29,15 +29,18 @@ BOOKED_STATUSES = [
 ]
 
 
-def container_limits(host: Host, *, lots: int = 1) -> dict[str, str]:
+def container_limits(host: Host, *, lots: int = 1) -> dict[str, str | int]:
     """The operator's share for a container holding `lots` of the host's lots, in the form podman's (and docker's)
-    --cpus, --memory and --shm-size take; "" where the operator set none (the steps then split the host's size over
-    its lots)."""
+    --cpus, --memory and --shm-size take, and its tracked connections, terminals and disk bandwidth (MB/s); "" or 0
+    where the operator set none (the steps then split the host's size over its lots: provisioning/shares.py)."""
     cpus = host.cpus_per_lot
     return {
         "cpus": format((cpus * lots).normalize(), "f") if cpus else "",
         "memory": f"{host.memory_per_lot_gib * lots}g" if host.memory_per_lot_gib else "",
         "shm_size": f"{host.shm_size_gib * lots}g" if host.shm_size_gib else "",
+        "connections": host.connections_per_lot * lots,
+        "ptys": host.ptys_per_lot * lots,
+        "disk_mbps": host.disk_mbps_per_lot * lots,
     }
 
 
@@ -67,7 +70,11 @@ def orders_booked_on(*, host: Host) -> QuerySet[Order]:
 def orders_on_unisolated_hosts(*, limit: int = 100) -> QuerySet[Order]:
     """Booked orders on a host whose last check found it not isolated: the console flags them for an operator
     (they are not cancelled)."""
-    on_unisolated = Q(allocations__lot__host__offers_lots=False, allocations__released_at__isnull=True)
+    on_unisolated = Q(
+        allocations__lot__host__offers_lots=False,
+        allocations__released_at__isnull=True,
+        allocations__vacated_at__isnull=True,
+    )
     return Order.objects.filter(on_unisolated, status__in=BOOKED_STATUSES).distinct().order_by("starts_at")[:limit]
 
 
@@ -89,7 +96,8 @@ def orders_to_move(*, host: Host | None = None, now: datetime | None = None, lim
         host=OuterRef("lot__host"), starts_at__lt=OuterRef("ends_at"), ends_at__gt=OuterRef("starts_at")
     ).order_by("starts_at", "pk")
     allocations = (
-        Allocation.objects.filter(released_at__isnull=True, ends_at__gt=now)
+        Allocation.objects.in_use()
+        .filter(ends_at__gt=now)
         .annotate(maintenance_id=Subquery(overlapping.values("pk")[:1]))
         .filter(Q(lot__host__is_active=False) | Q(maintenance_id__isnull=False))
         .select_related("order__hardware_class", "lot__host")
@@ -114,12 +122,12 @@ def orders_to_move(*, host: Host | None = None, now: datetime | None = None, lim
 
 
 def failing_release_runs(*, limit: int = 100) -> QuerySet[ProvisioningRun]:
-    """Teardowns, wipes and releases of hosts that failed at least once and have not succeeded since (failed and
-    waiting for their next retry, or being retried): one row per run, each with its order and `host_name`, the
-    host of its first step not done. Oldest first."""
+    """Teardowns, wipes, releases of hosts and moves that failed at least once and have not succeeded since (failed
+    and waiting for their next retry, or being retried), unless given up: one row per run, each with its order and
+    `host_name`, the host of its first step not done. Oldest first."""
     step_not_done = ProvisioningStep.objects.filter(run=OuterRef("pk")).exclude(status=ProvisioningStep.Status.DONE)
     return (
-        ProvisioningRun.objects.filter(kind__in=RETRIED_RUN_KINDS, attempts__gt=0)
+        ProvisioningRun.objects.filter(kind__in=RETRIED_RUN_KINDS, attempts__gt=0, given_up_at__isnull=True)
         .exclude(status=ProvisioningRun.Status.SUCCEEDED)
         .select_related("order")
         .annotate(host_name=Subquery(step_not_done.order_by("position").values("host__name")[:1]))

@@ -1,6 +1,6 @@
 """Provisioning's entry points in the order's life: approval and rejection (by an operator, or by auto-approval),
-and the reactions to the order's transitions that provisioning does not make itself (`on_order_status_changed`,
-connected in provisioning/apps.py): auto-approval once paid, teardown once released.
+the customer's key changes, and the reactions to the order's transitions that provisioning does not make itself
+(`on_order_status_changed`, connected in provisioning/apps.py): auto-approval once paid, teardown once released.
 
 Order transitions go through booking.services.order_transition (with the operator as actor). The runs they start
 are provisioning/runs.py's, executed by provisioning/execution.py; the clock's part is provisioning/lifecycle.py.
@@ -20,7 +20,7 @@ from booking.notices import Notice
 from booking.rules import BookingError
 from booking.services import order_transition
 from booking.ssh_keys import SshPublicKey
-from provisioning import selectors
+from provisioning import enqueue, selectors
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.rules import ProvisioningError, acting
 from provisioning.runs import access_keys_renew, download_keys_renew, provisioning_start, teardown_start
@@ -61,8 +61,9 @@ def order_rejected_email_send(*, order: Order) -> None:
 
 def access_keys_change(*, order: Order, add: list[SshPublicKey], remove_ids: list[int]) -> ProvisioningRun | None:
     """The customer changes their keys: booking records them, a running window gets them rewritten on its machines
-    at once (a keys run; before the hand-over, the hand-over writes them), and the contact is told by e-mail either
-    way, so that a leaked order link cannot add a key unseen. Returns the keys run, if one was started."""
+    at once (a keys run; before the hand-over, the hand-over writes them; after the end, the download window's), a
+    key removed ends every session open there, and the contact is told by e-mail either way, so that a leaked order
+    link cannot add a key unseen. Returns the keys run, if one was started."""
     with transaction.atomic():
         if order.status == OrderStatus.ENDED and not selectors.keys_can_change(order):
             raise BookingError(_("The files of this order were deleted: no machine takes its keys any more."))
@@ -70,16 +71,14 @@ def access_keys_change(*, order: Order, add: list[SshPublicKey], remove_ids: lis
         if not added and not removed:
             return None
         order.refresh_from_db(fields=["status"])
+        # A key removed ends what it opened: every session open on the order's machines (container_steps.end_sessions)
         if order.status in (OrderStatus.READY, OrderStatus.ACTIVE):
-            run = access_keys_renew(order=order)
+            run = access_keys_renew(order=order, end_sessions=bool(removed))
         elif order.status == OrderStatus.ENDED:  # the files are kept: the download window takes the keys of the day
-            run = download_keys_renew(order=order)
+            run = download_keys_renew(order=order, end_sessions=bool(removed))
         else:
             run = None
-        from provisioning.tasks import send_keys_changed
-
-        order_id, applied = order.pk, run is not None
-        transaction.on_commit(lambda: send_keys_changed.delay(order_id, added, removed, applied))
+        enqueue.send_keys_changed(order.pk, added, removed, run is not None)
     return run
 
 
@@ -97,9 +96,7 @@ def on_order_status_changed(*, order_id: int, to_status: str, **kwargs) -> None:
     if to_status == OrderStatus.PAID:
         order_auto_approve(order_id=order_id)
     if to_status == OrderStatus.REJECTED:
-        from provisioning.tasks import send_order_rejected
-
-        send_order_rejected.delay(order_id)
+        enqueue.send_order_rejected_now(order_id)
     elif to_status in RELEASING_STATUSES:
         access_release(order_id=order_id, reason=f"order {to_status}")
 

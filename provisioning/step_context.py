@@ -15,6 +15,7 @@ from provisioning.drivers.base import Connection
 KIT_ROOT = "/var/lib/binome"  # root-owned, 755: one kit directory per account, which is also the account's home
 VOLUME_ROOT = "/var/lib/binome-volumes"  # root-owned, 700: the file systems of the customers' data volumes
 ACCOUNT_NAME = r"bn-[a-z0-9]{1,28}"  # provisioning.rules.username_for
+IDS_LOCK = f"{KIT_ROOT}/.subordinate-ids.lock"  # held while an account's range of subordinate ids changes
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class StepContext:
     cpus: str = ""  # the operator's share for this container ("" = derived from the host's size)
     memory: str = ""
     shm_size: str = ""
+    connections: int = 0  # tracked connections, terminals, disk MB/s: the operator's for this container (0: derived)
+    ptys: int = 0
+    disk_mbps: int = 0
     disk_gib: int = 0
     image_id: str = ""  # pinned by prepare_image
     device_dir: str = "/dev"  # where the host's GPU device nodes are (tests: mknod stand-ins)
@@ -43,6 +47,13 @@ class StepContext:
     carry_from_username: str = ""
     # When the order's files are deleted, for a window that ended: its read-only download window lasts until then.
     download_until: datetime | None = None
+    # The watch left the container stopped after it kept stopping (provisioning/restarts.py): no run but the
+    # operator's restart starts it again (a customer's change of keys would otherwise restart it at will).
+    container_held: bool = False
+    # Whether this run may start the container when it finds it stopped: the watch's restarts (counted, with their
+    # backoff and ceiling), a provision, a move, the operator's pre-flight and the hand-over may; a change of keys in
+    # the window may not (the customer stops their container at will: each change would be a restart counted nowhere).
+    starts_stopped_container: bool = True
 
     @property
     def container_name(self) -> str:
@@ -111,12 +122,33 @@ def is_dry_run(conn: Connection) -> bool:
     return bool(getattr(conn, "is_dry_run", False))
 
 
-def account_ids(conn: Connection, username: str) -> tuple[int, int]:
-    """uid and gid of the customer's account on the host."""
+# The first subordinate range of $1 in /etc/subuid, then /etc/subgid ("start count", or "none").
+_ID_RANGES = (
+    'for f in /etc/subuid /etc/subgid; do r=$(grep -m 1 "^$1:" "$f" 2>/dev/null | cut -d: -f2,3 | tr : " "); '
+    'echo "${r:-none}"; done'
+)
+DOCKER_REMAP_ACCOUNT = "dockremap"  # docker's daemon maps every container onto this account's range (userns-remap)
+
+
+def id_ranges(conn: Connection, ctx: "StepContext") -> tuple[int, int]:
+    """The host uid and gid of container root in the tenant's user namespace: the account's subordinate ranges
+    (useradd gives each new account its own; create_user makes sure), or docker's daemon-wide range."""
     if is_dry_run(conn):
-        return 10000, 10000
-    fields = conn.run(["getent", "passwd", username]).stdout.strip().split(":")
-    return int(fields[2]), int(fields[3])
+        return 100000, 100000
+    podman = containers.Runtime(ctx.container_runtime).is_podman
+    owner = ctx.username if podman else DOCKER_REMAP_ACCOUNT
+    answer = conn.run(["sh", "-c", _ID_RANGES, "id_ranges", owner]).stdout.splitlines()
+    bases = []
+    for line in [*answer, "none", "none"][:2]:
+        fields = line.split()
+        if len(fields) != 2 or not all(field.isdigit() for field in fields) or int(fields[1]) < containers.ID_RANGE:
+            where = f"the account {owner}" if podman else "docker's daemon (userns-remap=default)"
+            raise StepFailed(
+                f"{where} has no range of {containers.ID_RANGE} subordinate ids in /etc/subuid and /etc/subgid: "
+                "containers run in a user namespace of the tenant's own"
+            )
+        bases.append(int(fields[0]))
+    return bases[0], bases[1]
 
 
 def user_exists(conn: Connection, username: str) -> bool:

@@ -12,6 +12,7 @@ are written at the hand-over, after the pre-flight check, so no process of their
 """
 
 from provisioning.container_steps import (
+    end_sessions,
     preflight,
     prepare_data,
     prepare_image,
@@ -53,6 +54,12 @@ TEARDOWN_STEPS = ["connect", "lock_user", "revoke_keys", "remove_container", "st
 WIPE_STEPS = ["connect", "wipe_data"]
 # The hand-over (and a window that moved: the keys' expiry moves with it): the keys written, sshd answering.
 KEYS_STEPS = ["connect", "install_keys", "start_ssh"]
+# A key removed: the keys written first (it opens nothing new), then every open session ended (what it opened).
+KEYS_REMOVED_STEPS = ["connect", "install_keys", "end_sessions", "start_ssh"]
+DOWNLOAD_KEYS_REMOVED_STEPS = [*DOWNLOAD_KEYS_STEPS, "end_sessions"]
+# A container that stopped during the window (its main process killed, a reboot): the firewall guard rebuilt, the
+# container started again, its sshd answering (provisioning/restarts.py decides when, and when not any more).
+RESTART_STEPS = ["connect", "start_ssh"]
 STEPS = {
     function.__name__: function
     for function in (
@@ -71,6 +78,7 @@ STEPS = {
         lock_user,
         wipe_data,
         open_download,
+        end_sessions,
     )
 }
 # Steps of runs made before this design: done as nothing, so that such a run still finishes.

@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import execution, health, hosts, lifecycle, readings, services
+from provisioning import execution, health, hosts, lifecycle, readings, restarts, services
 from provisioning.models import ProvisioningRun
 
 
@@ -91,3 +91,8 @@ def check_hosts() -> dict:
 @shared_task(name="provisioning.check_hosts_health", expires=240)
 def check_hosts_health() -> dict:
     return health.hosts_health_check()
+
+
+@shared_task(name="provisioning.watch_containers", expires=55)
+def watch_containers() -> dict:
+    return restarts.containers_watch()

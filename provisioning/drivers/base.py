@@ -133,6 +133,7 @@ class Connection(ABC):
         # One round trip: umask 077 (the content is never readable by others, even before the chmod), the mode,
         # the owner when one is given, then the move into place; the temp file is removed if any of it fails.
         script = (
+            "# shellcheck disable=SC2015 # any step failing removes the temp file and exits with its status\n"
             'umask 077 && cat > "$1" && chmod "$2" "$1" && { [ -z "$3" ] || chown "$3" "$1"; } '
             '&& mv -f -T "$1" "$4" || { status=$?; rm -f "$1"; exit $status; }'
         )

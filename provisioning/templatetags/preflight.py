@@ -29,6 +29,7 @@ LABELS = {
     "allreduce": gettext_lazy("All-reduce between the cards"),
     "peak_memory": gettext_lazy("Peak memory"),
     "dry_run": gettext_lazy("Dry run"),
+    "exit_status": gettext_lazy("The check's exit status"),
 }
 
 EXPLANATIONS = {
@@ -64,6 +65,9 @@ EXPLANATIONS = {
     ("compiled_extensions", "FAIL"): gettext_lazy(
         "These extensions have no code for %(arch)s and will fail when called on this card: %(names)s. Rebuild "
         "them for %(arch)s (TORCH_CUDA_ARCH_LIST or PYTORCH_ROCM_ARCH)."
+    ),
+    ("exit_status", "FAIL"): gettext_lazy(
+        "The check ended in failure although its report said otherwise: the report is not believed."
     ),
     ("compiled_extensions", "SKIP"): gettext_lazy(
         "No compiled extension in the image carries GPU code: nothing to check."
