@@ -6,6 +6,7 @@ Everything the pages cache is invalidated from here, in one place:
 - the booking page (web/page_cache.py) is keyed by what can be booked, a generation booking keeps for its own
   availability hint (booking/availability.py); there is nothing more to connect for it.
 The e-mails are written here from the apps' notices (booking/notices.py, web/mail.py).
+The paths of the pages booking's secret links open are given to booking here too (booking/links.py `serve_links`).
 """
 
 from django.apps import AppConfig
@@ -50,6 +51,9 @@ class WebConfig(AppConfig):
     verbose_name = "Pages"
 
     def ready(self) -> None:
+        from django.urls import reverse
+
+        from booking import links
         from booking.models import Order, OrderAccessToken, OrderEvent
         from booking.notices import notice
         from payments.fiscal_documents import document_html
@@ -67,3 +71,8 @@ class WebConfig(AppConfig):
         notice.connect(mail.write, dispatch_uid="web-mail")
         # The invoice's page, printed to PDF/A-3 by payments.
         document_html.connect(fiscal_invoice_html, dispatch_uid="web-fiscal-invoice")
+        # The customer pages booking's secret links open: booking builds the links, the pages' URLconf their paths.
+        links.serve_links(
+            order=lambda **kwargs: reverse("customer:order", kwargs=kwargs),
+            address_confirmed=lambda **kwargs: reverse("customer:address-confirmed", kwargs=kwargs),
+        )

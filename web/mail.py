@@ -77,6 +77,17 @@ def _order_links(*, to: str, language: str, links: list[tuple[Order, str]]) -> N
     )
 
 
+def _address_confirmation(*, to: str, language: str, link: str, valid_minutes: int) -> None:
+    send_in_language(
+        language=language,
+        to=to,
+        subject=gettext_lazy("Confirm your e-mail address to book on Binôme"),
+        subject_values={},
+        template="email/address_confirmation.txt",
+        context={"link": link, "valid_minutes": valid_minutes},
+    )
+
+
 def _payment_received(*, order: Order, invoice) -> None:
     body = send_to_order_contact(
         order=order,
@@ -151,18 +162,37 @@ def _order_moved(*, order: Order, stage: str, accesses: list, data_kept: bool, c
     )
 
 
-def _host_failing(*, host_name: str, problems: list[str]) -> None:
+def _send_to_operators(*, subject, subject_values: dict, template: str, context: dict) -> None:
     """To the operators (ADMINS, and PAYMENTS_NOTIFY_EMAIL when set), in the portal's language."""
     recipients = list(dict.fromkeys([*(address for _name, address in settings.ADMINS), settings.PAYMENTS_NOTIFY_EMAIL]))
     for address in filter(None, recipients):
         send_in_language(
             language=settings.LANGUAGE_CODE,
             to=address,
-            subject=gettext_lazy("[Binôme] Host %(host)s is failing its health check"),
-            subject_values={"host": host_name},
-            template="email/host_failing.txt",
-            context={"host_name": host_name, "problems": problems},
+            subject=subject,
+            subject_values=subject_values,
+            template=template,
+            context=context,
         )
+
+
+def _host_failing(*, host_name: str, problems: list[str]) -> None:
+    _send_to_operators(
+        subject=gettext_lazy("[Binôme] Host %(host)s is failing its health check"),
+        subject_values={"host": host_name},
+        template="email/host_failing.txt",
+        context={"host_name": host_name, "problems": problems},
+    )
+
+
+def _container_held(*, order: Order, host_name: str, restarts: int) -> None:
+    """A customer's container kept stopping and is left stopped (provisioning/restarts.py)."""
+    _send_to_operators(
+        subject=gettext_lazy("[Binôme] The container of order %(number)s keeps stopping: left stopped"),
+        subject_values={"number": order.public_id},
+        template="email/container_held.txt",
+        context={"order": order, "host_name": host_name, "restarts": restarts},
+    )
 
 
 def _order_cancelled(*, order: Order, refund_due) -> None:
@@ -251,6 +281,7 @@ def _invoice_issued(*, order: Order, fiscal_invoice) -> None:
 WRITERS = {
     Notice.ORDER_LINK: _order_link,
     Notice.ORDER_LINKS: _order_links,
+    Notice.ADDRESS_CONFIRMATION: _address_confirmation,
     Notice.PAYMENT_RECEIVED: _payment_received,
     Notice.ACCESS_READY: _access_ready,
     Notice.END_WARNING: _end_warning,
@@ -258,6 +289,7 @@ WRITERS = {
     Notice.ORDER_REJECTED: _order_rejected,
     Notice.KEYS_CHANGED: _keys_changed,
     Notice.HOST_FAILING: _host_failing,
+    Notice.CONTAINER_HELD: _container_held,
     Notice.ORDER_MOVED: _order_moved,
     Notice.ORDER_CANCELLED: _order_cancelled,
     Notice.REFUND_REQUESTED: _refund_requested,

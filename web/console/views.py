@@ -7,7 +7,7 @@ from functools import wraps
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -20,16 +20,24 @@ from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Order, OrderStatus
 from booking.rules import BookingError
 from booking.selectors import free_lot_ids, order_events_page, utilisation_by_week, window_for
+from infrastructure.numbers import whole_number
 from inventory.models import Host, Lot
-from payments import checkout
+from payments import checkout, unapplied
 from payments.chain import ChainUnavailable
 from payments.errors import PaymentError
+from payments.ledger import dust_threshold
 from payments.models import Invoice, Refund
 from payments.refund_proofs import MESSAGES as REFUND_TX_MESSAGES
 from payments.refund_proofs import RefundTxOutcome, refund_credit_tx
-from payments.selectors import format_units, open_refunds, order_refunds, revenue_by_month
-from portal.numbers import whole_number
-from provisioning import rules, runs, selectors, services
+from payments.selectors import (
+    flagged_payments,
+    format_units,
+    money_held_or_owed,
+    open_refunds,
+    order_refunds,
+    revenue_by_month,
+)
+from provisioning import moves, rules, runs, selectors, services
 from provisioning.admin import request_host_checks
 
 OPERATE = "booking.operate_orders"
@@ -71,13 +79,10 @@ def queue(request: HttpRequest) -> HttpResponse:
     ]
     ending = [o for o in orders if o.status == OrderStatus.ACTIVE and o.ends_at - now <= timedelta(hours=48)]
     sections.insert(5, {"key": "ending", "label": _("Ending within 48 h"), "orders": ending})
-    # Money owed back is the refunds queue (below); what else needs a person stays here.
-    flagged = list(Invoice.objects.filter(needs_operator=True).select_related("order").order_by("-created_at")[:100])
     unisolated = list(selectors.orders_on_unisolated_hosts())
     failing = list(selectors.failing_release_runs())
     context = {
         "sections": sections,
-        "flagged": flagged,
         "unisolated": unisolated,
         "failing": failing,
         "to_move": selectors.orders_to_move(now=now),
@@ -85,7 +90,22 @@ def queue(request: HttpRequest) -> HttpResponse:
     }
     if request.htmx:
         return render(request, "console/queue.html#queue", context)
-    return render(request, "console/queue.html", {**context, "refunds": open_refunds()})
+    # Outside the polled region, as the refunds are: an action's button must not be swapped under the click.
+    return render(
+        request,
+        "console/queue.html",
+        {
+            **context,
+            "refunds": open_refunds(page=_page_number(request, "refunds_page")),
+            "flagged": flagged_payments(page=_page_number(request, "flagged_page")),
+        },
+    )
+
+
+def _page_number(request: HttpRequest, name: str) -> int:
+    """A queue's page asked for in the query string (1 when absent or not a number; the selector clamps it)."""
+    value = request.GET.get(name, "")[:6]
+    return int(value) if value.isdigit() else 1
 
 
 @require_GET
@@ -149,21 +169,25 @@ ACTIONS = {
         order=order, actor=user, run_id=_optional_number(post, "run")
     ),
     "preflight": lambda order, user, reason, post: runs.preflight_rerun(order=order, actor=user),
+    "restart": lambda order, user, reason, post: runs.container_restart(order=order, actor=user),
     "handover": lambda order, user, reason, post: runs.provisioning_hand_over(order=order, actor=user, reason=reason),
     "teardown": lambda order, user, reason, post: runs.teardown_start(
         order=order, actor=user, reason=reason or "torn down by an operator"
     ),
     "provision": lambda order, user, reason, post: runs.provisioning_start(order=order, actor=user),
-    "reassign": lambda order, user, reason, post: runs.lot_reassign(
+    "reassign": lambda order, user, reason, post: moves.lot_reassign(
         order=order, from_lot_id=_number(post, "from_lot"), to_lot_id=_number(post, "to_lot"), actor=user
     ),
-    "move": lambda order, user, reason, post: runs.order_move(
+    "give_up_move": lambda order, user, reason, post: moves.move_give_up(
+        order=order, run_id=_number(post, "run"), actor=user, reason=reason
+    ),
+    "move": lambda order, user, reason, post: moves.order_move(
         order=order,
         from_lot_id=_number(post, "from_lot"),
         to_lot_id=_number(post, "to_lot"),
         actor=user,
         hours_lost=_optional_number(post, "hours_lost") or 0,
-        credit=post.get("credit", runs.Credit.NONE),
+        credit=post.get("credit", moves.Credit.NONE),
     ),
     "extend": lambda order, user, reason, post: checkout.order_extension_request(
         order=order, days=_number(post, "days"), actor=user
@@ -179,11 +203,13 @@ ACTION_NAMES = {
     "reject": gettext_lazy("rejection"),
     "retry": gettext_lazy("retry"),
     "preflight": gettext_lazy("pre-flight re-run"),
+    "restart": gettext_lazy("container start"),
     "handover": gettext_lazy("hand-over"),
     "teardown": gettext_lazy("teardown"),
     "provision": gettext_lazy("provisioning"),
     "reassign": gettext_lazy("reassignment"),
     "move": gettext_lazy("move (the customer is e-mailed)"),
+    "give_up_move": gettext_lazy("decision on the failed move (not retried any more)"),
     "extend": gettext_lazy("extension request"),
     "cancel": gettext_lazy("cancellation"),
 }
@@ -238,6 +264,33 @@ def refund_pay(request: HttpRequest, refund_id: int) -> HttpResponse:
     return redirect(reverse("console:queue") + "#section-refunds")
 
 
+@require_POST
+@operator_required
+def flagged_payment_action(request: HttpRequest, invoice_id: int, action: str) -> HttpResponse:
+    """A payment that bought nothing, waiting in the queue: the operator refunds it, or applies it to its order
+    when the order can still take it (payments/unapplied.py says which, and why not)."""
+    invoice = get_object_or_404(Invoice.objects.select_related("order"), pk=invoice_id)
+    order_id = invoice.order.public_id
+    try:
+        if action == "refund":
+            refund = unapplied.invoice_refund_unapplied(invoice=invoice, actor=request.user)
+            text = _("%(order)s: a refund of %(amount)s %(asset)s is opened; the customer is asked for an address.") % {
+                "order": order_id,
+                "amount": format_units(refund.amount_units, refund.asset_decimals),
+                "asset": refund.asset_symbol,
+            }
+        elif action == "apply":
+            unapplied.invoice_apply_to_order(invoice=invoice, actor=request.user)
+            text = _("%(order)s: the payment is applied to the order.") % {"order": order_id}
+        else:
+            raise Http404
+    except PaymentError as exc:
+        messages.error(request, _("%(order)s: %(why)s") % {"order": order_id, "why": exc.message})
+    else:
+        messages.success(request, text)
+    return redirect(reverse("console:queue") + "#section-flagged")
+
+
 @require_GET
 @operator_required
 def calendar(request: HttpRequest) -> HttpResponse:
@@ -287,7 +340,8 @@ REPORT_MONTHS = 12
 @require_GET
 @operator_required
 def reports(request: HttpRequest) -> HttpResponse:
-    """Utilisation (lot-days sold / available per class and host, by week) and revenue (settled, by month)."""
+    """Utilisation (lot-days sold / available per class and host, by week), revenue by month (the price of the time
+    given less the price refunded), and the money held or owed back now, on a line of its own."""
     today = timezone.now().astimezone(UTC).date()
     first_week = today - timedelta(weeks=REPORT_WEEKS // 2)
     asked = request.GET.get("from", "").strip()[:10]
@@ -304,6 +358,8 @@ def reports(request: HttpRequest) -> HttpResponse:
         "weeks": weeks,
         "rows": rows,
         "revenue": revenue_by_month(since=month),
+        "held": money_held_or_owed(),
+        "dust_threshold": dust_threshold(),
         "previous": weeks[0] - timedelta(weeks=REPORT_WEEKS),
         "next": weeks[0] + timedelta(weeks=REPORT_WEEKS),
     }

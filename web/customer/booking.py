@@ -1,6 +1,7 @@
-"""The booking page, the memory-fit advisor, the guide, the split-trial kit and "resend my link": parse, call
-one service or selector, render. Every page works without JavaScript; htmx only swaps the live regions (`#quote`
-on the booking page, `#fit` for the advisor)."""
+"""The pages before an order's own: the booking page (and "book again" from an order), the memory-fit advisor, the
+guide, the split-trial kit, "resend my link" and the address confirmation; web/customer/urls.py lists their routes.
+Parse, call one service or selector, render. Every page works without JavaScript; htmx only swaps the live regions
+(`#quote` on the booking page, `#fit` for the advisor)."""
 
 import hashlib
 import logging
@@ -24,13 +25,22 @@ from booking import advisor, availability, links, placing, selectors
 from booking.billing import BillingDetails
 from booking.models import BookingPolicy, TermsVersion
 from booking.quotes import Quote, build_quote
-from booking.rules import BookingError, SoldOut, StaleTerms
+from booking.rules import BookingError, ConfirmAddressFirst, SoldOut, StaleTerms
 from booking.terms import terms_current
+from infrastructure import client
 from nodekit.bundle import script_bytes
 from payments import checkout
-from portal import client
 from provisioning import selectors as provisioning_selectors
-from web.customer.forms import BookingForm, Catalog, FitForm, QuoteForm, ResendLinkForm, quote_initial
+from web.customer import addresses
+from web.customer.forms import (
+    BookingForm,
+    Catalog,
+    ConfirmAddressForm,
+    FitForm,
+    QuoteForm,
+    ResendLinkForm,
+    quote_initial,
+)
 from web.customer.order import mark_private, order_behind_link
 from web.page_cache import PLACEHOLDER_MARK, cached_page
 
@@ -159,7 +169,7 @@ def _place(request: HttpRequest) -> HttpResponse:
     desk = _desk()
     form = BookingForm(request.POST, **desk.form_kwargs)
     fit_form = FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
-    status = 200
+    status, extra_context = 200, {}
     if form.is_valid():
         if is_ratelimited(
             request, group="booking", key="ip", rate=settings.RATELIMIT_BOOKING, method="POST", increment=True
@@ -168,13 +178,22 @@ def _place(request: HttpRequest) -> HttpResponse:
         hypothesis = form.cleaned_data["hypothesis"]
         fit_advice = _fit_advice(fit_form, hypothesis=hypothesis, catalog=desk.catalog) if fit_form else None
         fit = {"fit_inputs": fit_form.stored_inputs(), "fit_advice": fit_advice} if fit_advice else {}
+        email = form.cleaned_data["contact_email"]
         try:
             booking_request = _booking_request(
-                form, language=get_language(), client_key=client.client_key(request), carry=_data_carry(form), **fit
+                form,
+                language=get_language(),
+                client_key=client.client_key(request),
+                carry=_data_carry(form),
+                contact_confirmed=addresses.confirmed(request, email),
+                **fit,
             )
             order, token = checkout.order_place(request=booking_request, policy=desk.policy)
         except SoldOut as exc:
             return _sold_out_page(request, form, exc)
+        except ConfirmAddressFirst as exc:
+            form.add_error("contact_email", exc.message)
+            extra_context["confirm_address"] = email
         except StaleTerms as exc:
             form.add_error("accept_terms", exc.message)
             _ask_again_for_terms(form, terms=terms_current())
@@ -189,9 +208,11 @@ def _place(request: HttpRequest) -> HttpResponse:
             status = 503
         else:
             messages.success(request, _("Your lots are held. Keep this page's address: it is the key to your order."))
-            return redirect("booking:order", public_id=order.public_id, token=token)
+            return redirect("customer:order", public_id=order.public_id, token=token)
     quote_form = QuoteForm(request.POST, **desk.form_kwargs)  # the form comes back: requote
-    return _draw(request, desk, form=form, fit_form=fit_form, quote_form=quote_form, status=status)
+    return _draw(
+        request, desk, form=form, fit_form=fit_form, quote_form=quote_form, status=status, extra_context=extra_context
+    )
 
 
 def _data_carry(form: BookingForm) -> placing.DataCarry | None:
@@ -305,18 +326,25 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
         "days": data["days"],
         "lot_count": data["lots"],
         "hardware_class": data["hardware_class"],
-        "language_next": reverse("booking:book"),
+        "language_next": reverse("customer:book"),
     }
     return render(request, "customer/sold_out.html", context)
 
 
 def _booking_request(
-    form: BookingForm, *, language: str, client_key: str, carry: placing.DataCarry | None = None, **fit
+    form: BookingForm,
+    *,
+    language: str,
+    client_key: str,
+    carry: placing.DataCarry | None = None,
+    contact_confirmed: bool = False,
+    **fit,
 ) -> placing.BookingRequest:
     data = form.cleaned_data
     return placing.BookingRequest(
         **fit,
         carry=carry,
+        contact_confirmed=contact_confirmed,
         client_key=client_key,
         hardware_class=data["hardware_class"],
         environment=data["environment"],
@@ -357,22 +385,55 @@ def resend_link(request: HttpRequest) -> HttpResponse:
     sent = False
     if request.method == "POST" and form.is_valid():  # only a well-formed address counts against the limits
         email = form.cleaned_data["email"].strip().lower()
-        if is_ratelimited(
-            request, group="resend-link-ip", key="ip", rate=settings.RATELIMIT_RESEND_LINK, increment=True
-        ):
+        allowed = _mailing_allowed(request, group="resend-link", email=email)
+        if allowed is None:
             return render(request, "429.html", status=429)
-        # The address's own limit keeps its mailbox from being flooded. Reaching it is no error to show: whoever
-        # asked, the links went to that mailbox a moment ago (a stranger spending the limit locks no one out).
-        if not is_ratelimited(
-            request,
-            group="resend-link-email",
-            key=lambda group, request: email,
-            rate=settings.RATELIMIT_RESEND_LINK,
-            increment=True,
-        ):
+        if allowed:
             links.orders_request_links(email=email, language=get_language())
         sent = True
     return render(request, "customer/resend_link.html", {"form": form, "sent": sent})
+
+
+def _mailing_allowed(request: HttpRequest, *, group: str, email: str) -> bool | None:
+    """The limits of a form that mails an address: None when this client asked too often (the page answers 429);
+    False when the address had its e-mails for the hour, which is no error to show: whoever asked, one went to that
+    mailbox a moment ago (a stranger spending the address's limit locks no one out); True to send."""
+    rate = settings.RATELIMIT_RESEND_LINK
+    if is_ratelimited(request, group=f"{group}-ip", key="ip", rate=rate, increment=True):
+        return None
+    # The address's own limit keeps its mailbox from being flooded.
+    return not is_ratelimited(
+        request, group=f"{group}-email", key=lambda _group, _request: email, rate=rate, increment=True
+    )
+
+
+@require_http_methods(["POST"])
+def confirm_address(request: HttpRequest) -> HttpResponse:
+    """The booking form's "e-mail me a confirmation link" (its button posts the whole form here): a link is mailed
+    to the contact address typed, and the form comes back with everything kept, to be sent again once the link was
+    opened in this browser. The same limits as "resend my links": per client, and per address (reaching the
+    address's own says nothing: the link went to that mailbox a moment ago)."""
+    form = ConfirmAddressForm(request.POST)
+    if not form.is_valid():
+        return _booking_page(request, {"confirm_address_error": form.errors["contact_email"][0]})
+    email = form.cleaned_data["contact_email"].strip().lower()
+    allowed = _mailing_allowed(request, group="confirm-address", email=email)
+    if allowed is None:
+        return render(request, "429.html", status=429)
+    if allowed:
+        links.address_request_confirmation(email=email, language=get_language())
+    return _booking_page(request, {"confirmation_sent": email})
+
+
+@require_http_methods(["GET"])
+@never_cache
+def address_confirmed(request: HttpRequest, signed: str) -> HttpResponse:
+    """The confirmation link, opened: this browser reads that mailbox (web/customer/addresses.py)."""
+    email = links.address_confirmed(signed=signed)
+    if email is not None:
+        addresses.remember(request, email)
+    response = render(request, "customer/address_confirmed.html", {"email": email}, status=200 if email else 400)
+    return mark_private(response)
 
 
 @require_http_methods(["GET"])

@@ -331,6 +331,12 @@ class ResendLinkForm(forms.Form):
     email = BoundedEmailField(label=_("E-mail used for the booking"), max_length=254)
 
 
+class ConfirmAddressForm(forms.Form):
+    """The booking form's contact address, posted by its "e-mail me a confirmation link" button."""
+
+    contact_email = BoundedEmailField(label=_("E-mail"), max_length=254)
+
+
 def quote_initial(*, catalog: Catalog, earliest: date) -> dict:
     hardware_class = catalog.default_class
     environments = catalog.environments_for(hardware_class) if hardware_class else []

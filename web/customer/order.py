@@ -1,5 +1,7 @@
-"""The order page and what a customer does on it: read it (and poll its status block), cancel, revoke the links,
-add a split-trial report, say "I've paid", change the asset. Parse, call one service or selector, render."""
+"""The order page and everything a customer does on it, one view each: the routes under the order's link in
+web/customer/urls.py are the list (the page and its polled status block, its events, payment, billing, invoices,
+keys, extension, cancellation, refunds, readings, links, split-trial reports; "book again" is
+web/customer/booking.py's). Parse, call one service or selector, render."""
 
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
@@ -15,19 +17,21 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
-from booking import links, selectors, services, split_trial_report
+from booking import links, selectors, services, split_trial_conclusion
+from booking import split_trial_upload as split_trial_uploads
 from booking.billing import BillingDetails, billing_details_of
 from booking.cancellation import refund_quote
 from booking.models import Order, OrderStatus, WindowDays
 from booking.rules import BookingError
+from infrastructure.numbers import whole_number
 from payments import checkout, fiscal, fiscal_documents, invoices, refunds
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
-from portal.numbers import whole_number
 from provisioning import selectors as provisioning_selectors
 from provisioning import services as provisioning_services
 from provisioning.models import OperatorSettings
 from web import status_cache
+from web.customer import addresses
 from web.customer.forms import BillingForm, KeysAddForm
 
 
@@ -71,6 +75,8 @@ def order_detail(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     versions = status_cache.current_versions(public_id)  # before the order is read (web/status_cache.py)
     order = _order_or_404(public_id, token)
     links.link_opened(order=order, token=token)
+    if getattr(order, "link_mailed", False):  # a link sent by e-mail: this browser reads that mailbox
+        addresses.remember(request, order.contact_email)
     return order_page(request, order, token, versions=versions)
 
 
@@ -151,14 +157,14 @@ def _order_context(order: Order, token: str) -> dict:
 def _split_trials_explain(order: Order, split_trials: list) -> None:
     """Each report's conclusion, written in the page's language beside the hypothesis written at booking."""
     for trial in split_trials:
-        trial.conclusion = split_trial_report.split_trial_conclusion(
+        trial.conclusion = split_trial_conclusion.split_trial_conclusion(
             report=trial.report, hypothesis=order.hypothesis, sharing=order.sharing
         )
         trial.runs = [
             dict(
                 run,
-                label=split_trial_report.STRATEGY_LABELS[run["strategy"]],
-                status_label=split_trial_report.STATUS_LABELS[run["status"]],
+                label=split_trial_conclusion.STRATEGY_LABELS[run["strategy"]],
+                status_label=split_trial_conclusion.STATUS_LABELS[run["status"]],
             )
             for run in trial.report.get("runs", [])
         ]
@@ -277,7 +283,7 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
             )
         else:
             messages.success(request, _("Your order is cancelled and its lots are released."))
-    return redirect("booking:order", public_id=order.public_id, token=token)
+    return redirect("customer:order", public_id=order.public_id, token=token)
 
 
 @require_POST
@@ -285,7 +291,7 @@ def order_cancel(request: HttpRequest, public_id: str, token: str) -> HttpRespon
 def order_refund_address(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     """The customer gives (or changes) the address their refund is sent to."""
     order = _order_or_404(public_id, token)
-    back = reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#refunds"
+    back = reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#refunds"
     if is_ratelimited(
         request, group="refund-address", key=lambda _g, _r: public_id, rate="20/h", method="POST", increment=True
     ):
@@ -316,7 +322,7 @@ def order_links_revoke(request: HttpRequest, public_id: str, token: str) -> Http
     context = {
         "order": order,
         "masked_email": _masked_email(order.contact_email),
-        "language_next": reverse("booking:book"),
+        "language_next": reverse("customer:book"),
     }
     return mark_private(render(request, "customer/links_revoked.html", context))
 
@@ -346,15 +352,15 @@ def split_trial_upload(request: HttpRequest, public_id: str, token: str) -> Http
     if upload is None:
         messages.error(request, _("Choose the report file (report.json) written by the split-trial kit."))
     elif upload.size > 256_000:
-        messages.error(request, str(split_trial_report.SPLIT_TRIAL_MESSAGES["too_large"]))
+        messages.error(request, str(split_trial_uploads.SPLIT_TRIAL_MESSAGES["too_large"]))
     else:
         try:
-            split_trial_report.split_trial_upload(order=order, raw=upload.read(256_001))
+            split_trial_uploads.split_trial_upload(order=order, raw=upload.read(256_001))
         except BookingError as exc:
             messages.error(request, str(exc.message))
         else:
             messages.success(request, _("Split-trial report added to your order."))
-    return redirect(reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#split-trial")
+    return redirect(reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#split-trial")
 
 
 @require_POST
@@ -363,7 +369,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
     order = _order_or_404(public_id, token)
     if is_ratelimited(request, group="i-paid", key="ip", rate="30/h", method="POST", increment=True):
         messages.error(request, _("You pressed “I've paid” many times: we keep checking the chain on our own."))
-        return redirect("booking:order", public_id=public_id, token=token)
+        return redirect("customer:order", public_id=public_id, token=token)
     tx_hint = request.POST.get("tx_hint", "")[:200]
     if tx_hint.strip() and is_ratelimited(
         request, group="tx-hint", key=lambda _g, _r: public_id, rate="10/h", method="POST", increment=True
@@ -372,7 +378,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
         messages.error(
             request, _("You sent many transaction hashes for this order: try again in an hour. We keep checking.")
         )
-        return redirect("booking:order", public_id=public_id, token=token)
+        return redirect("customer:order", public_id=public_id, token=token)
     invoice_id = whole_number(request.POST.get("invoice"))
     invoice = (
         order.invoices.filter(pk=invoice_id).first()
@@ -392,7 +398,7 @@ def invoice_paid(request: HttpRequest, public_id: str, token: str) -> HttpRespon
             )
     if request.htmx:
         return order_page(request, order, token)
-    return redirect("booking:order", public_id=public_id, token=token)
+    return redirect("customer:order", public_id=public_id, token=token)
 
 
 @require_POST
@@ -405,7 +411,7 @@ def invoice_asset(request: HttpRequest, public_id: str, token: str) -> HttpRespo
         messages.error(request, exc.message)
     else:
         messages.success(request, _("New payment instructions below: use these, not the previous ones."))
-    return redirect("booking:order", public_id=public_id, token=token)
+    return redirect("customer:order", public_id=public_id, token=token)
 
 
 @require_POST
@@ -418,14 +424,14 @@ def order_extend(request: HttpRequest, public_id: str, token: str) -> HttpRespon
         request, group="extend", key=lambda _g, _r: public_id, rate="10/h", method="POST", increment=True
     ):
         messages.error(request, _("Too many extension requests for this order: try again in an hour."))
-        return redirect("booking:order", public_id=public_id, token=token)
+        return redirect("customer:order", public_id=public_id, token=token)
     try:
         checkout.order_extension_request(order=order, days=whole_number(request.POST.get("days")), actor=None)
     except (BookingError, PaymentError) as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, _("The lots are held for your extension: pay it below, and your window moves."))
-    return redirect("booking:order", public_id=public_id, token=token)
+    return redirect("customer:order", public_id=public_id, token=token)
 
 
 @require_POST
@@ -435,14 +441,14 @@ def order_end_early(request: HttpRequest, public_id: str, token: str) -> HttpRes
     order = _order_or_404(public_id, token)
     if request.POST.get("confirm") != "end":
         messages.error(request, _("Tick the box to confirm that you saved your results, then end the window."))
-        return redirect("booking:order", public_id=public_id, token=token)
+        return redirect("customer:order", public_id=public_id, token=token)
     try:
         services.order_end_early(order=order)
     except BookingError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, _("Your window is ended: access is being revoked and the cards are free again."))
-    return redirect("booking:order", public_id=public_id, token=token)
+    return redirect("customer:order", public_id=public_id, token=token)
 
 
 @require_POST
@@ -451,7 +457,7 @@ def order_keys(request: HttpRequest, public_id: str, token: str) -> HttpResponse
     """Add keys (the textarea) or remove one (its button): applied on the machines at once during the window, and
     e-mailed to the contact."""
     order = _order_or_404(public_id, token)
-    back = reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#keys"
+    back = reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#keys"
     if is_ratelimited(request, group="keys", key=lambda _g, _r: public_id, rate="20/h", method="POST", increment=True):
         messages.error(request, _("Too many key changes for this order: try again in an hour."))
         return redirect(back)
@@ -471,7 +477,15 @@ def order_keys(request: HttpRequest, public_id: str, token: str) -> HttpResponse
     except BookingError as exc:
         messages.error(request, exc.message)
     else:
-        if run is not None:
+        if run is not None and remove_ids:
+            messages.success(
+                request,
+                _(
+                    "Key removed: within a minute your machines refuse it and every session open there (shells, "
+                    "forwards, SFTP) is closed. Log in again with the keys you keep."
+                ),
+            )
+        elif run is not None:
             messages.success(request, _("Keys changed: your machines get them within a minute."))
         else:
             messages.success(request, _("Keys saved."))
@@ -502,7 +516,7 @@ def order_readings_csv(request: HttpRequest, public_id: str, token: str) -> Http
 def order_billing(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
     """Change who the invoice is made out to; refused once it is issued."""
     order = _order_or_404(public_id, token)
-    back = reverse("booking:order", kwargs={"public_id": public_id, "token": token}) + "#billing"
+    back = reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#billing"
     if is_ratelimited(
         request, group="billing", key=lambda _g, _r: public_id, rate="20/h", method="POST", increment=True
     ):

@@ -4,7 +4,7 @@ from web import converters  # noqa: F401 (registers the `linkpart` and `printabl
 from web.customer import booking, order, terms
 
 # The customer pages, under the "booking" namespace (the name their links have always had).
-app_name = "booking"
+app_name = "customer"
 
 urlpatterns = [
     path("", booking.book, name="book"),
@@ -14,6 +14,9 @@ urlpatterns = [
     path("terms/<slug:document>/", terms.terms_page, name="terms"),
     path("terms/<slug:document>/v<int:number>/", terms.terms_page, name="terms-version"),
     path("orders/resend-link/", booking.resend_link, name="resend-link"),
+    path("book/confirm-address/", booking.confirm_address, name="confirm-address"),
+    # Under /orders/<x>/<secret>/: the logs redact it as they do an order's link (infrastructure/redaction.py).
+    path("orders/address-confirmed/<str:signed>/", booking.address_confirmed, name="address-confirmed"),
     path("orders/<linkpart:public_id>/<linkpart:token>/", order.order_detail, name="order"),
     path("orders/<linkpart:public_id>/<linkpart:token>/events/", order.order_events, name="order-events"),
     path("orders/<linkpart:public_id>/<linkpart:token>/book-again/", booking.book_again, name="order-book-again"),
