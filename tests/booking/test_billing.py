@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 def test_the_booking_keeps_the_billing_details_normalised(client, catalog, booking_data):
     response = client.post(
-        reverse("booking:book"),
+        reverse("customer:book"),
         booking_data(
             organisation="  Institut Pasteur ",
             billing_address="  25 rue du Docteur Roux\r\n\r\n75015 Paris  ",

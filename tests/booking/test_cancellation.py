@@ -10,33 +10,14 @@ from django.urls import reverse
 from booking.models import Allocation, Order, OrderStatus
 from booking.rules import BookingError
 from booking.services import order_cancel_by_customer
-from booking.terms import terms_current, terms_draft_from, terms_publish
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def rules(django_capture_on_commit_callbacks):
-    """Publish cancellation rules (before booking: an order keeps the rules of the version it accepted)."""
-
-    def publish(*, days: int, fee: str, percent: int):
-        draft = terms_draft_from(version=terms_current())
-        draft.full_refund_days_before, draft.cancellation_fee, draft.partial_refund_percent = (
-            days,
-            Decimal(fee),
-            percent,
-        )
-        draft.save()
-        with django_capture_on_commit_callbacks(execute=True):
-            return terms_publish(version=draft)
-
-    return publish
-
-
 def paid_order(client, booking_data, admin_user, django_capture_on_commit_callbacks) -> tuple[Order, str]:
-    response = client.post(reverse("booking:book"), booking_data(lots="2"))
+    response = client.post(reverse("customer:book"), booking_data(lots="2"))
     order = Order.objects.get()
     with django_capture_on_commit_callbacks(execute=True):
         invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
@@ -59,7 +40,7 @@ def test_cancelled_early_a_paid_order_is_refunded_in_full_less_the_fee_and_its_l
     with django_capture_on_commit_callbacks(execute=True):
         answer = client.post(
             reverse(
-                "booking:order-cancel", kwargs={"public_id": order.public_id, "token": url.rstrip("/").split("/")[-1]}
+                "customer:order-cancel", kwargs={"public_id": order.public_id, "token": url.rstrip("/").split("/")[-1]}
             ),
             {"refund_shown": str(expected)},
             follow=True,
@@ -113,7 +94,7 @@ def test_once_the_window_has_started_cancelling_refunds_nothing_and_flags_no_ref
 
 
 def test_an_unpaid_order_still_cancels_without_any_refund(client, catalog, booking_data):
-    client.post(reverse("booking:book"), booking_data())
+    client.post(reverse("customer:book"), booking_data())
     order = Order.objects.get()
     order_cancel_by_customer(order=order)
     order.refresh_from_db()

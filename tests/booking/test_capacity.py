@@ -20,7 +20,7 @@ def test_twenty_researchers_booking_the_last_free_lot_at_once_get_one_order_and_
     catalog, booking_data
 ):
     # given: every B200 lot but one is taken
-    assert Client().post(reverse("booking:book"), booking_data(lots="5")).status_code == 302
+    assert Client().post(reverse("customer:book"), booking_data(lots="5")).status_code == 302
     barrier = threading.Barrier(20)
     answers: list[tuple[int, str]] = []
     lock = threading.Lock()
@@ -30,7 +30,7 @@ def test_twenty_researchers_booking_the_last_free_lot_at_once_get_one_order_and_
         data = booking_data(lots="1", contact_email=f"researcher{index}@example.org")
         try:
             barrier.wait(timeout=30)
-            response = client.post(reverse("booking:book"), data)
+            response = client.post(reverse("customer:book"), data)
             with lock:
                 answers.append((response.status_code, response.content.decode()))
         finally:
@@ -57,7 +57,7 @@ def test_twenty_researchers_booking_the_last_free_lot_at_once_get_one_order_and_
 
 @pytest.mark.django_db
 def test_the_database_refuses_two_live_allocations_of_one_lot_over_overlapping_periods(client, catalog, booking_data):
-    client.post(reverse("booking:book"), booking_data(lots="1"))
+    client.post(reverse("customer:book"), booking_data(lots="1"))
     held = Allocation.objects.get()
     other_order = Order.objects.get()
 
@@ -81,17 +81,17 @@ def test_the_database_refuses_two_live_allocations_of_one_lot_over_overlapping_p
 @pytest.mark.django_db
 def test_turnaround_separates_two_windows_on_the_same_lot(client, catalog, booking_data, start_date, policy):
     mi300x = {"hardware_class": "mi300x-pair", "environment": "pytorch-2-6-rocm-6-4", "lots": "1", "days": "3"}
-    assert client.post(reverse("booking:book"), booking_data(**mi300x)).status_code == 302
+    assert client.post(reverse("customer:book"), booking_data(**mi300x)).status_code == 302
 
     # The window ends at start+3 d; with 6 h of turnaround on each side, start+3 d is too soon ...
     too_soon = client.post(
-        reverse("booking:book"), booking_data(**mi300x, start_date=(start_date + timedelta(days=3)).isoformat())
+        reverse("customer:book"), booking_data(**mi300x, start_date=(start_date + timedelta(days=3)).isoformat())
     )
     assert too_soon.status_code == 200 and "Sold out" in too_soon.content.decode()
     # ... and the next day fits, as the sold-out answer said.
     assert f'name="start_date" value="{(start_date + timedelta(days=4)).isoformat()}"' in too_soon.content.decode()
     later = client.post(
-        reverse("booking:book"), booking_data(**mi300x, start_date=(start_date + timedelta(days=4)).isoformat())
+        reverse("customer:book"), booking_data(**mi300x, start_date=(start_date + timedelta(days=4)).isoformat())
     )
     assert later.status_code == 302
 
@@ -102,15 +102,15 @@ def test_lots_in_maintenance_are_neither_offered_nor_allocated(client, catalog, 
         status=Lot.Status.MAINTENANCE
     )
 
-    response = client.post(reverse("booking:book"), booking_data(lots="2"))
+    response = client.post(reverse("customer:book"), booking_data(lots="2"))
 
     assert "Only 1 lot of NVIDIA B200 pair exists." in response.content.decode()
 
 
 @pytest.mark.django_db
 def test_expired_holds_release_their_lots_and_paid_orders_keep_theirs(client, catalog, booking_data):
-    client.post(reverse("booking:book"), booking_data(lots="3"))
-    client.post(reverse("booking:book"), booking_data(lots="3", contact_email="bob@example.org"))
+    client.post(reverse("customer:book"), booking_data(lots="3"))
+    client.post(reverse("customer:book"), booking_data(lots="3", contact_email="bob@example.org"))
     unpaid, paying = Order.objects.order_by("pk")
     Order.objects.filter(pk=paying.pk).update(status=OrderStatus.PAYMENT_PROCESSING)
     later = unpaid.hold_expires_at + timedelta(seconds=1)
@@ -134,18 +134,18 @@ def test_booking_and_order_pages_use_the_same_number_of_queries_with_10_or_1000_
     # given: the demo's 9 lots (+1 H200) or about a thousand
     add_lots(catalog["h200-pair"], 1 + extra_lots)
     assert Lot.objects.count() == 10 + extra_lots
-    response = client.post(reverse("booking:book"), booking_data(lots="2"))
+    response = client.post(reverse("customer:book"), booking_data(lots="2"))
     order_url = response["Location"]
     client.get(order_url)  # consume the flash message, as the browser does after the redirect
 
     # then: drawn from the database (the catalog and the pages are cached otherwise)
     cache.clear()
     with django_assert_num_queries(6):  # the catalog, the policy, availability, the current terms version
-        assert client.get(reverse("booking:book")).status_code == 200
+        assert client.get(reverse("customer:book")).status_code == 200
     cache.clear()
     with django_assert_num_queries(6):
         quote = client.get(
-            reverse("booking:book"),
+            reverse("customer:book"),
             {
                 "hardware_class": "h200-pair",
                 "environment": "pytorch-2-7-cuda-12-8",

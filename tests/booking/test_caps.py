@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from booking import links
 from booking.models import BookingPolicy, Order
-from tests.booking.test_pages import place
+from tests.builders.orders import place
 
 
 def _limit_unpaid_lots(limit: int) -> None:
@@ -34,7 +34,7 @@ def test_a_stranger_typing_a_researchers_address_cannot_lock_them_out(
     # The stranger holds the limit under the victim's address (orders they can pay or not: the lots are held).
     with django_capture_on_commit_callbacks(execute=True):
         place(stranger, booking_data(lots="2", contact_email="victim@lab.example"))
-    assert stranger.post(reverse("booking:book"), booking_data(lots="1")).status_code == 200  # their own limit
+    assert stranger.post(reverse("customer:book"), booking_data(lots="1")).status_code == 200  # their own limit
 
     # The victim, from their own connection, books as usual: an address nobody confirmed spends nothing of theirs.
     victim = Client(REMOTE_ADDR="198.51.100.20")
@@ -55,7 +55,7 @@ def test_an_address_counts_once_its_owner_opened_a_link_sent_there(
     assert Order.objects.get(pk=order.pk).email_verified_at is not None
 
     elsewhere = Client(REMOTE_ADDR="192.0.2.30")
-    refused = elsewhere.post(reverse("booking:book"), booking_data(lots="1", contact_email="Ada@Example.org"))
+    refused = elsewhere.post(reverse("customer:book"), booking_data(lots="1", contact_email="Ada@Example.org"))
     assert refused.status_code == 200
     assert "one client may hold at most 2" in refused.content.decode()
 
@@ -78,7 +78,7 @@ def test_the_limit_holds_across_classes_when_bookings_arrive_at_once(catalog, bo
             client = Client(REMOTE_ADDR="198.51.100.99")  # one client, three classes, one instant
             data = booking_data(lots="1", hardware_class=slug, environment=environments[slug])
             barrier.wait(timeout=30)
-            response = client.post(reverse("booking:book"), data)
+            response = client.post(reverse("customer:book"), data)
             with lock:
                 answers.append(response.status_code)
         finally:
@@ -112,7 +112,7 @@ def test_a_stranger_spending_an_addresses_resend_limit_does_not_turn_its_owner_a
     catalog, booking_data, django_capture_on_commit_callbacks
 ):
     place(Client(REMOTE_ADDR="198.51.100.20"), booking_data())
-    url = reverse("booking:resend-link")
+    url = reverse("customer:resend-link")
     with django_capture_on_commit_callbacks(execute=True):
         for index in range(5):  # from five connections, the address's whole hourly limit
             Client(REMOTE_ADDR=f"203.0.113.{index + 1}").post(url, {"email": "ada@example.org"})

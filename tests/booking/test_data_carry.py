@@ -14,10 +14,7 @@ from booking.services import order_cancel_by_operator, order_end_early
 from inventory.models import Lot
 from provisioning import lifecycle
 from provisioning.models import ProvisioningRun
-from tests.booking.test_pages import order_url, place
-from tests.provisioning.conftest import operator  # noqa: F401 (a fixture)
-from tests.provisioning.test_console import paid_order  # noqa: F401 (a fixture)
-from tests.provisioning.test_window_self_service import ready_order  # noqa: F401 (a fixture)
+from tests.builders.orders import order_url, place
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +24,7 @@ def _text(response) -> str:
 
 
 @pytest.fixture
-def ended_order(ready_order, django_capture_on_commit_callbacks):  # noqa: F811
+def ended_order(ready_order, django_capture_on_commit_callbacks):
     """Order 1: two lots of b200-node-01 (a dry-run host), prepared, handed over, ended early: its data is kept."""
     order, token = ready_order
     with django_capture_on_commit_callbacks(execute=True):
@@ -50,14 +47,14 @@ def test_the_order_page_offers_to_book_again_with_the_data_and_fills_the_booking
     page = _text(client.get(order_url(order, token)))
     assert "Book again with my data" in page and "900 GiB on b200-node-01" in page
 
-    again = client.get(reverse("booking:order-book-again", kwargs={"public_id": order.public_id, "token": token}))
+    again = client.get(reverse("customer:order-book-again", kwargs={"public_id": order.public_id, "token": token}))
     text = _text(again)
     assert again.status_code == 200 and "no-store" in again["Cache-Control"]
     assert f"The data volume of order {order.public_id} (900 GiB) stays on its machine, b200-node-01" in text
     assert 'value="ada@example.org"' in again.content.decode()  # the contact and keys of order 1, filled in
 
     client.cookies["django_language"] = "fr"
-    again = client.get(reverse("booking:order-book-again", kwargs={"public_id": order.public_id, "token": token}))
+    again = client.get(reverse("customer:order-book-again", kwargs={"public_id": order.public_id, "token": token}))
     assert f"Le volume de données de la commande {order.public_id} (900 Gio) reste sur sa machine" in _text(again)
     assert "Réserver à nouveau avec mes données" in _text(client.get(order_url(order, token)))
 
@@ -74,7 +71,7 @@ def test_a_carried_booking_takes_lots_on_the_data_s_host_only_or_says_why_not(
 
     # when: the researcher books those dates carrying their data
     response = client.post(
-        reverse("booking:book"), booking_data(lots="2", start_date=_later(start_date, 12), **_carry(order, token))
+        reverse("customer:book"), booking_data(lots="2", start_date=_later(start_date, 12), **_carry(order, token))
     )
 
     # then: refused with the reason and the way out; nothing booked; the box is still there to untick
@@ -107,7 +104,7 @@ def test_carrying_someone_else_s_data_needs_their_order_s_own_link(
     carry_token = {"wrong-token": token[:-2] + "xx", "another-order-s-token": own_token, "no-token": ""}[forged]
 
     response = client.post(
-        reverse("booking:book"),
+        reverse("customer:book"),
         booking_data(lots="1", start_date=_later(start_date), **{**_carry(order, token), "carry_token": carry_token}),
     )
 
@@ -115,7 +112,7 @@ def test_carrying_someone_else_s_data_needs_their_order_s_own_link(
     assert "The link of the order whose data you want to carry no longer works." in _text(response)
     assert not Order.objects.filter(carry_data_from=order).exists()
     page = client.get(
-        reverse("booking:order-book-again", kwargs={"public_id": order.public_id, "token": carry_token or "x"})
+        reverse("customer:order-book-again", kwargs={"public_id": order.public_id, "token": carry_token or "x"})
     )
     assert page.status_code == 404
 
@@ -128,7 +125,7 @@ def test_one_order_carries_a_volume_and_the_earlier_order_s_wipe_waits_for_it(
 
     # a second booking carrying the same data is refused, and the order page offers it no more
     again = client.post(
-        reverse("booking:book"), booking_data(lots="1", start_date=_later(start_date, 20), **_carry(order, token))
+        reverse("customer:book"), booking_data(lots="1", start_date=_later(start_date, 20), **_carry(order, token))
     )
     assert "can no longer be carried: it was deleted, carried to another order" in _text(again)
     assert "Book again with my data" not in _text(client.get(order_url(order, token)))
@@ -149,7 +146,7 @@ def test_one_order_carries_a_volume_and_the_earlier_order_s_wipe_waits_for_it(
 
 def test_a_window_whose_data_is_carried_cannot_be_extended_into_the_next_order(
     client,
-    ready_order,  # noqa: F811
+    ready_order,
     booking_data,
     start_date,
 ):
@@ -163,7 +160,7 @@ def test_a_window_whose_data_is_carried_cannot_be_extended_into_the_next_order(
     assert carried.carry_data_from == order
     assert {a.lot.gpu_indices for a in carried.allocations.all()} == {"4,5", "6,7"}
 
-    extend = reverse("booking:order-extend", kwargs={"public_id": order.public_id, "token": token})
+    extend = reverse("customer:order-extend", kwargs={"public_id": order.public_id, "token": token})
     refused = _text(client.post(extend, {"days": "3"}, follow=True))
 
     assert f"Your data is carried to order {carried.public_id}, which starts on" in refused

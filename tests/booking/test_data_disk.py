@@ -7,9 +7,8 @@ import pytest
 from django.urls import reverse
 
 from inventory.models import Host
-from tests.booking.test_pages import order_url, place
-from tests.provisioning.conftest import operator  # noqa: F401 (a fixture)
-from tests.provisioning.test_console import act, paid_order  # noqa: F401 (a fixture)
+from tests.builders.console import act
+from tests.builders.orders import order_url, place
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +55,7 @@ def test_the_booking_page_states_the_smallest_data_disk_a_lot_of_each_class_is_s
     _set_disks(**{"b200-node-01": 800, "b200-node-02": 500, "b200-node-03": 900, "h200-node-01": 0})
     client.cookies["django_language"] = language
 
-    page = client.get(reverse("booking:book")).content.decode()
+    page = client.get(reverse("customer:book")).content.decode()
 
     # then: the B200 row promises the smallest size, the H200 row says its disk is a share, not a made-up figure
     assert b200 in _row(page, "NVIDIA B200 pair") and "800" not in _row(page, "NVIDIA B200 pair")
@@ -71,7 +70,7 @@ def test_the_booking_page_states_the_smallest_data_disk_a_lot_of_each_class_is_s
             host.save()
 
     # then: the smallest size still promised, and where it may be a share instead, explained
-    page = " ".join(client.get(reverse("booking:book")).content.decode().split()).replace("\u2019", "'")
+    page = " ".join(client.get(reverse("customer:book")).content.decode().split()).replace("\u2019", "'")
     assert mixed in _row(page, "NVIDIA B200 pair")
     assert explained in page
 
@@ -96,8 +95,8 @@ def test_the_order_page_says_what_disk_the_lots_come_with_before_they_are_prepar
 
 def test_the_order_page_gives_each_data_volume_as_it_was_made(
     client,
-    paid_order,  # noqa: F811
-    operator,  # noqa: F811
+    paid_order,
+    operator,
     django_capture_on_commit_callbacks,
 ):
     # given: two lots on a host whose disk is shared (no size set): the size is known only once the volume is made

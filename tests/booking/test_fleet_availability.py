@@ -40,7 +40,7 @@ def test_unticking_a_host_s_active_box_takes_its_lots_off_sale_and_ticking_it_pu
     free = selectors.free_lot_ids(hardware_class=catalog["b200-pair"], window=window, limit=100)
     assert len(free) == len(lots) - on_host and not Lot.objects.filter(pk__in=free, host=host).exists()
     assert selectors.availability_for_window(window=window)[catalog["b200-pair"].pk].free == len(lots) - on_host
-    response = client.post(reverse("booking:book"), booking_data(lots=str(len(lots))))
+    response = client.post(reverse("customer:book"), booking_data(lots=str(len(lots))))
     remaining = len(lots) - on_host
     assert response.status_code == 200
     assert f"Only {remaining} lots of NVIDIA B200 pair exist." in response.content.decode()
@@ -50,7 +50,7 @@ def test_unticking_a_host_s_active_box_takes_its_lots_off_sale_and_ticking_it_pu
     with django_capture_on_commit_callbacks(execute=True):  # the booking page's cached answer is stale on commit
         host.is_active = True
         host.save()
-    assert client.post(reverse("booking:book"), booking_data(lots=str(len(lots)))).status_code == 302
+    assert client.post(reverse("customer:book"), booking_data(lots=str(len(lots)))).status_code == 302
     assert Allocation.objects.filter(lot__host=host, released_at__isnull=True).count() == on_host
 
 
@@ -77,7 +77,7 @@ def test_a_maintenance_window_takes_the_host_s_lots_off_sale_for_its_dates_only(
     assert len(selectors.free_lot_ids(hardware_class=catalog["b200-pair"], window=before, limit=100)) == len(lots)
 
     # the booking page: every lot over the maintenance is sold out, and the next dates offered start after it
-    response = client.post(reverse("booking:book"), booking_data(lots=str(len(lots))))
+    response = client.post(reverse("customer:book"), booking_data(lots=str(len(lots))))
     assert response.status_code == 200 and SOLD_OUT in response.content.decode()
     next_dates = selectors.next_start_dates(
         hardware_class=catalog["b200-pair"], lot_count=len(lots), days=7, after=start_date, policy=policy
@@ -87,9 +87,11 @@ def test_a_maintenance_window_takes_the_host_s_lots_off_sale_for_its_dates_only(
         for day in next_dates
     )
     late = (start_date + timedelta(days=5)).isoformat()
-    assert client.post(reverse("booking:book"), booking_data(lots=str(len(lots)), start_date=late)).status_code == 302
+    assert client.post(reverse("customer:book"), booking_data(lots=str(len(lots)), start_date=late)).status_code == 302
     # a booking of fewer lots over the maintenance gets the other hosts' lots
-    response = client.post(reverse("booking:book"), booking_data(lots="1", contact_email="grace@example.org", days="3"))
+    response = client.post(
+        reverse("customer:book"), booking_data(lots="1", contact_email="grace@example.org", days="3")
+    )
     assert response.status_code == 302
     order = Order.objects.get(contact_email="grace@example.org")
     assert not order.allocations.filter(lot__host=host).exists()

@@ -6,7 +6,7 @@ import pytest
 from django.core import mail
 
 from booking.models import plain_name
-from tests.booking.test_pages import place
+from tests.builders.orders import place
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from django.urls import reverse
 from booking import services
 from booking.models import OrderEvent, OrderStatus
 from booking.selectors import EVENTS_PER_PAGE
-from tests.booking.test_pages import order_url, place
+from tests.builders.orders import order_url, place
 
 pytestmark = pytest.mark.django_db
 
@@ -105,7 +105,7 @@ def test_a_page_of_another_order_s_event_or_a_junk_cursor_shows_nothing_of_it(cl
 
     for before in (str(foreign), "²", "-1", "9" * 40):
         response = client.get(
-            reverse("booking:order-events", kwargs={"public_id": other.public_id, "token": other_token}),
+            reverse("customer:order-events", kwargs={"public_id": other.public_id, "token": other_token}),
             {"before": before},
         )
         assert response.status_code == 200
@@ -114,7 +114,7 @@ def test_a_page_of_another_order_s_event_or_a_junk_cursor_shows_nothing_of_it(cl
 
 def test_the_older_events_need_the_order_s_link(client, busy_order):
     order, _ = busy_order
-    response = client.get(reverse("booking:order-events", kwargs={"public_id": order.public_id, "token": "wrong"}))
+    response = client.get(reverse("customer:order-events", kwargs={"public_id": order.public_id, "token": "wrong"}))
     assert response.status_code == 404
     console = client.get(reverse("console:order-events", kwargs={"public_id": order.public_id}))
     assert console.status_code == 302  # to the sign-in

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 def order(client, catalog, booking_data) -> Order:
     from django.urls import reverse
 
-    client.post(reverse("booking:book"), booking_data(lots="2"))
+    client.post(reverse("customer:book"), booking_data(lots="2"))
     return Order.objects.get()
 
 

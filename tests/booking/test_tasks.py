@@ -15,7 +15,7 @@ from booking.tasks import expire_holds
 @pytest.mark.integration
 def test_a_real_worker_expires_an_unpaid_hold_and_frees_its_lots(celery_worker_process, catalog, booking_data):
     # given: an order whose hold ran out
-    assert Client().post(reverse("booking:book"), booking_data(lots="6")).status_code == 302
+    assert Client().post(reverse("customer:book"), booking_data(lots="6")).status_code == 302
     order = Order.objects.get()
     Order.objects.filter(pk=order.pk).update(hold_expires_at=timezone.now() - timedelta(seconds=1))
 
@@ -34,4 +34,4 @@ def test_a_real_worker_expires_an_unpaid_hold_and_frees_its_lots(celery_worker_p
     assert order.events.last().actor_kind == "system"
     # the six lots are offered again for that window
     choice = {key: booking_data()[key] for key in ("hardware_class", "environment", "start_date", "days")}
-    assert "6 / 6" in Client().get(reverse("booking:book"), {**choice, "lots": "1"}).content.decode()
+    assert "6 / 6" in Client().get(reverse("customer:book"), {**choice, "lots": "1"}).content.decode()

@@ -9,11 +9,15 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 
 from payments import config
-from payments.chain import ChainUnavailable, DevChain
+from payments.chain import ChainUnavailable
+from payments.chain_demo import DevChain
 from payments.demo import DEMO_USDT_RATE
 from payments.models import OperatorRate
+from tests.browser.steps import PASSWORD
 from tests.payments.conftest import chains_toml
 from tests.processes import beat_argv, process_env_for_tests, stop_process_groups
 from tests.provisioning.conftest import (  # noqa: F401 (fixtures of the operator journey)
@@ -131,3 +135,26 @@ def worker_and_beat(live_chain, start_celery_worker):
     stop = start_worker_and_beat(start_celery_worker, path)
     yield
     stop()
+
+
+@pytest.fixture
+def browser_page(page):
+    page.on("dialog", lambda dialog: dialog.accept())  # the form's confirmation
+    page.refused = []
+    page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
+    return page
+
+
+@pytest.fixture
+def operator(transactional_db):
+    user = get_user_model().objects.create_user("olga", "olga@binome.example", PASSWORD, is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
+    return user
+
+
+@pytest.fixture
+def researcher(page):
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.refused = []
+    page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
+    return page

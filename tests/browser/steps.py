@@ -46,3 +46,39 @@ def pay_link(link: str, chain, *, account: int = 4, fraction: tuple[int, int] = 
     payer = chain.accounts()[account]
     chain.mint(token, payer, units, sender=payer)
     return chain.send_token(token, to, units, sender=payer)
+
+
+def ready_order(page, base_url: str, *, email: str, admin_user) -> Order:
+    """An order placed in the browser, paid (marked by an admin), approved and ready, as its lots were handed over."""
+    from booking.models import OrderStatus
+    from booking.services import order_transition
+    from payments.selectors import current_invoice
+    from payments.settlement import invoice_mark_paid
+
+    order = place_order(page, base_url, email=email)
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    order.refresh_from_db()
+    return order
+
+
+def submitted(page, button, *, to: re.Pattern | None = None) -> None:
+    """Press `button` (a locator), wait for the page its form answers with, and check it was not refused (and is
+    `to`, when given)."""
+    with page.expect_navigation():
+        button.click()
+    assert not page.refused, f"refused (403): {page.refused}"
+    assert to is None or to.fullmatch(page.url), page.url
+
+
+PASSWORD = "correct horse battery staple 42"
+
+
+def log_in(page, url: str, username: str) -> None:
+    """Open `url` as a staff member: Django's admin login comes first, then `url` itself."""
+    page.goto(url)
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    with page.expect_navigation():
+        page.click("input[type=submit]")

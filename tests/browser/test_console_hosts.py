@@ -9,8 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from inventory.models import Host
-from tests.browser.test_forms import submitted
-from tests.browser.test_journeys import log_in, operator  # noqa: F401 (a fixture)
+from tests.browser.steps import log_in, submitted
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +23,7 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
-def olga(page, operator):  # noqa: F811
+def olga(page, operator):
     page.refused = []
     page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
     return page

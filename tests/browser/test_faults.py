@@ -84,7 +84,7 @@ def test_redis_stopped_while_the_researcher_presses_ive_paid(
     chain, chains_path = live_chain
     settings.CACHES = {
         "default": {
-            "BACKEND": "portal.cache.ResilientRedisCache",
+            "BACKEND": "infrastructure.cache.ResilientRedisCache",
             "LOCATION": redis_server.url,
             "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
         }

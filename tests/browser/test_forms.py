@@ -17,8 +17,8 @@ from booking.models import Order, OrderStatus, SplitTrialReport
 from booking.services import order_transition
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from tests.booking.test_split_trial_report import VALID as SPLIT_TRIAL_REPORT
-from tests.browser.steps import ORDER_URL, fill_booking, place_order
+from tests.browser.steps import ORDER_URL, fill_booking, place_order, submitted
+from tests.builders.split_trial import VALID as SPLIT_TRIAL_REPORT
 from tests.factories import make_ssh_key
 
 pytestmark = pytest.mark.integration
@@ -32,15 +32,6 @@ def researcher(page):
     page.refused = []
     page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
     return page
-
-
-def submitted(page, button, *, to: re.Pattern | None = None) -> None:
-    """Press `button` (a locator), wait for the page its form answers with, and check it was not refused (and is
-    `to`, when given)."""
-    with page.expect_navigation():
-        button.click()
-    assert not page.refused, f"refused (403): {page.refused}"
-    assert to is None or to.fullmatch(page.url), page.url
 
 
 def test_a_researcher_changes_the_asset_then_cancels_the_order(researcher, live_server, live_chain, catalog):
@@ -352,7 +343,7 @@ def test_a_researcher_corrects_the_billing_details_then_downloads_the_invoice(
     researcher, live_server, live_chain, catalog, admin_user
 ):
     from payments.models import FiscalInvoice
-    from tests.payments.test_fiscal_invoices import pdf_text
+    from tests.builders.payments import pdf_text
 
     page = researcher
     order = place_order(page, live_server.url, email="billing@example.org")
@@ -425,3 +416,54 @@ def test_a_researcher_books_again_with_the_data_of_an_ended_order(
     assert f"Carried from order {order.public_id}" in page.inner_text("#carried-data")
     host = order.accesses.get().host
     assert {allocation.lot.host for allocation in carried.allocations.all()} == {host}
+
+
+def test_a_researcher_beyond_the_unconfirmed_share_confirms_their_address_and_books(
+    researcher, live_server, live_chain, catalog, booking_data, start_celery_worker, tmp_path, admin_user
+):
+    from django.test import Client
+
+    from booking.models import BookingPolicy
+    from tests.builders.orders import _paid_before, place
+
+    _chain, chains_path = live_chain
+    mail_dir = tmp_path / "mail"
+    start_celery_worker(
+        PAYMENTS_CHAINS_FILE=str(chains_path), SITE_URL=live_server.url, EMAIL_URL=f"filemail:///{mail_dir}"
+    )
+    policy = BookingPolicy.current()
+    policy.unconfirmed_share_percent = 50  # the default: 3 of the 6 B200 lots (the catalog fixture opens all)
+    policy.save()
+    _paid_before(booking_data, admin_user, "ada@lab.example")  # the share binds contacts who never paid
+    for number in range(3):  # strangers hold the share, with addresses nobody confirms
+        place(Client(REMOTE_ADDR=f"198.51.100.{number + 1}"), booking_data(lots="1", contact_email=f"x{number}@t.ex"))
+    page = researcher
+    page.goto(live_server.url + "/")
+    fill_booking(page, lots="1", email="ada@lab.example")
+    submitted(page, page.get_by_role("button", name="Place the order and hold the lots"))
+    assert "may hold 3 of the 6 NVIDIA B200 pair lots" in page.inner_text("#field-contact_email")
+
+    submitted(page, page.get_by_role("button", name="E-mail me a confirmation link"))
+    assert "A link is on its way to ada@lab.example" in page.inner_text("#confirmation-sent")
+    assert page.input_value("input[name=contact_email]") == "ada@lab.example"
+    link = _mailed_confirmation_link(mail_dir)
+    tab = page.context.new_page()  # the e-mail opened in the same browser
+    tab.goto(link)
+    assert "ada@lab.example is confirmed in this browser" in tab.inner_text("#address-confirmed")
+    tab.close()
+
+    page.check("input[name=accept_terms]")
+    submitted(page, page.get_by_role("button", name="Place the order and hold the lots"), to=ORDER_URL)
+    order = Order.objects.filter(contact_email="ada@lab.example").latest("pk")  # after the paid one
+    assert order.status == OrderStatus.AWAITING_PAYMENT and order.email_verified_at is not None
+
+
+def _mailed_confirmation_link(mail_dir: Path, timeout: float = 30) -> str:
+    pattern = re.compile(r"https?://[^\s/]+/orders/address-confirmed/[^\s/]+/")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [link for path in mail_dir.glob("*.log") for link in pattern.findall(path.read_text())]
+        if found:
+            return found[-1]
+        time.sleep(0.2)
+    raise AssertionError("no confirmation link was mailed")

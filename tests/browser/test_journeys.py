@@ -7,7 +7,6 @@ import time
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
 from booking.models import Order, OrderStatus
@@ -19,33 +18,15 @@ from provisioning.runs import provisioning_hand_over
 from provisioning.services import order_approve
 from provisioning.steps import PROVISION_STEPS
 from tests.browser.conftest import ARTIFACTS, start_worker_and_beat
-from tests.browser.steps import ORDER_URL, fill_booking, pay_as_a_wallet, place_order
+from tests.browser.steps import ORDER_URL, PASSWORD, fill_booking, log_in, pay_as_a_wallet, place_order
 from tests.provisioning.conftest import remove_user
 
 pytestmark = pytest.mark.integration
-
-PASSWORD = "correct horse battery staple 42"
 
 
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def log_in(page, url: str, username: str) -> None:
-    """Open `url` as a staff member: Django's admin login comes first, then `url` itself."""
-    page.goto(url)
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORD)
-    with page.expect_navigation():
-        page.click("input[type=submit]")
-
-
-@pytest.fixture
-def operator(transactional_db):
-    user = get_user_model().objects.create_user("olga", "olga@binome.example", PASSWORD, is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
-    return user
 
 
 @pytest.fixture

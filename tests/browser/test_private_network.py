@@ -18,8 +18,8 @@ import pytest
 from booking.models import OrderStatus
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, ROOT
 from tests.browser.steps import ORDER_URL, place_order
+from tests.builders.production import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY
 from tests.payments.conftest import free_port
-from tests.portal.test_security import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY
 from tests.processes import process_env_for_tests
 
 pytestmark = pytest.mark.integration

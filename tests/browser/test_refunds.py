@@ -5,8 +5,6 @@ operator pays the console's EIP-681 link from their own wallet and enters the ha
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 
 from booking.models import OrderStatus
 from payments import scanner
@@ -14,30 +12,13 @@ from payments.chain import checksum
 from payments.models import Refund
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from tests.browser.steps import ORDER_URL, pay_link, place_order
-from tests.browser.test_forms import submitted
-from tests.browser.test_journeys import PASSWORD, log_in
+from tests.browser.steps import ORDER_URL, log_in, pay_link, place_order, submitted
 
 pytestmark = pytest.mark.integration
 
 REFUNDS_URL = re.compile(r".*/orders/BN-[^/]+/[^/]+/#refunds$")
 OPERATOR_WALLET = 2
 CUSTOMER_WALLET = 3
-
-
-@pytest.fixture
-def researcher(page):
-    page.on("dialog", lambda dialog: dialog.accept())
-    page.refused = []
-    page.on("response", lambda response: response.status == 403 and page.refused.append(response.url))
-    return page
-
-
-@pytest.fixture
-def operator(transactional_db):
-    user = get_user_model().objects.create_user("olga", "olga@binome.example", PASSWORD, is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
-    return user
 
 
 def test_a_cancelled_order_is_refunded_to_the_address_given_and_the_page_shows_the_transaction(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.bundle import SCRIPTS, BundleError, inline, script_bytes
+from nodekit.bundle import SCRIPTS, BundleError, inline, inline_modules, script_bytes
 from tests.nodekit.shipped import shipped_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,3 +152,72 @@ def test_a_script_without_the_common_import_ships_as_it_is_with_its_header():
     header, _ = shipped.split("\n", 2)[1:]
     assert header.startswith("# Built by nodekit/bundle.py")
     assert shipped.replace(header + "\n", "", 1) == plain
+
+
+# A script's own helper module, which itself uses common.py: both inlined, common first, each once.
+TOOLS = '''"""Tools."""
+
+from __future__ import annotations
+
+from nodekit.common import shorten
+
+
+def label(text: str) -> str:
+    return "[" + shorten(text) + "]"
+'''
+
+SCRIPT_WITH_TOOLS = SCRIPT.replace(
+    "from nodekit.common import shorten\n", "from nodekit.common import shorten\nfrom nodekit.tools import label\n"
+).replace('return shorten("abcdef")', 'return label("abcdef") + shorten("xyzw")')
+
+
+def test_helper_modules_are_inlined_once_after_the_modules_they_import():
+    shipped = inline_modules(SCRIPT_WITH_TOOLS, {"common": COMMON, "tools": TOOLS}, name="tool")
+
+    assert shipped.splitlines()[1].endswith("imports from nodekit/common.py, nodekit/tools.py")
+    assert shipped.index("def shorten") < shipped.index("def label") < shipped.index("def main")
+    assert shipped.count("def shorten") == 1 and shipped.count("from __future__") == 1
+    assert not [line for line in shipped.splitlines() if "import" in line and "nodekit" in line and "#" not in line]
+    assert _run(shipped)["main"]() == "[abc]xyz"
+
+
+@pytest.mark.parametrize(
+    ("tools", "needle"),
+    [
+        (TOOLS + "\n\nLIMIT = 4\n", "common.py and tools.py both define LIMIT"),
+        (TOOLS.replace("from nodekit.common import shorten", "from nodekit.tool import main"), "import each other"),
+        (TOOLS.replace("import shorten", "import shorten as cut"), "no alias"),
+        (TOOLS + "\nimport torch\n", "standard library only, not torch"),
+        (TOOLS + "\n\ndef lazy():\n    import numpy\n", "standard library only, not numpy"),
+    ],
+    ids=["clash", "circle", "alias", "torch", "lazy-numpy"],
+)
+def test_the_inliner_refuses_a_helper_module_that_would_change_the_meaning(tools, needle):
+    with pytest.raises(BundleError, match=needle):
+        inline_modules(SCRIPT_WITH_TOOLS, {"common": COMMON, "tools": tools}, name="tool")
+
+
+def test_a_helper_module_may_import_torch_lazily_but_common_may_not():
+    lazy = "\n\ndef device():\n    import torch\n\n    return torch.device('cpu')\n"
+    shipped = inline_modules(SCRIPT_WITH_TOOLS, {"common": COMMON, "tools": TOOLS + lazy}, name="tool")
+
+    assert "    import torch\n" in shipped
+    with pytest.raises(BundleError, match=r"common\.py line \d+: the standard library only, not torch"):
+        inline_modules(SCRIPT_WITH_TOOLS, {"common": COMMON + lazy, "tools": TOOLS}, name="tool")
+
+
+def test_the_preflight_ships_its_gpu_tools_inlined():
+    shipped = script_bytes("preflight").decode()
+
+    assert "# ---- nodekit/gpu_tools.py, inlined ----" in shipped and "def parse_nvidia_smi" in shipped
+
+
+def test_the_preflight_ships_its_shared_names_and_its_torch_worker_inlined():
+    shipped = script_bytes("preflight").decode()
+
+    assert (
+        shipped.index("# ---- nodekit/preflight_checks.py, inlined ----")
+        < shipped.index("# ---- nodekit/preflight_worker.py, inlined ----")
+        < shipped.index("class Supervisor")
+    )
+    assert shipped.count("\nclass Worker:") == 1 and shipped.count("\nWORKER_CHECKS = ") == 1

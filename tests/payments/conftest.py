@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from payments import config
-from payments.chain import ChainUnavailable, DevChain
+from payments.chain import ChainUnavailable
+from payments.chain_demo import DevChain
 from payments.demo import CONTRACTS, DEMO_USDT_RATE
 from payments.models import OperatorRate
 
@@ -129,3 +130,31 @@ def use_chains_file(settings, tmp_path):
         settings.PAYMENTS_CHAINS_FILE = str(path)
 
     return use
+
+
+@pytest.fixture
+def full_refund_rules(rules):
+    """The cancellation rules of the refund and invoice attacks: as money_rules, without the fee."""
+    return rules(days=3, fee="0.00", percent=50)
+
+
+@pytest.fixture
+def money_rules(rules):
+    """The cancellation rules the money machines play with: 50 % back until 3 days before, a 100.00 fee."""
+    return rules(days=3, fee="100.00", percent=50)
+
+
+@pytest.fixture
+def machine(client, booking_data, admin_user, monkeypatch, money_rules):
+    """One order's money life with the operator in it (tests/payments/money_life.py), its steps called by hand."""
+    from decimal import Decimal
+
+    from payments import fiscal
+    from tests.payments.money_life import RedMoneyLife
+
+    monkeypatch.setattr(fiscal, "_write_document", lambda fiscal_invoice_id: None)
+    OperatorRate.objects.create(chain_id=31337, asset_symbol="dUSDT", fiat_currency="EUR", rate=Decimal("0.9"))
+    RedMoneyLife.fixtures = {"client": client, "booking_data": booking_data, "admin": admin_user}
+    life = RedMoneyLife()
+    yield life
+    life.teardown()

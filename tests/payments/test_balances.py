@@ -13,10 +13,9 @@ from payments import balances, config, invoices, scanner
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
-from tests.booking.test_pages import place
+from tests.builders.orders import place
+from tests.builders.payments import cursor_past_the_head, forward_at, pay_in_eth
 from tests.payments.conftest import chains_toml
-from tests.payments.test_native import pay_in_eth
-from tests.payments.test_safety_net import cursor_past_the_head
 
 CHAIN_ID = 31337
 
@@ -181,26 +180,6 @@ def test_token_balances_are_read_through_multicall3_where_the_chains_file_names_
     assert list(Transfer.objects.filter(invoice__in=[paid, unpaid]).values_list("tx_hash", flat=True)) == [
         tx_hash.lower()
     ]
-
-
-# --- native coin paid by a contract near expiry --------------------------------------------------------------------
-def forward_at(chain, invoice: Invoice, *, timestamp: int) -> int:
-    """A contract pays the invoice's due amount on to its address (an internal transaction, no log), in a block
-    whose time is `timestamp`. Returns that block's number."""
-    payer = chain.accounts()[2]
-    forwarder = chain.deploy("PaymentForwarder", sender=payer)
-    chain.request("evm_setNextBlockTimestamp", [timestamp])
-    receipt = chain.call(
-        "PaymentForwarder",
-        forwarder,
-        "forward",
-        invoice.deposit_address,
-        sender=payer,
-        value=int(invoice.amount_due_units),
-    )
-    block = int(receipt["blockNumber"], 16)
-    assert int(chain.request("eth_getBlockByNumber", [hex(block), False])["timestamp"], 16) == timestamp
-    return block
 
 
 def confirm_after_expiry(chain, invoice: Invoice) -> None:

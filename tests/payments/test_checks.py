@@ -47,3 +47,32 @@ def test_a_chain_that_does_not_answer_is_a_warning_logged_at_a_workers_start(db,
 
     assert [message.id for message in chain_contracts_match_the_chains_file()] == ["payments.W001"]
     assert "payments.W001: chain 31337: its contracts could not be checked" in caplog.text
+
+
+def test_the_payments_settings_are_checked_without_a_chain(settings, tmp_path):
+    """`manage.py check` (and each process before it starts) reads the chains file and the xpub the settings name:
+    clean in development, every refusal of production with its own id."""
+    from payments.addresses import DEMO_ACCOUNT_XPUB
+    from payments.checks import payments_settings
+
+    settings.PAYMENTS_XPUB = ""
+    assert payments_settings() == []  # development: the demo chains file and the demo key
+
+    settings.REFUSE_DEMO_PIECES = True  # what DEBUG off sets
+    refused = {message.id: message.msg for message in payments_settings()}
+    assert refused["payments.E001"].endswith(
+        "this is the demo chains file (a local anvil and its faucet tokens): list your own chains"
+    )
+    assert refused["payments.E007"] == "PAYMENTS_XPUB must be set when DEBUG is off."
+
+    settings.PAYMENTS_XPUB = DEMO_ACCOUNT_XPUB
+    settings.PAYMENTS_CHAINS_FILE = ""
+    refused = {message.id: message.msg for message in payments_settings()}
+    assert refused == {
+        "payments.E005": "PAYMENTS_CHAINS_FILE must name the chains file when DEBUG is off.",
+        "payments.E006": "PAYMENTS_XPUB is the demo key (from a public test mnemonic): set your own.",
+    }
+
+    use(settings, tmp_path, "[[chains]]\nchain_id = 'one'\n")
+    assert [message.id for message in payments_settings()] == ["payments.E001", "payments.E006"]
+    assert chain_contracts_match_the_chains_file() == []  # said once, by payments.E001

@@ -1,6 +1,5 @@
 """Payments on a real chain (anvil): detection, confirmations, exceptions, reorgs, RPC failures."""
 
-import html
 import re
 from datetime import timedelta
 from decimal import Decimal
@@ -17,18 +16,14 @@ from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
 from payments.models import Invoice, Transfer
 from payments.selectors import current_invoice
-from tests.booking.test_pages import place
+from tests.builders.orders import place
+from tests.builders.payments import after_expiry, order_page
 
 CHAIN_ID = 31337
 
 
 def scan(**kwargs) -> scanner.ScanResult:
     return scanner.chain_scan(chain_id=CHAIN_ID, **kwargs)
-
-
-def order_page(client, order: Order, token: str) -> str:
-    url = reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
-    return html.unescape(client.get(url).content.decode())
 
 
 def test_an_exact_stablecoin_payment_is_seen_confirmed_and_pays_the_order(
@@ -100,7 +95,7 @@ def test_the_native_coin_is_priced_by_the_rate_feed_and_detected_in_the_blocks_t
 ):
     order, token = place(client, booking_data(lots="1"))
     client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:order-asset", kwargs={"public_id": order.public_id, "token": token}),
         {"asset": f"{CHAIN_ID}:ETH"},
     )
     invoice = current_invoice(order)
@@ -124,7 +119,7 @@ def test_the_native_coin_is_priced_by_the_rate_feed_and_detected_in_the_blocks_t
 def test_a_token_whose_transfer_returns_nothing_is_detected_too(client, chain, booking_data):
     order, token = place(client, booking_data(lots="1"))
     client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:order-asset", kwargs={"public_id": order.public_id, "token": token}),
         {"asset": f"{CHAIN_ID}:dUSDT"},
     )
     invoice = current_invoice(order)
@@ -171,14 +166,6 @@ def test_an_overpayment_settles_and_is_flagged_for_a_refund(client, chain, booki
     invoice.refresh_from_db()
     assert invoice.status == Invoice.Status.SETTLED and invoice.paid_over
     assert "an operator will refund the difference" in order_page(client, order, token)
-
-
-def after_expiry(chain, invoice: Invoice, minutes: int = 1):
-    """The chain's clock past the invoice's expiry: the next blocks carry later timestamps (reverted with the
-    fixture's snapshot)."""
-    later = invoice.expires_at + timedelta(minutes=minutes)
-    chain.request("evm_setNextBlockTimestamp", [int(later.timestamp())])
-    return later
 
 
 def test_a_late_payment_settles_and_takes_the_lots_again_when_they_are_still_free(client, chain, booking_data):
@@ -243,7 +230,7 @@ def test_a_late_payment_settles_by_itself_only_while_the_rate_moved_less_than_th
 
     order, token = place(client, booking_data(lots="1"))
     client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:order-asset", kwargs={"public_id": order.public_id, "token": token}),
         {"asset": f"{CHAIN_ID}:ETH"},
     )
     invoice = current_invoice(order)

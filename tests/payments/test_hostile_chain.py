@@ -5,9 +5,9 @@ HostileEmitter (payments/contracts) emits what no honest token would. Deployed b
 stranger (not allow-listed: the node never returns its logs) or, to reach the parser, allow-listed as `dHOST`. A
 block can also hold more logs than a provider returns at once."""
 
-import time
-
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from booking.models import OrderStatus
 from payments import invoices, scanner
@@ -16,14 +16,11 @@ from payments.chain_answers import TRANSFER_TOPIC, parse_block
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
 from payments.selectors import current_invoice
-from tests.booking.test_pages import place
-from tests.payments.test_many_invoices import crowd_invoices
+from tests.builders.hostile_chain import deploy_hostile, in_one_block
+from tests.builders.orders import place
+from tests.builders.payments import crowd_invoices
 
 CHAIN_ID = 31337
-
-
-def deploy_hostile(chain) -> str:
-    return chain.deploy("HostileEmitter", sender=chain.accounts()[5])
 
 
 def allow_list(use_chains_file, chain, contract: str, *, rpc_url: str = "") -> None:
@@ -108,41 +105,45 @@ def test_malformed_transfer_logs_of_an_allow_listed_contract_are_skipped_and_cou
     assert list(Transfer.objects.values_list("token_contract", flat=True)) == [invoice.asset_contract]
 
 
-def test_a_block_of_5000_spam_logs_costs_nothing_to_an_honest_payment(client, chain, booking_data, use_chains_file):
+def test_a_block_of_5000_spam_logs_costs_nothing_to_an_honest_payment(
+    client, chain, booking_data, proxies, use_chains_file
+):
+    """A scan through a block of 5,000 spam transfers of an allow-listed token, one of them to a deposit address,
+    costs what a scan through that one spam transfer costs: the same calls to the node (the 5,000 logs come back in
+    the same answers, over 3 MB of them) and no more queries (none for a log to an address that is no invoice's);
+    and the honest payment in the block is credited. The detection latency is bench/chain_scan.py's figure."""
     hostile = deploy_hostile(chain)
-    allow_list(use_chains_file, chain, hostile)
-    order, _ = place(client, booking_data(lots="1"))
-    invoice = current_invoice(order)
+    node = proxies()
+    allow_list(use_chains_file, chain, hostile, rpc_url=node.url)
     spammer = chain.accounts()[5]
-    # 5,000 well-formed transfers of the allow-listed contract to 5,000 addresses, one of them the deposit address
-    chain.call("HostileEmitter", hostile, "spam", "0x" + "00" * 19 + "01", 4999, 1, sender=spammer, gas=25_000_000)
-    chain.call("HostileEmitter", hostile, "spam", invoice.deposit_address, 1, 1, sender=spammer)
-    pay_invoice(chain, invoice)
-    chain.mine(2)
+    first, _ = place(client, booking_data(lots="1", contact_email="first@example.org"))
+    order, _ = place(client, booking_data(lots="1"))
+    place(client, booking_data(lots="1", contact_email="waiting@example.org"))  # open throughout
+    scan()
 
-    started = time.perf_counter()
-    result = scan()
-    elapsed = time.perf_counter() - started
+    def spam_pay_and_scan(invoice, strangers: int) -> tuple[scanner.ScanResult, tuple[int, int]]:
+        if strangers:  # well-formed transfers to as many addresses, none of them a deposit address
+            chain.call(
+                "HostileEmitter", hostile, "spam", "0x" + "00" * 19 + "01", strangers, 1, sender=spammer, gas=25_000_000
+            )
+        chain.call("HostileEmitter", hostile, "spam", invoice.deposit_address, 1, 1, sender=spammer)
+        pay_invoice(chain, invoice)
+        chain.mine(2)
+        node.reset_counts()
+        with CaptureQueriesContext(connection) as queries:
+            result = scan()
+        return result, (node.requests, len(queries))
+
+    _, (calls, queried) = spam_pay_and_scan(current_invoice(first), strangers=0)
+    invoice = current_invoice(order)
+    result, (spam_calls, spam_queried) = spam_pay_and_scan(invoice, strangers=4999)
 
     order.refresh_from_db()
     assert order.status == OrderStatus.PAID
     assert result.logs == 2  # the spam to the deposit address (a wrong asset) and the payment
-    assert Transfer.objects.get(token_contract=hostile).wrong_asset
+    assert Transfer.objects.get(token_contract=hostile, to_address=invoice.deposit_address).wrong_asset
     assert Invoice.objects.get(pk=invoice.pk).amount_confirmed_units == invoice.amount_due_units
-    assert elapsed < 2, f"a scan through 5,000 spam logs took {elapsed:.2f} s"
-
-
-def in_one_block(chain, transactions: list[dict]) -> None:
-    """Mine `transactions` (sent from anvil's unlocked accounts) together in one block."""
-    chain.request("evm_setAutomine", [False])
-    try:
-        hashes = [chain.request("eth_sendTransaction", [transaction]) for transaction in transactions]
-        chain.mine(1)
-    finally:
-        chain.request("evm_setAutomine", [True])
-    receipts = [chain.request("eth_getTransactionReceipt", [tx_hash]) for tx_hash in hashes]
-    assert len({receipt["blockNumber"] for receipt in receipts}) == 1
-    assert all(int(receipt["status"], 16) == 1 for receipt in receipts)
+    assert spam_calls == calls and spam_queried <= queried, ((spam_calls, spam_queried), (calls, queried))
 
 
 def token_payment(chain, invoice: Invoice) -> dict:

@@ -4,34 +4,13 @@ contract, a derived address that already holds coin (anvil)."""
 
 import time
 
-from django.conf import settings
-from django.urls import reverse
-
 from booking.models import OrderStatus
-from payments import balances, invoices, scanner
+from payments import balances, config, invoices
 from payments.addresses import deposit_address
 from payments.demo import pay_invoice
 from payments.models import DerivationSlot, Invoice, Transfer
-from payments.selectors import current_invoice
-from tests.booking.test_pages import place
-from tests.payments.test_many_invoices import crowd_invoices
-
-CHAIN_ID = 31337
-
-
-def pay_in_eth(client, booking_data, **overrides):
-    order, token = place(client, booking_data(lots="1", **overrides))
-    client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
-        {"asset": f"{CHAIN_ID}:ETH"},
-    )
-    invoice = current_invoice(order)
-    assert invoice.asset_symbol == "ETH"
-    return order, invoice
-
-
-def scan():
-    return scanner.chain_scan(chain_id=CHAIN_ID)
+from tests.builders.orders import place
+from tests.builders.payments import CHAIN_ID, crowd_invoices, pay_in_eth, scan
 
 
 def sweep(chain, address: str) -> None:
@@ -160,13 +139,13 @@ def test_a_payment_by_a_contract_is_found_at_once_among_many_after_i_have_paid(c
 def test_a_derived_address_that_already_holds_coin_is_never_issued(client, chain, booking_data, caplog):
     order, _token = place(client, booking_data(lots="1"))
     next_index = DerivationSlot.objects.order_by("-pk").first().pk + 1
-    prefunded = deposit_address(settings.PAYMENTS_XPUB, next_index).lower()
+    prefunded = deposit_address(config.account_xpub(), next_index).lower()
     chain.send_native(prefunded, 10**18, sender=chain.accounts()[3])  # someone funds it first
 
     invoice = invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:ETH")
 
     assert invoice.deposit_address != prefunded and invoice.derivation_index > next_index
-    assert f"derivation index {next_index} ({deposit_address(settings.PAYMENTS_XPUB, next_index)})" in caplog.text
+    assert f"derivation index {next_index} ({deposit_address(config.account_xpub(), next_index)})" in caplog.text
     assert not Invoice.objects.filter(deposit_address=prefunded).exists()
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from payments import config, invoices, quotes, scanner
 from payments.demo import DEMO_ETH_EUR
 from payments.selectors import current_invoice
-from tests.booking.test_pages import place
+from tests.builders.orders import place
 
 CHAIN_ID = 31337
 DEMO_FEED = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"  # as payments/chains.demo.toml writes it
@@ -23,7 +23,7 @@ def feed_address() -> str:
 
 def switch_to_eth(client, order, token):
     return client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:order-asset", kwargs={"public_id": order.public_id, "token": token}),
         {"asset": f"{CHAIN_ID}:ETH"},
         follow=True,
     )
@@ -102,7 +102,7 @@ def test_switching_asset_is_rate_limited_per_order(client, chain, booking_data):
         invoices.invoice_change_asset(order=order, asset_key=f"{CHAIN_ID}:{asset}")
 
     page = client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:order-asset", kwargs={"public_id": order.public_id, "token": token}),
         {"asset": f"{CHAIN_ID}:dEURC"},
         follow=True,
     )

@@ -2,114 +2,44 @@
 order cancelled opens a refund, the customer gives an address, the operator pays the console's EIP-681 link and
 enters the hash, and only what the chain shows reached the refund address counts."""
 
-import html
-import re
 from decimal import Decimal
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 from django.urls import reverse
-from django.utils import timezone
 
-from booking.cancellation import refund_quote
 from booking.models import Order, OrderStatus
 from payments import scanner
-from payments.chain import DevChain, checksum
+from payments.chain import checksum
 from payments.demo import pay_invoice
 from payments.models import Invoice, Refund, RefundPayment
 from payments.refunds import units_for_fiat
 from payments.selectors import current_invoice
-from tests.booking.test_cancellation import rules  # noqa: F401 (a fixture)
-from tests.booking.test_pages import place
-
-CHAIN_ID = 31337
-OPERATOR_WALLET = 2  # the anvil account the operator pays refunds from
-CUSTOMER_WALLET = 3  # the customer's own wallet (not the one that paid: index 1)
+from tests.builders.orders import place
+from tests.builders.refunds import (
+    CHAIN_ID,
+    CUSTOMER_WALLET,
+    OPERATOR_WALLET,
+    cancel,
+    confirm,
+    console_uri,
+    enter_hash,
+    give_address,
+    page,
+    paid_on_chain,
+    pay_uri,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rules_published")]
 
 
 @pytest.fixture
-def rules_published(rules):  # noqa: F811
+def rules_published(rules):
     return rules(days=3, fee="25.00", percent=40)
 
 
-@pytest.fixture
-def operator(django_user_model):
-    from django.contrib.auth.models import Permission
-
-    user = django_user_model.objects.create_user("olga", password="a-long-operator-password", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
-    return user
-
-
-def confirm(chain: DevChain) -> None:
-    chain.mine(3)
-    scanner.chain_scan(chain_id=CHAIN_ID)
-
-
-def page(client, url: str) -> str:
-    return html.unescape(client.get(url).content.decode())
-
-
 def order_url(order: Order, token: str) -> str:
-    return reverse("booking:order", kwargs={"public_id": order.public_id, "token": token})
-
-
-def paid_on_chain(client, chain, booking_data, **overrides) -> tuple[Order, str, Invoice]:
-    order, token = place(client, booking_data(lots="1", **overrides))
-    invoice = current_invoice(order)
-    pay_invoice(chain, invoice)
-    confirm(chain)
-    order.refresh_from_db()
-    invoice.refresh_from_db()
-    assert order.status == OrderStatus.PAID and invoice.status == Invoice.Status.SETTLED
-    return order, token, invoice
-
-
-def cancel(client, order: Order, token: str, capture) -> Refund:
-    shown = refund_quote(order=order, now=timezone.now()).amount
-    with capture(execute=True):
-        client.post(
-            reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}),
-            {"refund_shown": str(shown)},
-        )
-    order.refresh_from_db()
-    assert order.status == OrderStatus.CANCELLED
-    return order.refunds.get()
-
-
-def give_address(client, order: Order, token: str, refund: Refund, address: str) -> str:
-    url = reverse("booking:order-refund-address", kwargs={"public_id": order.public_id, "token": token})
-    response = client.post(url, {"refund": refund.pk, "address": address}, follow=True)
-    return html.unescape(response.content.decode())
-
-
-def console_uri(client, refund: Refund) -> str:
-    queue = page(client, reverse("console:queue"))
-    match = re.search(rf'id="refund-{refund.pk}".*?href="(ethereum:[^"]+)"', queue, flags=re.S)
-    assert match, "no EIP-681 link for the refund on the console"
-    return match.group(1)
-
-
-def pay_uri(chain: DevChain, uri: str, *, units: int | None = None, to: str | None = None) -> str:
-    """The operator's wallet pays an EIP-681 token transfer link, as a wallet reads it (amount or recipient changed
-    when the test says so)."""
-    parsed = urlparse(uri)
-    token = parsed.path.split("@")[0]
-    query = parse_qs(parsed.query)
-    wallet = chain.accounts()[OPERATOR_WALLET]
-    units = units if units is not None else int(query["uint256"][0])
-    chain.mint(token.lower(), wallet, units, sender=wallet)
-    receipt = chain.send_token(token.lower(), (to or query["address"][0]).lower(), units, sender=wallet)
-    return receipt["transactionHash"]
-
-
-def enter_hash(client, refund: Refund, tx_hash: str, capture) -> str:
-    with capture(execute=True):
-        response = client.post(reverse("console:refund-pay", kwargs={"refund_id": refund.pk}), {"tx_hash": tx_hash})
-    assert response.status_code == 302
-    return html.unescape(client.get(response["Location"]).content.decode())
+    return reverse("customer:order", kwargs={"public_id": order.public_id, "token": token})
 
 
 # --- the whole loop ------------------------------------------------------------------------------------------------
@@ -347,7 +277,7 @@ def test_a_payment_to_an_order_cancelled_before_it_arrived_is_refunded_in_full(
 ):
     order, token = place(client, booking_data(lots="1"))
     invoice = current_invoice(order)
-    client.post(reverse("booking:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
+    client.post(reverse("customer:order-cancel", kwargs={"public_id": order.public_id, "token": token}))
     order.refresh_from_db()
     assert order.status == OrderStatus.CANCELLED and not order.refunds.exists()
 
@@ -367,7 +297,7 @@ def test_a_refund_in_the_native_coin_is_paid_by_the_value_of_a_transaction(
 ):
     order, token = place(client, booking_data(lots="1"))
     client.post(
-        reverse("booking:order-asset", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:order-asset", kwargs={"public_id": order.public_id, "token": token}),
         {"asset": f"{CHAIN_ID}:ETH"},
     )
     invoice = current_invoice(order)

@@ -12,7 +12,7 @@ from payments.chain import ChainClient, ChainUnavailable
 from payments.demo import pay_invoice
 from payments.models import ChainCursor
 from payments.selectors import current_invoice
-from tests.booking.test_pages import place
+from tests.builders.orders import place
 from tests.payments.conftest import Anvil, chains_toml
 from tests.payments.rpc_proxy import LimitingProxy
 
@@ -133,7 +133,7 @@ def test_garbage_from_every_url_is_recorded_as_unavailable_never_raised_from_the
 ):
     from payments.models import ChainCursor
     from payments.tasks import scan_chain
-    from tests.payments.test_detection import order_page
+    from tests.builders.payments import order_page
 
     order, token = place(client, booking_data(lots="1"))
     use_chains_file(proxies(garbage=True).url, proxies(garbage=True).url)
@@ -198,7 +198,7 @@ def test_a_lagging_node_is_passed_over_and_the_cursor_never_goes_back(
         raise AssertionError("a node behind the cursor answered the scan")
     cursor = ChainCursor.objects.get(chain_id=31337)
     assert cursor.confirmed_block == reached and cursor.unavailable_since is not None
-    from tests.payments.test_detection import order_page
+    from tests.builders.payments import order_page
 
     assert "Check delayed" in order_page(client, waiting, waiting_token)
 

@@ -9,7 +9,7 @@ from payments import scanner
 from payments.chain import ChainClient
 from payments.demo import pay_invoice
 from payments.models import ChainCursor, Invoice, Transfer
-from tests.payments.test_native import pay_in_eth, scan
+from tests.builders.payments import pay_in_eth, scan
 
 CHAIN_ID = 31337
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.builders.compose import ROOT, Stack, _free_port, prepared_stack
 from tests.factories import RESEARCH_ANSWERS
-from tests.portal.test_compose_stack import ROOT, Stack, _free_port, prepared_stack
 
 pytestmark = pytest.mark.integration
 

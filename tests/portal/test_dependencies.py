@@ -81,7 +81,10 @@ def _python_files(*directories: str) -> list[Path]:
 
 
 def test_the_portal_imports_only_what_its_dependencies_declare():
-    paths = [*_python_files("portal", "inventory", "booking", "payments", "provisioning", "web"), ROOT / "manage.py"]
+    paths = [
+        *_python_files("portal", "infrastructure", "inventory", "booking", "payments", "provisioning", "web"),
+        ROOT / "manage.py",
+    ]
     assert _undeclared(paths, _declared("runtime")) == {}
 
 
@@ -110,7 +113,7 @@ def test_the_portal_uses_only_django_csp_s_documented_names():
     """The CSP is built through django-csp's public interface: a private name (a response's `_csp_update`, the
     middleware's `_csp_nonce_post_response`, an undocumented helper) would break silently on an upgrade."""
     found = []
-    for path in _python_files("portal", "inventory", "booking", "payments", "provisioning", "web"):
+    for path in _python_files("portal", "infrastructure", "inventory", "booking", "payments", "provisioning", "web"):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "csp":
                 allowed = CSP_PUBLIC.get(node.module, set())
@@ -174,7 +177,7 @@ sys.argv = ["manage.py", *{argv!r}]
 if sys.argv[1:] == ["import-everything"]:
     import django
     django.setup()
-    for package in ("portal", "inventory", "booking", "payments", "provisioning", "web"):
+    for package in ("portal", "infrastructure", "inventory", "booking", "payments", "provisioning", "web"):
         for module in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
             importlib.import_module(module.name)
     print("imported")
@@ -185,7 +188,7 @@ else:
 
 
 def _without_extras(*argv: str, **env: str | None):
-    from tests.portal.test_security import _production
+    from tests.builders.production import _production
 
     script = WITHOUT_EXTRAS.format(blocked=sorted(_only_in_extras()), argv=list(argv))
     return _production(command=(sys.executable, "-c", script), **env)
@@ -199,7 +202,7 @@ def test_the_extras_hold_the_embedded_default_the_tests_and_the_gpu_tools():
 
 def test_the_portal_runs_on_the_production_image_s_packages_alone(tmp_path):
     """Every module of the portal imports, and `check --deploy` passes, with no package of the extras."""
-    from tests.portal.test_security import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY
+    from tests.builders.production import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY
 
     chains = tmp_path / "chains.toml"
     chains.write_text(PRODUCTION_CHAINS)

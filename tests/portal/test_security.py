@@ -3,7 +3,6 @@ and production settings that refuse unsafe defaults."""
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,23 +17,19 @@ from django.urls import reverse
 from booking.models import Order, OrderStatus
 from payments.models import Invoice
 from portal.middleware import ContentSecurityPolicyMiddleware
-from tests.booking.test_pages import place
-
-ROOT = Path(__file__).resolve().parents[2]
-NOT_DEMO_XPUB = (  # BIP-32 test vector 1, chain m/0H/1/2H: a valid depth-3 public key that is not the demo's
-    "xpub6D4BDPcP2GT577Vvch3R8wDkScZWzQzMMUm3PWbmWvVJrZwQY4VUNgqFJPMM3No2dFDFGTsxxpG5uJh7n7epu4trkrX7x7DogT5Uv6fcLW5"
-)
+from tests.builders.orders import place
+from tests.builders.production import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY, ROOT, _production
 
 
 @pytest.mark.django_db
 def test_customer_pages_carry_a_strict_content_security_policy_and_no_inline_script(client, catalog, booking_data):
     order, token = place(client, booking_data())
     pages = [
-        reverse("booking:book"),
-        reverse("booking:guide"),
-        reverse("booking:fit"),
-        reverse("booking:resend-link"),
-        reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}),
+        reverse("customer:book"),
+        reverse("customer:guide"),
+        reverse("customer:fit"),
+        reverse("customer:resend-link"),
+        reverse("customer:order", kwargs={"public_id": order.public_id, "token": token}),
     ]
     for url in pages:
         response = client.get(url)
@@ -70,7 +65,7 @@ def _directives(header: str) -> dict[str, str]:
 @pytest.mark.django_db
 def test_the_policy_is_the_same_everywhere_with_inline_styles_on_the_admin_only(client, catalog, admin_user):
     static = client.get("/static/css/portal.css")
-    page = client.get(reverse("booking:book"))
+    page = client.get(reverse("customer:book"))
     client.force_login(admin_user)
     admin = client.get(reverse("admin:index"))
 
@@ -166,14 +161,14 @@ def test_the_permission_matrix(client, catalog, booking_data, django_user_model)
         return response.status_code, response.get("Location", "")
 
     # Public pages, and the order pages: the secret link is the only key, whoever holds it.
-    public = ["booking:book", "booking:guide", "booking:fit", "booking:split-trial-kit", "booking:resend-link"]
+    public = ["customer:book", "customer:guide", "customer:fit", "customer:split-trial-kit", "customer:resend-link"]
     for role in clients:
         for name in public:
             assert answer(role, "get", reverse(name))[0] == 200, (role, name)
-        assert answer(role, "get", reverse("booking:order", kwargs=right))[0] == 200, role
-        assert answer(role, "get", reverse("booking:order", kwargs=wrong))[0] == 404, role
+        assert answer(role, "get", reverse("customer:order", kwargs=right))[0] == 200, role
+        assert answer(role, "get", reverse("customer:order", kwargs=wrong))[0] == 404, role
         for name in ("order-cancel", "order-paid", "order-asset", "order-split-trial"):
-            assert answer(role, "post", reverse(f"booking:{name}", kwargs=wrong))[0] == 404, (role, name)
+            assert answer(role, "post", reverse(f"customer:{name}", kwargs=wrong))[0] == 404, (role, name)
 
     # The console: operators and admins only; the others are sent to log in (no account) or refused (staff).
     console_pages = [
@@ -243,12 +238,12 @@ def test_every_state_changing_request_needs_its_csrf_token(catalog, booking_data
     browser = Client(enforce_csrf_checks=True)
     kwargs = {"public_id": order.public_id, "token": token}
     posts = [
-        (reverse("booking:book"), booking_data()),
-        (reverse("booking:order-cancel", kwargs=kwargs), {}),
-        (reverse("booking:order-paid", kwargs=kwargs), {}),
-        (reverse("booking:order-asset", kwargs=kwargs), {"asset": "31337:dUSDT"}),
-        (reverse("booking:order-split-trial", kwargs=kwargs), {}),
-        (reverse("booking:resend-link"), {"email": "ada@example.org"}),
+        (reverse("customer:book"), booking_data()),
+        (reverse("customer:order-cancel", kwargs=kwargs), {}),
+        (reverse("customer:order-paid", kwargs=kwargs), {}),
+        (reverse("customer:order-asset", kwargs=kwargs), {"asset": "31337:dUSDT"}),
+        (reverse("customer:order-split-trial", kwargs=kwargs), {}),
+        (reverse("customer:resend-link"), {"email": "ada@example.org"}),
         (reverse("set_language"), {"language": "fr"}),
     ]
     for url, data in posts:
@@ -259,59 +254,6 @@ def test_every_state_changing_request_needs_its_csrf_token(catalog, booking_data
     assert browser.post(action).status_code == 403
     order.refresh_from_db()
     assert order.status == OrderStatus.AWAITING_PAYMENT and Order.objects.count() == 1
-
-
-PRODUCTION_CHAINS = """
-[[chains]]
-chain_id = 8453
-name = "Base"
-rpc_urls = ["http://127.0.0.1:9/rpc"]  # nothing listens: tests reach no outside node
-confirmations = 12
-
-  [[chains.assets]]
-  symbol = "USDC"
-  contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
-  decimals = 6
-  pegged_to = "EUR"
-"""
-PRODUCTION_SECRET_KEY = "p" * 20 + "roduction-" + "k" * 40
-
-
-@pytest.fixture
-def production_chains(tmp_path) -> Path:
-    path = tmp_path / "chains.toml"
-    path.write_text(PRODUCTION_CHAINS)
-    return path
-
-
-# What a production site gives besides its secrets: its public address and its mail server.
-PRODUCTION_SITE = {
-    "SITE_URL": "https://book.example.org",
-    "ALLOWED_HOSTS": "book.example.org",
-    "EMAIL_URL": "smtp+tls://binome:s3cret@mail.example.org:587",
-    "DEFAULT_FROM_EMAIL": "Binôme <bookings@book.example.org>",
-}
-
-
-def _production(*args: str, command: tuple[str, ...] = (sys.executable, "manage.py"), **env: str | None):
-    # A production environment: none of the development or test switches (the browser tests set
-    # DJANGO_ALLOW_ASYNC_UNSAFE for Playwright in this process). A variable given as None is left unset.
-    dropped = (
-        "DEBUG",
-        "SECRET_KEY",
-        "PAYMENTS_XPUB",
-        "PAYMENTS_CHAINS_FILE",
-        "DJANGO_ALLOW_ASYNC_UNSAFE",
-        "SITE_URL",
-        "SITE_URL_PRIVATE_NETWORK",
-        "EMAIL_URL",
-    )
-    environment = {key: value for key, value in os.environ.items() if key not in dropped}
-    environment.update({"DEBUG": "0", **PRODUCTION_SITE, **env})
-    environment = {key: value for key, value in environment.items() if value is not None}
-    return subprocess.run(
-        [*command, *args], cwd=ROOT, env=environment, capture_output=True, text=True, check=False, timeout=120
-    )
 
 
 def test_check_deploy_is_clean_with_production_settings(production_chains):

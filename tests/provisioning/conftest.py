@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -25,9 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
+from inventory.models import Host, Lot
+from provisioning import shares
+from provisioning.containers import Runtime
 from provisioning.drivers import HostSpec, get_driver
 from provisioning.drivers.base import Connection
+from tests.builders.hosts import NVIDIA_SMI
+from tests.builders.teardown import Clock
 
 SSHD = "/usr/sbin/sshd"
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,8 +309,22 @@ def random_username(prefix: str = "binome-test") -> str:
 def remove_user(connection: Connection, user: str) -> None:
     """userdel -r, retried while the user's last ssh session is still winding down; and what provisioning made
     for the user: the container, its network and data volume, the kit directory."""
-    connection.run(["podman", "rm", "--force", "--time", "1", f"binome-{user}"], check=False, timeout=60)
+    for name in (f"binome-{user}", f"binome-{user}-files"):
+        connection.run(["podman", "rm", "--force", "--time", "1", name], check=False, timeout=60)
+    # the network's share of the connection-tracking table goes with it, and the guard drops its rules (as
+    # container_steps.remove_container does): the next test's network may take the same bridge
+    bridge = connection.run(["podman", "network", "inspect", "--format", "{{.NetworkInterface}}", f"binome-{user}"],
+                            check=False).stdout.strip()  # fmt: skip
+    if shares.BRIDGE_NAME.fullmatch(bridge):
+        connection.run(["rm", "-f", "--", shares.conntrack_cap_file(bridge)], check=False)
     connection.run(["podman", "network", "rm", "--force", f"binome-{user}"], check=False, timeout=60)
+    if shares.BRIDGE_NAME.fullmatch(bridge):
+        connection.run(Runtime("podman").guard_argv(), check=False)
+    # what podman 4.3 leaves mounted on the host after a container with a user namespace (container_steps)
+    volume = connection.run(["podman", "volume", "inspect", "--format", "{{.Mountpoint}}", f"binome-{user}-data"],
+                            check=False).stdout.strip()  # fmt: skip
+    if volume.endswith("/_data"):
+        connection.run(["umount", volume], check=False)
     connection.run(["podman", "volume", "rm", "--force", f"binome-{user}-data"], check=False, timeout=60)
     connection.run(["rm", "-rf", f"/var/lib/binome/{user}", f"/var/lib/binome-volumes/{user}.ext4"], check=False)
     for _attempt in range(20):
@@ -314,6 +335,18 @@ def remove_user(connection: Connection, user: str) -> None:
         time.sleep(0.25)
     else:
         connection.run(["userdel", "--remove", "--force", user], check=False)
+
+
+def tenant_processes(connection: Connection, user: str) -> list[str]:
+    """The host's processes of a tenant: its account's uid and the range of subordinate ids its containers' user
+    namespace maps (what a customer runs in their container is an id of that range on the host)."""
+    listed = connection.run(
+        ["sh", "-c", 'r=$(grep -m 1 "^$1:" /etc/subuid | cut -d: -f2,3); u=$(id -u "$1" 2>/dev/null || echo -1); '
+         'ps -e -o uid=,pid=,args= | awk -v u="$u" -v s="${r%:*}" -v n="${r#*:}" '
+         '\'$1 == u || (s != "" && $1 >= s && $1 < s + n)\'', "tenant", user],
+        check=False,
+    )  # fmt: skip
+    return [line.strip() for line in listed.stdout.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="session")
@@ -342,17 +375,31 @@ def environment_images(test_image, catalog) -> Iterator[list[str]]:
             subprocess.run(["podman", "untag", test_image, reference], check=False, capture_output=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def fake_gpus() -> Iterator[Path]:
-    """Four character devices standing in for /dev/nvidia0..3 (major 195, mode 666, as the NVIDIA driver's)."""
-    directory = Path(f"/run/binome-test-gpus-{secrets.token_hex(4)}")
-    directory.mkdir(mode=0o755)
-    for index in range(4):
-        os.mknod(directory / f"nvidia{index}", 0o666 | 0o020000, os.makedev(195, index))
-    try:
+    """Four character devices standing in for /dev/nvidia0..3 (major 195, mode 666, as the NVIDIA driver's), at the
+    host's own /dev: a container in a user namespace gets its device nodes bound from the host's path, which runc
+    takes to be the path inside. Those this test made are removed at its end (a machine with real cards keeps its
+    own), so that the host checks of other tests find none."""
+    with stand_in_gpus() as directory:
         yield directory
+
+
+@contextmanager
+def stand_in_gpus() -> Iterator[Path]:
+    """/dev/nvidia0..3, made where missing (tests and bench/provisioning.py)."""
+    made = []
+    for index in range(4):
+        node = Path(f"/dev/nvidia{index}")
+        if not node.exists():
+            os.mknod(node, 0o666 | 0o020000, os.makedev(195, index))
+            node.chmod(0o666)
+            made.append(node)
+    try:
+        yield Path("/dev")
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        for node in made:
+            node.unlink(missing_ok=True)
 
 
 RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
@@ -417,13 +464,15 @@ def loopback_host(sshd, catalog, settings, environment_images, fake_gpus):
     return make_loopback_host(sshd, catalog, settings)
 
 
-def customer_ssh(access, private_key_path, command: str | None = None, *, options=(), timeout: float = 30, **run):
+def customer_ssh(
+    access, private_key_path, command: str | None = None, *, options=(), timeout: float = 30, user: str = "", **run
+):
     """The researcher's own `ssh` to their container, as the order page tells them: its port, the pinned host key
-    (the known_hosts line of the page), their key. Returns CompletedProcess."""
+    (the known_hosts line of the page), their key; as their account, or `user` (root). Returns CompletedProcess."""
     known_hosts = Path(private_key_path).with_name(f"known_hosts-{access.pk}")
     known_hosts.write_text(access.known_hosts_line + "\n")
     argv = ["ssh", *customer_ssh_options(private_key_path, known_hosts), "-p", str(access.ssh_port), *options]
-    argv += [f"{access.username}@{access.host.address}", *([command] if command is not None else [])]
+    argv += [f"{user or access.username}@{access.host.address}", *([command] if command is not None else [])]
     if "input" not in run:
         run.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **run)
@@ -439,10 +488,51 @@ def customer_ssh_options(private_key_path, known_hosts) -> list[str]:
 
 
 @pytest.fixture
-def operator(django_user_model):
-    """A staff member with the console's permission."""
-    from django.contrib.auth.models import Permission
+def probed_host(sshd, catalog, settings, admin):
+    """An SSH host on the test sshd with two B200 lots (GPUs 0,1 and 2,3), the only B200 lots offered. Prepared as
+    provisioning prepares a host (its firewall guard in place), whatever ran on this machine before: a fresh
+    machine has no guard until something installs it."""
+    from provisioning.containers import Runtime
 
-    user = django_user_model.objects.create_user("olga", password="a-long-operator-password", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="operate_orders"))
-    return user
+    admin.run(Runtime("podman").guard_argv())
+    host = make_loopback_host(sshd, catalog, settings, name="probed", runtime="podman")
+    Lot.objects.create(name="probed · GPUs 2,3", hardware_class=catalog["b200-pair"], host=host, gpu_indices="2,3")
+    return host
+
+
+@pytest.fixture
+def stand_in_nvidia_smi(tmp_path, settings):
+    """A stand-in for the host's nvidia-smi printing its CSV format for four GPUs (this machine has no GPU)."""
+    tool = tmp_path / "tools" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(f"#!/bin/sh\ncat <<'END'\n{NVIDIA_SMI}END\n")
+    tool.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    for directory in (tool.parent, tmp_path):
+        directory.chmod(0o755)
+    settings.PROVISIONING_GPU_TOOLS = {**settings.PROVISIONING_GPU_TOOLS, "nvidia": str(tool)}
+    return tool
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(timezone, "now", lambda: clock.now)
+    return clock
+
+
+@pytest.fixture
+def unreachable(settings, keypair):
+    """Make a host unreachable: the SSH driver, a pinned key, and a port nothing listens on (connection refused),
+    as a host whose sshd died, or a docker host whose teardown always fails, looks to the portal."""
+    private_key, public_key = keypair("portal-admin")
+    settings.PROVISIONING_SSH_KEY_FILE = str(private_key)
+
+    def break_host(host: Host) -> None:
+        Host.objects.filter(pk=host.pk).update(
+            driver=Host.Driver.SSH,
+            address="127.0.0.1",
+            ssh_port=_free_port(),
+            host_key=" ".join(public_key.split()[:2]),
+        )
+
+    return break_host

@@ -8,83 +8,29 @@ import os
 import secrets
 import socket
 import subprocess
-import textwrap
 import time
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from django.urls import reverse
 
 from booking.models import OrderStatus
-from inventory.models import Host, Lot
-from payments.selectors import current_invoice
-from payments.settlement import invoice_mark_paid
-from provisioning import rules, runs, services
+from inventory.models import Lot
+from provisioning import runs
 from provisioning.models import Access, ProvisioningRun
-from tests.booking.test_pages import place
-from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
+from tests.builders.containers import _build_marker_library, _hand_over, _in, _provision
+from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user, tenant_processes
+from tests.provisioning.tenants import outside_server, provisioned_pair, two_customers  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 
 
-def _provision(client, booking_data, keypair, admin_user, callbacks, name):
-    private_key, public_key = keypair(name)
-    order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
-    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
-    services.order_approve(order=order, actor=admin_user)
-    with callbacks(execute=True):
-        runs.provisioning_start(order=order, actor=admin_user)
-    order.refresh_from_db()
-    order.token = token  # the order page's key, for the tests that read it
-    return order, rules.username_for(order), private_key
-
-
-def _hand_over(order, admin_user, callbacks):
-    with callbacks(execute=True):  # no GPU here: the pre-flight fails and the operator hands over anyway
-        runs.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
-    order.refresh_from_db()
-    assert order.status == OrderStatus.READY, order.provisioning_runs.first().error
-    return Access.objects.select_related("host").get(order=order)
-
-
-@pytest.fixture
-def provisioned_pair(
-    client, container_host, catalog, booking_data, keypair, admin_user, admin, django_capture_on_commit_callbacks
-):
-    """Two orders on the same container host, provisioned (pre-flight failed: no GPU here), not handed over yet:
-    one gets GPUs 0,1, the other 2,3; each lot's share is 1.5 CPUs, 2 GiB of memory, 1 GiB of /dev/shm."""
-    Host.objects.filter(pk=container_host.pk).update(cpus_per_lot=Decimal("1.5"), memory_per_lot_gib=2, shm_size_gib=1)
-    Lot.objects.create(
-        name="containers · GPUs 2,3", hardware_class=catalog["b200-pair"], host=container_host, gpu_indices="2,3"
-    )
-    made = []
-    try:
-        for name in ("alice", "bob"):
-            made.append(_provision(client, booking_data, keypair, admin_user, django_capture_on_commit_callbacks, name))
-        yield made
-    finally:
-        for _order, username, _key in made:
-            remove_user(admin, username)
-
-
-@pytest.fixture
-def two_customers(provisioned_pair, admin_user, django_capture_on_commit_callbacks):
-    """The same two orders, handed over: (order, access, private key) each."""
-    return [
-        (order, _hand_over(order, admin_user, django_capture_on_commit_callbacks), key)
-        for order, _username, key in provisioned_pair
-    ]
-
-
-def _in(access, key, command: str, **run) -> subprocess.CompletedProcess:
-    result = customer_ssh(access, key, command, **run)
-    assert result.returncode == 0, f"{command}: {result.stderr}"
-    return result
-
-
 def test_no_key_works_before_the_hand_over_and_nothing_of_the_customer_runs_until_then(
-    provisioned_pair, admin, admin_user, container_sshd, django_capture_on_commit_callbacks
+    provisioned_pair,  # noqa: F811
+    admin,
+    admin_user,
+    container_sshd,
+    django_capture_on_commit_callbacks,
 ):
     order, username, private_key = provisioned_pair[0]
     assert order.status == OrderStatus.PROVISIONING_FAILED  # the pre-flight failed: an operator decides
@@ -116,7 +62,7 @@ CGROUP_PROBE = (
 )
 
 
-def test_each_login_lands_in_its_own_container_with_its_gpus_and_its_limits_probed_from_inside(two_customers):
+def test_each_login_lands_in_its_own_container_with_its_gpus_and_its_limits_probed_from_inside(two_customers):  # noqa: F811
     for _order, access, private_key in two_customers:
         probe = (
             "hostname; id -un; ls /dev | grep '^nvidia' | tr '\\n' ' '; echo; ls /home; "
@@ -145,26 +91,13 @@ def test_each_login_lands_in_its_own_container_with_its_gpus_and_its_limits_prob
     assert {access.gpu_indices for _o, access, _k in two_customers} == {"0,1", "2,3"}
 
 
-def _build_marker_library(directory: Path, marker: str) -> Path:
-    """A real shared library whose constructor writes `marker` wherever it is loaded (the attacker's payload)."""
-    source = directory / "x.c"
-    source.write_text(
-        textwrap.dedent(f"""
-            #include <fcntl.h>
-            #include <unistd.h>
-            __attribute__((constructor)) static void escaped(void) {{
-                int fd = open("{marker}", O_WRONLY | O_CREAT | O_APPEND, 0644);
-                if (fd >= 0) {{ write(fd, "ran\\n", 4); close(fd); }}
-            }}
-        """)
-    )
-    library = directory / "x.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, capture_output=True)
-    return library
-
-
 def test_what_the_customer_writes_for_the_host_s_login_stack_never_runs_on_the_host(
-    two_customers, container_sshd, admin, admin_user, tmp_path, django_capture_on_commit_callbacks
+    two_customers,  # noqa: F811
+    container_sshd,
+    admin,
+    admin_user,
+    tmp_path,
+    django_capture_on_commit_callbacks,
 ):
     order, access, private_key = two_customers[0]
     marker = f"/tmp/binome-escaped-{secrets.token_hex(4)}"  # noqa: S108 (the host's /tmp; the container has its own)
@@ -227,42 +160,6 @@ def test_what_the_customer_writes_for_the_host_s_login_stack_never_runs_on_the_h
 
 
 @pytest.fixture
-def outside_server():
-    """A server "on the internet": in a network namespace of the test's own, behind a veth pair routed by the host
-    (TEST-NET-2 addresses; nothing leaves this machine). Yields its address and port."""
-    tag = secrets.token_hex(3)
-    namespace, host_end, far_end = f"binome-net-{tag}", f"bnh{tag}", f"bnf{tag}"
-    setup = [
-        ["ip", "netns", "add", namespace],
-        ["ip", "link", "add", host_end, "type", "veth", "peer", "name", far_end],
-        ["ip", "link", "set", far_end, "netns", namespace],
-        ["ip", "addr", "add", "198.51.100.1/30", "dev", host_end],
-        ["ip", "link", "set", host_end, "up"],
-        ["ip", "netns", "exec", namespace, "ip", "addr", "add", "198.51.100.2/30", "dev", far_end],
-        ["ip", "netns", "exec", namespace, "ip", "link", "set", far_end, "up"],
-        ["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"],
-        ["ip", "netns", "exec", namespace, "ip", "route", "add", "default", "via", "198.51.100.1"],
-    ]
-    server = None
-    try:
-        for argv in setup:
-            subprocess.run(argv, check=True, capture_output=True)
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, "python3", "-m", "http.server", "8080", "--bind", "198.51.100.2"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(0.5)
-        yield "198.51.100.2:8080", namespace
-    finally:
-        if server:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "link", "del", host_end], check=False, capture_output=True)
-        subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
-
-
-@pytest.fixture
 def host_loopback_server():
     """A server on the host's 127.0.0.1 (the portal, a metrics agent, a database: the host's own)."""
     server = socket.create_server(("127.0.0.1", 0))
@@ -272,7 +169,10 @@ def host_loopback_server():
 
 
 def test_tenants_reach_neither_each_other_nor_the_host_but_the_outside_world_yes(
-    two_customers, host_loopback_server, outside_server, admin
+    two_customers,  # noqa: F811
+    host_loopback_server,
+    outside_server,  # noqa: F811
+    admin,
 ):
     (_a, alice, alice_key), (_b, bob, bob_key) = two_customers
     # bob serves on his 127.0.0.1 and on all his addresses, and listens on an abstract unix socket
@@ -370,7 +270,9 @@ except OSError:
 
 
 def test_files_move_with_scp_sftp_and_rsync_and_local_and_dynamic_forwards_reach_the_container_only(
-    two_customers, host_loopback_server, tmp_path
+    two_customers,  # noqa: F811
+    host_loopback_server,
+    tmp_path,
 ):
     _order, access, private_key = two_customers[0]
     known_hosts = tmp_path / "known_hosts"
@@ -439,11 +341,14 @@ def _fetch_through(port: int, *, socks: bool) -> str:
 
 
 def test_after_teardown_nothing_of_the_customer_is_left_and_the_other_container_runs_on(
-    two_customers, admin, admin_user, django_capture_on_commit_callbacks
+    two_customers,  # noqa: F811
+    admin,
+    admin_user,
+    django_capture_on_commit_callbacks,
 ):
     (order, access, private_key), (_other, other, _key) = two_customers
     _in(access, private_key, "(setsid sleep 600 </dev/null >/dev/null 2>&1 &)")
-    assert admin.run(["pgrep", "-u", access.username], check=False).ok
+    assert tenant_processes(admin, access.username)
     with django_capture_on_commit_callbacks(execute=True):
         runs.teardown_start(order=order, actor=admin_user, reason="test")
     teardown = order.provisioning_runs.get(kind=ProvisioningRun.Kind.TEARDOWN)
@@ -452,7 +357,7 @@ def test_after_teardown_nothing_of_the_customer_is_left_and_the_other_container_
     name = f"binome-{access.username}"
     assert not admin.run(["podman", "container", "exists", name], check=False).ok
     assert not admin.run(["podman", "network", "exists", name], check=False).ok
-    assert not admin.run(["pgrep", "-u", access.username], check=False).ok
+    assert not tenant_processes(admin, access.username)
     assert admin.run(["podman", "volume", "exists", f"{name}-data"], check=False).ok  # kept until the wipe
     running = ["podman", "container", "inspect", "--format", "{{.State.Running}}", f"binome-{other.username}"]
     assert admin.run(running).stdout.strip() == "true"
@@ -525,9 +430,9 @@ def test_an_image_without_sshd_is_refused_with_the_reason_and_sftp_never_runs_on
         remove_user(admin, username)
 
 
-def test_the_order_page_gives_the_container_s_port_host_key_shares_and_disk_in_both_languages(client, two_customers):
+def test_the_order_page_gives_the_container_s_port_host_key_shares_and_disk_in_both_languages(client, two_customers):  # noqa: F811
     order, access, _key = two_customers[0]
-    url = reverse("booking:order", kwargs={"public_id": order.public_id, "token": order.token})
+    url = reverse("customer:order", kwargs={"public_id": order.public_id, "token": order.token})
     english = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
     assert f"ssh -p {access.ssh_port} {access.username}@127.0.0.1" in english
     assert f"[127.0.0.1]:{access.ssh_port} ssh-ed25519 " in english

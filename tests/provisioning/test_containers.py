@@ -13,8 +13,8 @@ SPEC = ContainerSpec(
     name="binome-bn-test",
     image="0" * 64,
     username="bn-test",
-    uid=42001,
-    gid=42001,
+    uid_base=1_000_000,
+    gid_base=1_000_000,
     home="/home/bn-test",
     volume="binome-bn-test-data",
     vendor="nvidia",
@@ -26,6 +26,10 @@ SPEC = ContainerSpec(
     memory="2g",
     shm_size="1024m",
     pids_limit=4096,
+    ptys=1382,
+    io_weight=200,
+    io_device="/dev/nvme0n1",
+    io_bps=300 * 2**20,
     use_cdi=False,
     kit_dir="/var/lib/binome/bn-test",
 )
@@ -97,3 +101,16 @@ def test_the_podman_commands_name_runc_and_the_container_holds_only_its_lot_s_de
     assert Runtime("podman").remove("x")[-5:] == ["--force", "--volumes", "--time", "5", "x"]
     for expected in ("--read-only", "--image-volume tmpfs", "--sysctl net.ipv6.conf.all.disable_ipv6=1"):
         assert expected in joined
+    # its own user namespace (container root is host id 1000000), root's capabilities inside it only, shares of the
+    # pty pool and the disk, and no restart by the runtime (the portal's watch decides: provisioning/restarts.py)
+    for expected in (
+        "--uidmap 0:1000000:65536 --gidmap 0:1000000:65536",
+        "--user 0:0 --cap-drop all --cap-add CHOWN",
+        "--mount type=devpts,destination=/dev/pts,max=1382,mode=620,gid=5",
+        "--blkio-weight 200",
+        f"--device-read-bps /dev/nvme0n1:{300 * 2**20} --device-write-bps /dev/nvme0n1:{300 * 2**20}",
+        "--restart no",
+        "--volume /var/lib/binome/bn-test/passwd:/etc/passwd:ro",
+    ):
+        assert expected in joined
+    assert "SYS_ADMIN" not in joined and "--passwd-entry" not in joined and "always" not in joined

@@ -3,8 +3,6 @@ volume of order 1 is carried to order 2 on the same host (opted in from order 1'
 the checkpoints of the trial. Against the real sshd on loopback and podman with runc (tests/provisioning/conftest)."""
 
 import re
-import socket
-import subprocess
 from datetime import timedelta
 
 import pytest
@@ -12,13 +10,17 @@ from django.urls import reverse
 
 from booking.models import OrderStatus
 from booking.services import order_end_early
-from payments.selectors import current_invoice
-from payments.settlement import invoice_mark_paid
-from provisioning import download_steps, rules, runs, services
+from provisioning import download_steps, rules, runs
 from provisioning.models import Access, ProvisioningRun
-from tests.booking.test_pages import order_url, place
-from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user
-from tests.provisioning.test_container_access import _hand_over, _in
+from tests.builders.containers import (
+    _approve_and_provision,
+    _download,
+    _in,
+    _sftp,
+    outgoing_connection_from,
+)
+from tests.builders.orders import order_url, place
+from tests.provisioning.conftest import customer_ssh, remove_user
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +31,7 @@ def _text(response) -> str:
 
 def _book_again_form(client, order, token) -> dict:
     """The hidden fields of the booking page opened from the order's "book again with my data" link."""
-    page = client.get(reverse("booking:order-book-again", kwargs={"public_id": order.public_id, "token": token}))
+    page = client.get(reverse("customer:order-book-again", kwargs={"public_id": order.public_id, "token": token}))
     assert page.status_code == 200 and page["Referrer-Policy"] == "same-origin"
     fields = dict(
         re.findall(r'<input type="hidden" name="(carry_from|carry_token)" value="([^"]*)"', page.content.decode())
@@ -37,16 +39,6 @@ def _book_again_form(client, order, token) -> dict:
     assert fields == {"carry_from": order.public_id, "carry_token": token}
     assert 'name="carry_data"' in page.content.decode() and "checked" in page.content.decode()
     return fields
-
-
-def _approve_and_provision(order, admin_user, callbacks):
-    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
-    services.order_approve(order=order, actor=admin_user)
-    with callbacks(execute=True):
-        run = runs.provisioning_start(order=order, actor=admin_user)
-    run.refresh_from_db()
-    assert run.error.startswith("preflight") or not run.error, run.error  # no GPU here: only the pre-flight fails
-    return _hand_over(order, admin_user, callbacks)
 
 
 def test_data_written_in_order_1_is_in_order_2_on_the_same_host(
@@ -115,35 +107,6 @@ def test_data_written_in_order_1_is_in_order_2_on_the_same_host(
     finally:
         for username in made:
             remove_user(admin, username)
-
-
-def _download(tool: str, access, private_key, tmp_path, *args: str, **run) -> subprocess.CompletedProcess:
-    """The researcher's own `sftp` or `ssh` to the download window, as the order page tells them (port, host key)."""
-    known_hosts = tmp_path / f"known_hosts-download-{access.pk}"
-    known_hosts.write_text(access.download_known_hosts_line + "\n")
-    port = ["-P" if tool == "sftp" else "-p", str(access.download_port)]
-    argv = [tool, *customer_ssh_options(private_key, known_hosts), *port, *args[:-1]]
-    argv += [f"{access.username}@{access.host.address}", *args[-1:]] if tool == "ssh" else [*args[-1:]]
-    if "input" not in run:
-        run["stdin"] = subprocess.DEVNULL
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **run)
-
-
-def _sftp(access, private_key, batch: str, tmp_path) -> subprocess.CompletedProcess:
-    return _download(
-        "sftp", access, private_key, tmp_path, "-b", "-", f"{access.username}@{access.host.address}", input=batch
-    )
-
-
-def outgoing_connection_from(port: int) -> socket.socket:
-    """An outgoing TCP connection of the host's own whose local port is `port`, as the kernel hands out from its
-    ephemeral ports: no server listens there, yet nothing else can publish that port while it is open."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", port))
-        sock.connect(server.getsockname())
-        server.accept()[0].close()  # the other end is done with it; this end holds its port until it closes
-    return sock
 
 
 def test_after_the_end_sftp_reads_the_files_until_the_wipe_but_cannot_write_and_nothing_runs(

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _place(client, booking_data, **overrides) -> Order:
-    assert client.post(reverse("booking:book"), booking_data(**overrides)).status_code == 302
+    assert client.post(reverse("customer:book"), booking_data(**overrides)).status_code == 302
     return Order.objects.get(contact_email=overrides.get("contact_email", "ada@example.org"))
 
 

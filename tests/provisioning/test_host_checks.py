@@ -11,16 +11,15 @@ from django.urls import reverse
 
 from booking.models import Order, OrderEvent, OrderStatus
 from booking.selectors import free_lot_ids, offered_lots
-from inventory.models import Host, Lot
+from inventory.models import Host
 from provisioning import host_probe
 from provisioning.drivers import get_driver
 from provisioning.hosts import HOST_CHECK_INTERVAL, HostCheck, host_check, hosts_check_due
 from provisioning.rules import ProvisioningError
-from tests.provisioning.conftest import loopback_port_base, make_loopback_host
+from tests.builders.hosts import NO_RUNTIME
+from tests.provisioning.conftest import loopback_port_base
 
 pytestmark = pytest.mark.django_db
-
-NO_RUNTIME = "/nonexistent/podman"  # a host setting naming a runtime that is not there: no runtime answers
 
 
 def fake_gpus(directory: Path, count: int = 4, mode: int = 0o660) -> Path:
@@ -31,14 +30,6 @@ def fake_gpus(directory: Path, count: int = 4, mode: int = 0o660) -> Path:
         os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(195, index))
         path.chmod(mode)  # not through mknod's mode: the umask would cut it
     return directory
-
-
-@pytest.fixture
-def probed_host(sshd, catalog, settings):
-    """An SSH host on the test sshd with two B200 lots (GPUs 0,1 and 2,3), the only B200 lots offered."""
-    host = make_loopback_host(sshd, catalog, settings, name="probed", runtime="podman")
-    Lot.objects.create(name="probed · GPUs 2,3", hardware_class=catalog["b200-pair"], host=host, gpu_indices="2,3")
-    return host
 
 
 def check(host: Host, **kwargs) -> HostCheck:
@@ -96,6 +87,20 @@ def test_a_customer_account_the_host_could_log_in_leaves_the_host_not_isolated(p
     assert probed_host.isolation_mode == Host.Isolation.CONTAINER
 
 
+def test_a_user_manager_lingering_for_a_customer_leaves_the_host_not_isolated(probed_host, admin):
+    # systemd's linger file: a user manager started at boot for the account, reading units from its home
+    user = f"bn-linger{secrets.token_hex(3)}"
+    admin.run(["sh", "-c", 'mkdir -p /var/lib/systemd/linger && : > "/var/lib/systemd/linger/$1"', "plant", user])
+    try:
+        check(probed_host)
+        assert probed_host.isolation_mode == Host.Isolation.NOT_ISOLATED
+        assert f"a user manager lingers for {user} (/var/lib/systemd/linger/{user})" in probed_host.isolation_report
+    finally:
+        admin.run(["rm", "-f", f"/var/lib/systemd/linger/{user}"], check=False)
+    check(probed_host)
+    assert probed_host.isolation_mode == Host.Isolation.CONTAINER
+
+
 def test_one_world_accessible_card_leaves_a_shared_host_not_isolated_and_its_lots_not_offered(
     probed_host, tmp_path, catalog, booking_data, client
 ):
@@ -122,7 +127,7 @@ def test_a_booked_order_on_a_host_found_not_isolated_is_kept_and_flagged(
 ):
     from payments.selectors import current_invoice
     from payments.settlement import invoice_mark_paid
-    from tests.booking.test_pages import place
+    from tests.builders.orders import place
 
     order, _token = place(client, booking_data(lots="1"))
     invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")

@@ -6,8 +6,8 @@ from django.urls import reverse
 
 from inventory.models import Host
 from provisioning.health import hosts_health_check as check_hosts
-from tests.provisioning.test_readings import NVIDIA_SMI, stand_in_nvidia_smi  # noqa: F401 (fixture)
-from tests.provisioning.test_ssh_provisioning import login_as, provisioned  # noqa: F401 (fixtures)
+from tests.builders.hosts import NVIDIA_SMI
+from tests.provisioning.customer_ssh import login_as, provisioned  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +20,7 @@ def _alerts(mailoutbox) -> list:
 
 def test_a_failing_host_alerts_the_operators_once_per_failure_and_its_page_shows_why(
     provisioned,  # noqa: F811
-    stand_in_nvidia_smi,  # noqa: F811
+    stand_in_nvidia_smi,
     settings,
     mailoutbox,
     client,

@@ -150,10 +150,10 @@ def test_the_guide_explains_each_new_result_and_the_report_links_to_it(client, l
     from django.urls import reverse
 
     client.cookies["django_language"] = language
-    guide = client.get(reverse("booking:guide")).content.decode()
+    guide = client.get(reverse("customer:guide")).content.decode()
     section = guide[guide.index('id="preflight"') : guide.index("</section>", guide.index('id="preflight"'))]
     for word in words:
         assert word in section
-    link = f'href="{reverse("booking:guide")}#preflight"'
+    link = f'href="{reverse("customer:guide")}#preflight"'
     assert link in render_preflight(H200_REPORT, language)
     assert ("Ce que signifie chaque résultat" in render_preflight(H200_REPORT, language)) == (language == "fr")

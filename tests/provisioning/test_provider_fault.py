@@ -12,15 +12,15 @@ from booking.models import OrderStatus
 from inventory.models import Lot, MaintenanceWindow
 from payments.models import FiscalInvoice, Refund
 from provisioning.models import Access, ProvisioningRun
-from tests.provisioning.test_console import act, paid_order  # noqa: F401 (a fixture)
-from tests.provisioning.test_teardown import clock, mend, provisioned, tick, unreachable  # noqa: F401 (fixtures)
+from tests.builders.console import act
+from tests.builders.teardown import mend, provisioned, tick
 
 pytestmark = pytest.mark.django_db
 TURNAROUND = timedelta(hours=6)
 
 
 @pytest.fixture
-def active_order(client, paid_order, operator, clock, django_capture_on_commit_callbacks):  # noqa: F811
+def active_order(client, paid_order, operator, clock, django_capture_on_commit_callbacks):
     """A 2-lot B200 order (3,150.00 a lot for 7 days), handed over on dry-run hosts, two days into its window; the
     operator is logged in to the console."""
     order, token = paid_order
@@ -36,7 +36,8 @@ def active_order(client, paid_order, operator, clock, django_capture_on_commit_c
 
 
 def live_lots(order) -> dict[int, Lot]:
-    return {a.lot_id: a.lot for a in order.allocations.filter(released_at__isnull=True).select_related("lot__host")}
+    """The lots the order uses (a lot a move left is held, for no one, until its container is gone)."""
+    return {a.lot_id: a.lot for a in order.allocations.in_use().select_related("lot__host")}
 
 
 def free_lot(order, *, on_host=None, off_hosts=()) -> Lot:
@@ -54,7 +55,7 @@ def submit_move(client, order, callbacks, from_lot, to_lot, *, hours_lost="0", c
 def test_a_lot_moved_to_another_host_is_handed_over_before_the_old_host_is_torn_down(
     client,
     active_order,
-    clock,  # noqa: F811
+    clock,
     mailoutbox,
     django_capture_on_commit_callbacks,
 ):
@@ -257,7 +258,7 @@ def test_the_lost_time_cannot_be_given_as_a_longer_window_over_the_hosts_next_ma
 def test_a_failed_move_leaves_the_order_on_its_old_host_until_a_retry_succeeds(
     client,
     active_order,
-    unreachable,  # noqa: F811
+    unreachable,
     mailoutbox,
     django_capture_on_commit_callbacks,
 ):
@@ -285,7 +286,7 @@ def test_a_failed_move_leaves_the_order_on_its_old_host_until_a_retry_succeeds(
     assert any("ready on its new machine" in mail.subject for mail in mailoutbox)
 
 
-def test_only_an_order_in_its_window_can_be_moved_so(client, paid_order, operator, django_capture_on_commit_callbacks):  # noqa: F811
+def test_only_an_order_in_its_window_can_be_moved_so(client, paid_order, operator, django_capture_on_commit_callbacks):
     order, _token = paid_order
     client.force_login(operator)
     held = next(iter(live_lots(order).values()))
@@ -295,3 +296,46 @@ def test_only_an_order_in_its_window_can_be_moved_so(client, paid_order, operato
     )
     assert "Only a ready or running window can be moved" in response.content.decode()
     assert held.pk in live_lots(order)
+
+
+def test_a_failed_move_is_retried_by_the_sweep_until_a_later_move_replaces_it(
+    client,
+    active_order,
+    clock,
+    unreachable,
+    django_capture_on_commit_callbacks,
+):
+    callbacks = django_capture_on_commit_callbacks
+    order, _token = active_order
+    failing = min(live_lots(order).values(), key=lambda lot: lot.name)
+    target = free_lot(order, off_hosts=[failing.host])
+    unreachable(target.host)
+    act(client, order, "move", {"from_lot": failing.pk, "to_lot": target.pk}, callbacks)
+    move = order.provisioning_runs.get(kind=ProvisioningRun.Kind.MOVE)
+    assert move.status == ProvisioningRun.Status.FAILED and move.next_retry_at == clock.now + timedelta(minutes=1)
+    # the lot it left is held for no one while the customer still works on it
+    left = order.allocations.get(lot=failing)
+    assert left.released_at is None and left.vacated_at == clock.now
+    assert failing.pk not in live_lots(order)
+
+    # the sweep retries it when due (and not before), the same run
+    assert tick(callbacks, clock.advance(seconds=30))["retried"] == 0
+    assert tick(callbacks, clock.advance(seconds=31))["retried"] == 1
+    move.refresh_from_db()
+    assert move.status == ProvisioningRun.Status.FAILED and move.attempts == 2
+    assert order.events.filter(reason__startswith="move failed").count() == 1  # one note, not one per retry
+
+    # the operator moves the lot elsewhere instead: the failed move is given up, never run again
+    other = free_lot(order, off_hosts=[failing.host, target.host])
+    act(client, order, "move", {"from_lot": target.pk, "to_lot": other.pk}, callbacks)
+    move.refresh_from_db()
+    assert move.given_up_at is not None and move.next_retry_at is None
+    tick(callbacks, clock.advance(hours=2))
+    move.refresh_from_db()
+    assert move.attempts == 2
+    later = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.MOVE).exclude(pk=move.pk).get()
+    assert later.status == ProvisioningRun.Status.SUCCEEDED
+    # the first host left was torn down: its lot is on sale again; the unreachable one keeps its lot until it is
+    left.refresh_from_db()
+    assert left.released_at is not None
+    assert order.allocations.get(lot=target).released_at is None

@@ -2,7 +2,6 @@
 drawn on the order page and downloadable as CSV. The tools' answers are hostile input."""
 
 import json
-import stat
 from datetime import timedelta
 
 import pytest
@@ -11,15 +10,10 @@ from django.utils import timezone
 
 from provisioning import readings
 from provisioning.models import GpuReading
-from tests.provisioning.test_ssh_provisioning import login_as, provisioned  # noqa: F401 (fixtures)
+from tests.builders.hosts import NVIDIA_SMI
+from tests.provisioning.customer_ssh import login_as, provisioned  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
-
-NVIDIA_SMI = """0, 97, 171234, 184320, 812.5
-1, 3, 2210, 184320, 140.25
-2, 55, 90000, 184320, 500.0
-3, [N/A], [N/A], 184320, [Not Supported]
-"""
 
 
 def test_nvidia_smi_s_csv_is_read_field_by_field():
@@ -66,19 +60,6 @@ def test_rocm_smi_s_json_is_read_and_garbage_is_ignored():
     assert readings.parse_rocm("not json") == {} and readings.parse_rocm("[1, 2]") == {}
 
 
-@pytest.fixture
-def stand_in_nvidia_smi(tmp_path, settings):
-    """A stand-in for the host's nvidia-smi printing its CSV format for four GPUs (this machine has no GPU)."""
-    tool = tmp_path / "tools" / "nvidia-smi"
-    tool.parent.mkdir()
-    tool.write_text(f"#!/bin/sh\ncat <<'END'\n{NVIDIA_SMI}END\n")
-    tool.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-    for directory in (tool.parent, tmp_path):
-        directory.chmod(0o755)
-    settings.PROVISIONING_GPU_TOOLS = {**settings.PROVISIONING_GPU_TOOLS, "nvidia": str(tool)}
-    return tool
-
-
 def test_a_running_window_gets_its_own_gpus_minute_by_minute_on_the_page_and_in_csv(
     provisioned,  # noqa: F811
     stand_in_nvidia_smi,
@@ -97,11 +78,11 @@ def test_a_running_window_gets_its_own_gpus_minute_by_minute_on_the_page_and_in_
     assert {gpu[0] for reading in stored for gpu in reading.gpus} == {0, 1}  # never GPUs 2 and 3: not this order's
 
     kwargs = {"public_id": order.public_id, "token": token}
-    page = client.get(reverse("booking:order", kwargs=kwargs)).content.decode()
+    page = client.get(reverse("customer:order", kwargs=kwargs)).content.decode()
     assert page.count("<polyline") == 2
     assert "GPU 0 on loopback: peak 93 % of its memory" in page and "GPU 1 on loopback: peak 1 % of its memory" in page
 
-    csv = b"".join(client.get(reverse("booking:order-readings", kwargs=kwargs)).streaming_content).decode()
+    csv = b"".join(client.get(reverse("customer:order-readings", kwargs=kwargs)).streaming_content).decode()
     lines = csv.splitlines()
     assert lines[0] == "taken_at_utc,host,gpu,utilization_pct,memory_used_mib,memory_total_mib,power_w"
     assert len(lines) == 1 + 3 * 2
@@ -111,5 +92,5 @@ def test_a_running_window_gets_its_own_gpus_minute_by_minute_on_the_page_and_in_
 
 def test_the_readings_of_an_order_are_not_reachable_with_another_order_s_link(client, provisioned):  # noqa: F811
     order, _token, _username, _key = provisioned
-    response = client.get(reverse("booking:order-readings", kwargs={"public_id": order.public_id, "token": "x" * 43}))
+    response = client.get(reverse("customer:order-readings", kwargs={"public_id": order.public_id, "token": "x" * 43}))
     assert response.status_code == 404

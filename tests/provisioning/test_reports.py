@@ -11,7 +11,7 @@ from booking.selectors import utilisation_by_week
 from booking.services import order_cancel_by_customer
 from payments.selectors import current_invoice, revenue_by_month
 from payments.settlement import invoice_mark_paid
-from tests.booking.test_pages import place
+from tests.builders.orders import place
 
 pytestmark = pytest.mark.django_db
 
@@ -106,13 +106,14 @@ def test_the_reports_page_speaks_french(client, operator, catalog):
     assert "Chiffre d’affaires" in page and "Indiquez la première semaine par une date" in page
 
 
-def test_revenue_is_shown_net_of_the_refunds_paid_that_month(
+def test_revenue_is_shown_net_of_the_price_refunded_that_month(
     catalog, booking_data, client, admin_user, operator, django_capture_on_commit_callbacks
 ):
-    """A paid order cancelled for a refund: the month shows what was paid, the refund's transactions at the rate of
-    the payment they refund (a partial one counts what it carried), and what remains."""
+    """A paid order cancelled for a refund: the month shows the price of the time sold, the price given back as the
+    refund opened (its credit note's month), and what remains; the refund not paid yet is owed back, on its own
+    line (payments/selectors.py `money_held_or_owed`)."""
     from booking.cancellation import refund_quote
-    from payments.models import Refund, RefundPayment
+    from payments.models import Refund
 
     order, _token = place(client, booking_data(lots="1", days="7"))
     invoice = current_invoice(order)
@@ -123,25 +124,11 @@ def test_revenue_is_shown_net_of_the_refunds_paid_that_month(
         order_cancel_by_customer(order=order, refund_shown=shown)
     refund = Refund.objects.get(order=order)
     price = Price.objects.get(hardware_class=catalog["b200-pair"], days=7).amount_per_lot
-    half = int(refund.amount_units) // 2  # the operator's first transaction carried half of it
-    RefundPayment.objects.create(
-        refund=refund,
-        chain_id=refund.chain_id,
-        tx_hash="0x" + "ab" * 32,
-        log_index=0,
-        block_number=1,
-        block_hash="0x" + "cd" * 32,
-        token_contract=refund.asset_contract,
-        to_address="0x" + "12" * 20,
-        amount_units=half,
-        status=RefundPayment.Status.CONFIRMED,
-        confirmed_at=datetime.now(UTC),
-    )
-    expected = (Decimal(half).scaleb(-refund.asset_decimals) * refund.rate).quantize(Decimal("0.01"))
 
     [month] = revenue_by_month(since=datetime.now(UTC).date())
 
-    assert (month.settled, month.refunded, month.net) == (price, expected, price - expected)
+    assert (month.settled, month.refunded, month.net) == (price, refund.fiat_amount, price - refund.fiat_amount)
     client.force_login(operator)
     page = client.get(reverse("console:reports")).content.decode()
-    assert f"<td>{expected} EUR</td><td>{price - expected} EUR</td>" in page
+    assert f"<td>{refund.fiat_amount} EUR</td><td>{price - refund.fiat_amount} EUR</td>" in page
+    assert f'<tr data-currency="EUR"><td>{refund.fiat_amount} EUR</td>' in page  # owed back, not paid yet

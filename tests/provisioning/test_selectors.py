@@ -28,13 +28,25 @@ def test_container_limits_are_podman_arguments(cpus, memory_gib, shm_gib, expect
     )
     host.refresh_from_db()  # as the lead's steps read it: Decimal from the database, not what was passed
 
-    assert container_limits(host) == expected
+    assert container_limits(host) == {**expected, "connections": 0, "ptys": 0, "disk_mbps": 0}
 
 
 def test_a_new_host_gets_an_unlimited_share_and_8_gib_of_shared_memory():
     host = Host.objects.create(name="gpu-8", address="gpu-8.invalid")
 
-    assert container_limits(host) == {"cpus": "", "memory": "", "shm_size": "8g"}
+    assert container_limits(host) == {
+        "cpus": "", "memory": "", "shm_size": "8g", "connections": 0, "ptys": 0, "disk_mbps": 0
+    }  # fmt: skip
+
+
+def test_the_shares_of_what_tenants_draw_from_are_per_lot_and_multiplied_by_the_container_s_lots():
+    host = Host.objects.create(
+        name="gpu-6", address="gpu-6.invalid", connections_per_lot=50_000, ptys_per_lot=256, disk_mbps_per_lot=400
+    )
+
+    limits = container_limits(host, lots=2)
+
+    assert (limits["connections"], limits["ptys"], limits["disk_mbps"]) == (100_000, 512, 800)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +57,9 @@ def test_a_new_host_gets_an_unlimited_share_and_8_gib_of_shared_memory():
         {"memory_per_lot_gib": 10**7},
         {"shm_size_gib": 0},
         {"shm_size_gib": 5000},
+        {"connections_per_lot": 10**8},
+        {"ptys_per_lot": 10**6},
+        {"disk_mbps_per_lot": 10**6},
     ],
 )
 def test_the_database_refuses_shares_out_of_range(values):

@@ -16,43 +16,14 @@ from payments.settlement import invoice_mark_paid
 from provisioning import lifecycle, rules, runs, services, step_context
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from provisioning.steps import PROVISION_STEPS
-from tests.booking.test_pages import place
-from tests.provisioning.conftest import customer_ssh, remove_user
+from tests.builders.orders import place
+from tests.provisioning.conftest import remove_user, tenant_processes
+from tests.provisioning.customer_ssh import login_as, provisioned  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def login_as():
-    """login_as(user, private_key, command): the researcher's ssh to their container, as the order page says."""
-
-    def login(user, private_key, command, *, options=(), timeout=30):
-        access = Access.objects.select_related("host").get(username=user)
-        return customer_ssh(access, private_key, command, options=list(options), timeout=timeout)
-
-    return login
-
-
-@pytest.fixture
-def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin, django_capture_on_commit_callbacks):
-    private_key, public_key = keypair("customer")
-    order, token = place(client, booking_data(lots="1", ssh_keys=public_key))
-    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test")
-    services.order_approve(order=order, actor=admin_user)
-    username = rules.username_for(order)
-    try:  # from here on the user may exist: removed whatever happens
-        with django_capture_on_commit_callbacks(execute=True):
-            runs.provisioning_start(order=order, actor=admin_user)
-        # No GPU on the test machine: the pre-flight check fails and the hand-over waits for an operator.
-        with django_capture_on_commit_callbacks(execute=True):
-            runs.provisioning_hand_over(order=order, actor=admin_user, reason="test machine without GPU")
-        order.refresh_from_db()
-        yield order, token, username, private_key
-    finally:
-        remove_user(admin, username)
-
-
-def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, login_as, client):
+def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, login_as, client):  # noqa: F811
     order, token, username, private_key = provisioned
     run = order.provisioning_runs.get(kind="provision")
     assert run.status == ProvisioningRun.Status.SUCCEEDED, run.error
@@ -66,24 +37,29 @@ def test_the_customer_logs_in_with_their_key_and_finds_their_gpus(provisioned, l
         username, private_key, "whoami; ls /dev | grep ^nvidia; stat -c %U /opt/binome/ssh/authorized_keys"
     )
     assert whoami.returncode == 0, whoami.stderr
-    assert whoami.stdout.split() == [username, "nvidia0", "nvidia1", "root"]
+    # the keys file is host root's: nobody's inside the tenant's user namespace, which cannot change it
+    assert whoami.stdout.split() == [username, "nvidia0", "nvidia1", "nobody"]
 
     access = Access.objects.get(order=order)
     # No GPU on the test machine: a well-formed report that fails with reasons, not a crash.
     assert access.preflight_status == "FAIL"
     assert {check["name"] for check in access.preflight_report["checks"]} >= {"gpu_visible", "torch_import"}
-    page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    page = client.get(reverse("customer:order", kwargs={"public_id": order.public_id, "token": token}))
     assert f"ssh -p {access.ssh_port} {username}@127.0.0.1" in page.content.decode()
 
 
 def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_files_go_after_the_grace_period(
-    provisioned, login_as, admin, admin_user, django_capture_on_commit_callbacks
+    provisioned,  # noqa: F811
+    login_as,  # noqa: F811
+    admin,
+    admin_user,
+    django_capture_on_commit_callbacks,
 ):
     order, _token, username, private_key = provisioned
     # given a customer who left work running in the background
     left = login_as(username, private_key, "setsid nohup sleep 600 >/dev/null 2>&1 < /dev/null & echo started")
     assert left.stdout.strip() == "started", left.stderr
-    assert admin.run(["pgrep", "-u", username], check=False).ok
+    assert tenant_processes(admin, username)
 
     # when the access is torn down
     with django_capture_on_commit_callbacks(execute=True):
@@ -95,7 +71,7 @@ def test_after_teardown_the_same_login_is_refused_nothing_of_the_user_runs_and_f
     teardown = order.provisioning_runs.get(kind="teardown")
     assert teardown.status == ProvisioningRun.Status.SUCCEEDED, teardown.error
     assert login_as(username, private_key, "true").returncode != 0
-    assert not admin.run(["pgrep", "-u", username], check=False).ok
+    assert not tenant_processes(admin, username)
     assert admin.run(["cat", f"{step_context.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout == ""
     volume = f"binome-{username}-data"
     assert admin.run(["podman", "volume", "exists", volume], check=False).ok
@@ -239,7 +215,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_completes_with_each_ste
 
 
 def test_every_key_is_restricted_and_forwards_reach_the_container_s_network_not_the_host_s_loopback(
-    provisioned, login_as, admin, sshd
+    provisioned,  # noqa: F811
+    login_as,  # noqa: F811
+    admin,
+    sshd,
 ):
     order, _token, username, private_key = provisioned
     keys = admin.run(["cat", f"{step_context.KIT_ROOT}/{username}/ssh/authorized_keys"]).stdout.splitlines()
@@ -252,7 +231,10 @@ def test_every_key_is_restricted_and_forwards_reach_the_container_s_network_not_
 
 
 def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_extension_renews_it(
-    provisioned, login_as, admin, django_capture_on_commit_callbacks
+    provisioned,  # noqa: F811
+    login_as,  # noqa: F811
+    admin,
+    django_capture_on_commit_callbacks,
 ):
     order, _token, username, private_key = provisioned
     assert login_as(username, private_key, "true").returncode == 0
@@ -281,12 +263,16 @@ def test_a_key_past_its_expiry_time_is_refused_without_any_teardown_and_an_exten
 
 
 def test_a_key_added_during_the_window_logs_in_after_one_keys_run_and_a_removed_one_is_refused(
-    provisioned, login_as, keypair, client, django_capture_on_commit_callbacks
+    provisioned,  # noqa: F811
+    login_as,  # noqa: F811
+    keypair,
+    client,
+    django_capture_on_commit_callbacks,
 ):
     order, token, username, private_key = provisioned
     collaborator_key, collaborator_public = keypair("collaborator")
     assert login_as(username, collaborator_key, "true").returncode != 0  # not yet
-    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    keys_url = reverse("customer:order-keys", kwargs={"public_id": order.public_id, "token": token})
 
     with django_capture_on_commit_callbacks(execute=True):
         client.post(keys_url, {"ssh_keys": collaborator_public})

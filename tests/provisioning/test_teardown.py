@@ -1,88 +1,26 @@
 """Taking access away: a teardown that fails is retried with backoff (the same run, one note), shown once in the
 console; a lot reassigned to another host tears the old host down and the order goes on."""
 
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from booking.models import Order, OrderStatus
+from booking import selectors as booking_selectors
+from booking.models import BookingPolicy, Order, OrderStatus
 from booking.services import order_cancel_by_operator
 from inventory.models import Host, Lot
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
-from provisioning import lifecycle, rules, runs, services, steps
+from provisioning import lifecycle, moves, rules, runs, services, steps
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
-from tests.booking.test_pages import place
-from tests.provisioning.conftest import _free_port, remove_user
-from tests.provisioning.test_console import act, preflight_reporting
+from tests.builders.console import act, preflight_reporting
+from tests.builders.orders import place
+from tests.builders.teardown import mend, paid, provisioned, tick
+from tests.provisioning.conftest import remove_user
 
 pytestmark = pytest.mark.django_db
-
-
-@dataclass
-class Clock:
-    """The time every part of the portal reads (timezone.now), moved by the test like beat's ticks would."""
-
-    now: datetime = field(default_factory=timezone.now)
-
-    def advance(self, **delta) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(timezone, "now", lambda: clock.now)
-    return clock
-
-
-@pytest.fixture
-def unreachable(settings, keypair):
-    """Make a host unreachable: the SSH driver, a pinned key, and a port nothing listens on (connection refused),
-    as a host whose sshd died, or a docker host whose teardown always fails, looks to the portal."""
-    private_key, public_key = keypair("portal-admin")
-    settings.PROVISIONING_SSH_KEY_FILE = str(private_key)
-
-    def break_host(host: Host) -> None:
-        Host.objects.filter(pk=host.pk).update(
-            driver=Host.Driver.SSH,
-            address="127.0.0.1",
-            ssh_port=_free_port(),
-            host_key=" ".join(public_key.split()[:2]),
-        )
-
-    return break_host
-
-
-def mend(host: Host) -> None:
-    Host.objects.filter(pk=host.pk).update(driver=Host.Driver.DRY_RUN)
-
-
-def paid(client, booking_data, admin_user, lots: str = "1") -> Order:
-    order, _token = place(client, booking_data(lots=lots))
-    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="test: paid by wire")
-    order.refresh_from_db()
-    return order
-
-
-def provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> Order:
-    """An order handed over on the demo's dry-run hosts."""
-    order = paid(client, booking_data, admin_user, lots)
-    services.order_approve(order=order, actor=admin_user)
-    with capture(execute=True):
-        runs.provisioning_start(order=order, actor=admin_user)
-    order.refresh_from_db()
-    assert order.status == OrderStatus.READY
-    return order
-
-
-def tick(capture, now: datetime) -> dict:
-    with capture(execute=True):  # eager Celery: the runs the tick queues are executed on commit
-        return lifecycle.lifecycle_tick(now=now)
 
 
 def the_host(order: Order) -> Host:
@@ -146,6 +84,13 @@ def test_a_failing_teardown_is_retried_with_growing_delays_as_one_run_with_one_n
     assert Access.objects.get(order=order).status == Access.Status.REVOKED
 
 
+def _queues(callback, task_name: str) -> bool:
+    """Whether an on-commit callback queues the task of that name (a task's delay_on_commit registers a partial of
+    its delay)."""
+    queue = getattr(callback, "func", None)
+    return getattr(getattr(queue, "__self__", None), "name", None) == task_name
+
+
 def test_two_sweeps_at_once_queue_a_due_retry_once(
     client, booking_data, admin_user, clock, unreachable, django_capture_on_commit_callbacks
 ):
@@ -163,7 +108,8 @@ def test_two_sweeps_at_once_queue_a_due_retry_once(
         second = lifecycle.lifecycle_tick(now=clock.now)
 
     assert (first["retried"], second["retried"], second["resumed"]) == (1, 0, 0)
-    assert sum(callback.__qualname__.startswith("_run_requeue") for callback in queued) == 1  # one execution
+    executions = [callback for callback in queued if _queues(callback, "provisioning.execute_run")]
+    assert [execution.args for execution in executions] == [(run.pk,)]  # one execution of the run
     run.refresh_from_db()
     assert run.attempts == 2 and order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN).count() == 1
 
@@ -229,7 +175,7 @@ def test_the_console_lists_a_failing_teardown_once_with_its_host_error_attempts_
     client.force_login(operator)
 
     # as many with one failing run as with two (one of them the footer's terms version, then kept in the cache)
-    with django_assert_max_num_queries(10):
+    with django_assert_max_num_queries(12):  # + the money queues' whole counts (flagged payments, refunds)
         queue = client.get(reverse("console:queue")).content.decode()
 
     section = queue.split('id="section-failing-teardowns"')[1].split("</section>")[0]
@@ -272,7 +218,8 @@ def test_the_failing_teardowns_speak_french(
     queue = client.get(reverse("console:queue")).content.decode()
     page = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
 
-    assert "Démontages en échec" in queue and "Prochain essai (UTC)" in queue and "Réessayer maintenant" in queue
+    assert "Démontages et déplacements en échec" in queue and "Prochain essai (UTC)" in queue
+    assert "Réessayer maintenant" in queue
     assert "Échouée une fois ; réessayée d’elle-même le" in page
     for english in ("Failing teardowns", "Retry now", "Next retry"):
         assert english not in queue + page, english
@@ -359,7 +306,7 @@ def test_the_customer_sees_only_the_host_the_order_is_on(
     monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
     act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
 
-    page = client.get(reverse("booking:order", kwargs={"public_id": order.public_id, "token": token}))
+    page = client.get(reverse("customer:order", kwargs={"public_id": order.public_id, "token": token}))
 
     text = page.content.decode()
     username = rules.username_for(order)
@@ -369,16 +316,51 @@ def test_the_customer_sees_only_the_host_the_order_is_on(
 
 
 def test_a_reassignment_on_the_same_host_tears_nothing_down(
-    client, failed_preflight, django_capture_on_commit_callbacks
+    client, failed_preflight, monkeypatch, django_capture_on_commit_callbacks
 ):
     order = failed_preflight
     held, same_host = lot_elsewhere(order, same_host=True)
 
     act(client, order, "reassign", {"from_lot": held.pk, "to_lot": same_host.pk}, django_capture_on_commit_callbacks)
 
-    assert order.allocations.get(released_at__isnull=True).lot == same_host
+    assert order.allocations.in_use().get().lot == same_host
     assert not order.provisioning_runs.filter(kind=ProvisioningRun.Kind.RELEASE_HOST).exists()
     assert Access.objects.get(order=order).status != Access.Status.REVOKED
+    # the container there still holds the old lot's cards: held for no one until provisioning makes it again
+    assert held.pk not in _free_lots(order)
+    monkeypatch.setitem(steps.STEPS, "preflight", preflight_reporting("PASS"))
+    act(client, order, "provision", callbacks=django_capture_on_commit_callbacks)
+    assert held.pk in _free_lots(order)
+
+
+def _free_lots(order: Order) -> list[int]:
+    """The lots of the order's class a booking of the same window could take."""
+    window = booking_selectors.window_for(
+        start_date=order.starts_at.date(), days=order.days, policy=BookingPolicy.current()
+    )
+    return booking_selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=100)
+
+
+def test_a_reassigned_lot_stays_held_until_the_release_removed_the_container_on_its_cards(
+    client, failed_preflight, clock, unreachable, django_capture_on_commit_callbacks
+):
+    """The console's reassignment released the old lot at once, while the release run had not removed the old
+    container yet (a host down, a teardown failing): a new order booked the lot and its container started on cards
+    the first order's container still held. The old lot is vacated, as a move's, until the release succeeds."""
+    order = failed_preflight
+    held, elsewhere = lot_elsewhere(order)
+    unreachable(held.host)
+    act(client, order, "reassign", {"from_lot": held.pk, "to_lot": elsewhere.pk}, django_capture_on_commit_callbacks)
+    release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
+    assert release.status == ProvisioningRun.Status.FAILED
+    assert held.pk not in _free_lots(order) and elsewhere.pk not in _free_lots(order)
+
+    mend(held.host)
+    clock.now = release.next_retry_at
+    tick(django_capture_on_commit_callbacks, clock.now)
+    release.refresh_from_db()
+    assert release.status == ProvisioningRun.Status.SUCCEEDED
+    assert held.pk in _free_lots(order)  # the container on its cards is gone: on sale again
 
 
 def test_a_failing_release_is_retried_and_blocks_neither_the_new_host_nor_a_move_back_once_done(
@@ -423,7 +405,7 @@ def test_a_lot_cannot_move_back_to_a_host_whose_release_is_not_done(
     refused = act(client, order, "reassign", {"from_lot": elsewhere.pk, "to_lot": held.pk})
 
     assert f"Access on {held.host.name} is still being torn down for this order" in refused.content.decode()
-    assert order.allocations.get(released_at__isnull=True).lot == elsewhere
+    assert order.allocations.in_use().get().lot == elsewhere
 
 
 def test_moving_a_lot_back_after_its_release_prepares_that_host_afresh(
@@ -517,7 +499,7 @@ def test_a_reassignment_leaves_nothing_of_the_customer_running_on_the_old_host(
         Lot.objects.filter(pk=elsewhere.pk).update(status=Lot.Status.ACTIVE)  # the fixture kept the others off
 
         with django_capture_on_commit_callbacks(execute=True):
-            runs.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
+            moves.lot_reassign(order=order, from_lot_id=held.pk, to_lot_id=elsewhere.pk, actor=admin_user)
 
         release = order.provisioning_runs.get(kind=ProvisioningRun.Kind.RELEASE_HOST)
         assert release.status == ProvisioningRun.Status.SUCCEEDED, release.error

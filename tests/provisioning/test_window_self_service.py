@@ -14,26 +14,13 @@ from payments.models import Invoice
 from payments.settlement import invoice_mark_paid
 from provisioning import runs
 from provisioning.models import ProvisioningRun
-from tests.provisioning.test_console import act, paid_order  # noqa: F401 (a fixture)
 
 TURNAROUND = timedelta(hours=6)
 
 
-@pytest.fixture
-def ready_order(client, paid_order, operator, django_capture_on_commit_callbacks):  # noqa: F811
-    order, token = paid_order
-    client.force_login(operator)
-    for action in ("approve", "provision"):
-        act(client, order, action, callbacks=django_capture_on_commit_callbacks)
-    client.logout()
-    order.refresh_from_db()
-    assert order.status == OrderStatus.READY
-    return order, token
-
-
 def urls(order: Order, token: str) -> dict[str, str]:
     kwargs = {"public_id": order.public_id, "token": token}
-    return {name: reverse(f"booking:{name}", kwargs=kwargs) for name in ("order", "order-extend", "order-end")}
+    return {name: reverse(f"customer:{name}", kwargs=kwargs) for name in ("order", "order-extend", "order-end")}
 
 
 def held_until(order: Order) -> set:
@@ -173,7 +160,7 @@ def test_ending_early_needs_a_confirmation_then_frees_the_cards_and_tears_down(
 
 
 def test_an_unpaid_order_cannot_be_ended_early(client, catalog, booking_data):
-    from tests.booking.test_pages import place
+    from tests.builders.orders import place
 
     order, token = place(client, booking_data(lots="1"))
     replay = client.post(urls(order, token)["order-end"], {"confirm": "end"}, follow=True).content.decode()
@@ -191,7 +178,7 @@ def test_keys_added_and_removed_during_the_window_are_rewritten_on_the_machines_
 ):
     order, token = ready_order
     first = order.ssh_keys.get()
-    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    keys_url = reverse("customer:order-keys", kwargs={"public_id": order.public_id, "token": token})
     runs_before = order.provisioning_runs.filter(kind=ProvisioningRun.Kind.KEYS).count()
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -232,7 +219,7 @@ def test_keys_added_and_removed_during_the_window_are_rewritten_on_the_machines_
 def test_a_bad_key_is_refused_with_a_message_and_the_keys_stay(client, ready_order, text, message):
     order, token = ready_order
     before = list(order.ssh_keys.values_list("fingerprint", flat=True))
-    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    keys_url = reverse("customer:order-keys", kwargs={"public_id": order.public_id, "token": token})
     response = client.post(keys_url, {"ssh_keys": text}, follow=True)
     assert response.status_code == 200
     assert message.lower() in response.content.decode().lower()
@@ -244,7 +231,7 @@ def test_at_most_ten_keys_still_changeable_for_the_download_window_and_none_once
     client, ready_order, keypair, booking_data, mailoutbox, django_capture_on_commit_callbacks
 ):
     order, token = ready_order
-    keys_url = reverse("booking:order-keys", kwargs={"public_id": order.public_id, "token": token})
+    keys_url = reverse("customer:order-keys", kwargs={"public_id": order.public_id, "token": token})
     nine = "\n".join(a_key(keypair, f"member{number}") for number in range(9))
     client.post(keys_url, {"ssh_keys": nine})
     assert order.ssh_keys.count() == 10
@@ -271,10 +258,10 @@ def test_at_most_ten_keys_still_changeable_for_the_download_window_and_none_once
     assert order.ssh_keys.count() == 9
 
     # a cancelled order keeps nothing of the customer's: its keys no longer change
-    from tests.booking.test_pages import place
+    from tests.builders.orders import place
 
     cancelled, cancelled_token = place(client, booking_data(lots="1", contact_email="grace@example.org"))
     booking_services.order_cancel_by_customer(order=cancelled)
-    url = reverse("booking:order-keys", kwargs={"public_id": cancelled.public_id, "token": cancelled_token})
+    url = reverse("customer:order-keys", kwargs={"public_id": cancelled.public_id, "token": cancelled_token})
     refused = client.post(url, {"remove": str(cancelled.ssh_keys.first().pk)}, follow=True).content.decode()
     assert "can no longer be changed" in refused and cancelled.ssh_keys.count() == 1

@@ -1,0 +1,150 @@
+"""The compose stack as the deployment tests run it: a project name, free ports, the built context, a planted secret."""
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.builders.production import NOT_DEMO_XPUB, PRODUCTION_CHAINS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+PROJECT = "binome-stack-test"
+
+
+APP_IMAGE = "localhost/binome:latest"  # docker-compose.yml's `image: binome:latest`, as podman names it
+
+
+PLANTED = "PLANTED-SECRET-" + secrets.token_hex(8)
+
+
+def _free_port() -> int:
+    """A port nothing listens on, below Linux's ephemeral ports (32768): between this look and the server's start
+    (a minute, with the build) no outgoing connection of this machine's can take it."""
+    for _ in range(200):
+        port = 29000 + secrets.randbelow(3700)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 29000-32699")
+
+
+class Stack:
+    def __init__(self, directory: Path, *, project: str = PROJECT, port: int | None = None):
+        self.directory = directory
+        self.project = project
+        self.port = port or _free_port()
+        conf = directory / "containers.conf"
+        conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
+        self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+        self.compose_files = ["-f", str(ROOT / "docker-compose.yml")]
+
+    def run(self, *argv: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(argv[:8])}… exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
+        return result
+
+    def compose(self, *argv: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+        podman_compose = shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
+        return self.run(podman_compose, "-p", self.project, *self.compose_files, *argv, timeout=timeout, check=check)
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
+
+    def healthy(self, service: str, deadline_s: float = 180) -> None:
+        """The compose file's healthcheck of `service`, run until it passes (what systemd's timer would do)."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if self.run("podman", "healthcheck", "run", self.container(service), check=False).returncode == 0:
+                return
+            time.sleep(2)
+        logs = self.run("podman", "logs", "--tail", "40", self.container(service), check=False)
+        raise AssertionError(f"{service} never became healthy:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
+
+    def logs(self, service: str) -> str:
+        result = self.run("podman", "logs", self.container(service), check=False)
+        return result.stdout + result.stderr
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+def _build_context(directory: Path) -> Path:
+    """The project as a deployer's checkout has it (tracked and untracked files git does not ignore), with the
+    secrets the documentation tells them to keep next to it: the provisioning key, a .env and a chains file."""
+    context = directory / "context"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        source = ROOT / os.fsdecode(name)
+        if source.is_file():
+            target = context / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    (context / "secrets").mkdir(exist_ok=True)
+    (context / "secrets" / "provisioning_ed25519").write_text(f"{PLANTED}-key\n")
+    (context / ".env").write_text(f"SECRET_KEY={PLANTED}-env\n")
+    (context / "deploy" / "chains.toml").write_text(f'# {PLANTED}-chains\nrpc_urls = ["https://x/{PLANTED}"]\n')
+    return context
+
+
+@contextmanager
+def prepared_stack(stack: Stack, directory: Path, *, email_url: str = "smtp://mail:1025") -> Iterator[Stack]:
+    """The compose file's images built (the app's from a deployer's checkout with secrets planted in it), the
+    secrets and variables a deployer gives; the stack taken down, with its volumes, before and after."""
+    images = dict(
+        line.split("=", 1) for line in stack.run(str(ROOT / "bin" / "stack-images"), timeout=1200).stdout.split()
+    )
+    context = _build_context(directory)
+    stack.run(
+        "podman", "build", "--build-arg", f"BASE_IMAGE={images['BASE_IMAGE']}",
+        "--volume", "/etc/ssl/certs:/etc/ssl/certs:ro", "--tag", APP_IMAGE, str(context), timeout=1500,
+    )  # fmt: skip
+    uid = stack.run("podman", "run", "--rm", APP_IMAGE, "id", "-u").stdout.strip()
+    key = directory / "provisioning_ed25519"
+    key.write_text(f"{PLANTED}-mounted-key\n")
+    os.chown(key, int(uid), int(uid))
+    key.chmod(0o400)
+    chains = directory / "chains.toml"
+    chains.write_text(PRODUCTION_CHAINS)
+    chains.chmod(0o644)
+    stack.env.update(
+        images,
+        SECRET_KEY=secrets.token_urlsafe(64),
+        POSTGRES_PASSWORD=secrets.token_urlsafe(16),
+        REDIS_PASSWORD=secrets.token_urlsafe(16),
+        PAYMENTS_XPUB=NOT_DEMO_XPUB,
+        CHAINS_FILE=str(chains),
+        PROVISIONING_SSH_KEY=str(key),
+        # A lab's portal on its own network, without TLS (docs/operations.md, "Site address and e-mail").
+        SITE_URL=f"http://localhost:{stack.port}",
+        SITE_URL_PRIVATE_NETWORK="1",
+        SECURE_SSL_REDIRECT="0",
+        ALLOWED_HOSTS="localhost,127.0.0.1",
+        CSRF_TRUSTED_ORIGINS=f"http://127.0.0.1:{stack.port},http://localhost:{stack.port}",
+        EMAIL_URL=email_url,
+        DEFAULT_FROM_EMAIL="Binôme <bookings@binome.lab.internal>",
+        PROXY_PORT=str(stack.port),
+    )
+    stack.compose("down", "-v", "-t", "2", check=False)
+    try:
+        yield stack
+    finally:
+        stack.compose("down", "-v", "-t", "2", check=False)
