@@ -12,7 +12,7 @@ ANVIL_PORT ?= 8545
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
-.PHONY: run test test-image setup system-deps messages contracts screenshots lint format bench clean
+.PHONY: run test test-image setup system-deps messages translations contracts screenshots lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,8 @@ node_modules/.installed: package.json package-lock.json
 # ext4 file system), curl (the forward tests), nginx (tests/portal/test_nginx.py runs deploy/nginx.conf; its
 # service is never started), a docker client (its own parser checks the docker commands; the machine image may
 # ship one, else Debian's docker.io, whose daemon the tests never start), Pango and the DejaVu fonts (WeasyPrint
-# prints the fiscal invoices to PDF/A-3 with them, fonts embedded).
+# prints the fiscal invoices to PDF/A-3 with them, fonts embedded), shellcheck (a test runs it on every shell script,
+# on disk and sent to the hosts).
 system-deps:
 	@missing=""; \
 	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
@@ -53,6 +54,7 @@ system-deps:
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	command -v mkfs.ext4 >/dev/null || missing="$$missing e2fsprogs"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v docker >/dev/null || missing="$$missing docker.io"; \
 	/sbin/ldconfig -p | grep -q 'libpangoft2-1.0.so.0 ' || missing="$$missing libpango-1.0-0 libpangoft2-1.0-0"; \
@@ -63,6 +65,13 @@ locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $
 	DEBUG=1 $(BIN)/python manage.py compilemessages --locale fr --ignore '.venv' --ignore 'node_modules' -v 0
 
 messages: locale/fr/LC_MESSAGES/django.mo
+
+# The French catalogue refreshed from the code and templates (then translate what is new or fuzzy, and commit):
+# references name files only, so that an edit elsewhere in a file does not churn the catalogue. A test
+# (tests/portal/test_translations.py) runs this on a copy of the tree and refuses a catalogue it would change.
+translations:
+	DEBUG=1 $(BIN)/python manage.py makemessages --locale fr --add-location file --ignore '.venv' \
+		--ignore 'node_modules' --ignore 'tests' --ignore 'bench' -v 0
 
 setup: system-deps $(VENV)/.installed node_modules/.installed messages
 	@mkdir -p var/static
@@ -113,6 +122,7 @@ format: setup
 	$(BIN)/ruff format .
 
 bench: setup
+	$(BIN)/python bench/patterns.py
 	$(BIN)/python bench/pages.py
 	$(BIN)/python bench/chain_scan.py
 	$(BIN)/python bench/provisioning.py

@@ -76,12 +76,12 @@ def bench_environment(database_url: str, redis_url: str, static_root: str) -> di
         "EMAIL_URL": "smtp://127.0.0.1:9",
         "STATIC_ROOT": static_root,
         "RATELIMIT_ENABLE": "0",
-        # Production settings refuse the demo key: a public BIP-32 test vector (depth 3) stands in.
+        # Production refuses the demo key (payments.E006): a public BIP-32 test vector (depth 3) stands in.
         "PAYMENTS_XPUB": (
             "xpub6D4BDPcP2GT577Vvch3R8wDkScZWzQzMMUm3PWbmWvVJrZwQY4VUNgqFJPMM3No2dFDFGTsxxpG5uJh7n7epu4trkrX7x7"
             "DogT5Uv6fcLW5"
         ),
-        # Production settings refuse the demo chain and its tokens: a chain of their own, paid in a pegged
+        # Production refuses the demo chain and its tokens (payments.E001): a chain of their own, paid in a pegged
         # stablecoin (no RPC call is needed to quote it).
         "PAYMENTS_CHAINS_FILE": bench_chains_file(static_root),
         "LOG_LEVEL": "WARNING",
