@@ -21,6 +21,52 @@ from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 from tests.processes import process_env_for_tests, stop_process_groups, worker_argv
 
 
+def _this_workers_redis() -> None:
+    """`make test` runs the suite on two pytest-xdist workers, each with its own test database (pytest-django names
+    it after the worker) and its own Redis database: the next one after REDIS_URL's for each worker. One shared
+    database would let a worker's `cache.clear()` wipe the other's rate-limit counters, and a Celery worker started
+    by one take the other's tasks from the broker. Set before anything reads the cache or the broker; the processes
+    the tests start (tests/processes.py) are handed the worker's URL."""
+    import os
+    from urllib.parse import urlsplit, urlunsplit
+
+    from django.conf import settings
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    shared = os.environ.get("REDIS_URL", "")
+    if not worker.startswith("gw") or not shared:
+        return
+    url = urlsplit(shared)
+    first = int(url.path.strip("/") or 0)
+    own = urlunsplit(url._replace(path=f"/{first + int(worker[2:])}"))
+    os.environ["REDIS_URL"] = own
+    settings.CACHES["default"]["LOCATION"] = own
+    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        if getattr(settings, name) == shared:
+            setattr(settings, name, own)
+            os.environ.pop(name, None)
+
+
+_this_workers_redis()
+
+
+# The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes) or
+# run the production stack in podman share what a machine has one of: under pytest-xdist they run one after the
+# other on a single worker (`--dist loadgroup`), the rest of the suite beside them on the other.
+HOST_FIXTURES = frozenset({"sshd", "container_sshd", "test_image", "environment_images", "fake_gpus", "outside_server"})
+HOST_MODULES = (
+    "tests/portal/test_compose_stack.py",
+    "tests/portal/test_compose_stack_host.py",
+    "tests/portal/test_edge_and_deployment.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.path.as_posix().endswith(HOST_MODULES):
+            item.add_marker(pytest.mark.xdist_group("host"))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _cheap_password_hashing():
     """The tests' passwords are fixtures, not secrets: hashed once with a cheap hasher instead of PBKDF2's million
