@@ -12,7 +12,7 @@ ANVIL_PORT ?= 8545
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 # Two pytest-xdist workers: the tests that use this machine as their GPU host run in turn on one of them (the
-# `host` group, tests/conftest.py), the rest of the suite beside them. PYTEST_WORKERS=0 runs it in one process.
+# files named in tests/conftest.py), the rest of the suite beside them. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 
 .PHONY: run test test-image setup system-deps messages translations contracts screenshots lint format bench clean
@@ -102,7 +102,7 @@ test: export REDIS_URL = $(TEST_REDIS_URL)
 test: setup test-image
 	$(BIN)/ruff check .
 	$(BIN)/python manage.py makemigrations --check --dry-run -v 0
-	$(BIN)/pytest --numprocesses $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest --numprocesses $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The README's screenshots: the browser journeys save one per page into test-artifacts/, copied to docs/img/.
 screenshots: export DEBUG = 1
