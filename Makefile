@@ -11,9 +11,10 @@ ANVIL_PORT ?= 8545
 # make test: real services on 127.0.0.1 (.ci/run starts them when they are down).
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
-# Two pytest-xdist workers: the tests that use this machine as their GPU host run in turn on one of them (the
-# files named in tests/conftest.py), the rest of the suite beside them. PYTEST_WORKERS=0 runs it in one process.
-PYTEST_WORKERS ?= 2
+# PYTEST_WORKERS=2 runs the suite on two pytest-xdist workers: the test files that use this machine as their GPU host
+# run in turn on one of them (named in tests/conftest.py), the rest beside them. One process by default
+# (docs/architecture.md, "The suite on two workers", says why).
+PYTEST_WORKERS ?= 0
 
 .PHONY: run test test-image setup system-deps messages translations contracts screenshots lint format bench clean
 
