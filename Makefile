@@ -11,6 +11,10 @@ ANVIL_PORT ?= 8545
 # make test: real services on 127.0.0.1 (.ci/run starts them when they are down).
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
+# PYTEST_WORKERS=2 runs the suite on two pytest-xdist workers: the test files that use this machine as their GPU host
+# run in turn on one of them (named in tests/conftest.py), the rest beside them. One process by default
+# (docs/architecture.md, "The suite on two workers", says why).
+PYTEST_WORKERS ?= 0
 
 .PHONY: run test test-image setup system-deps messages translations contracts screenshots lint format bench clean
 
@@ -99,7 +103,7 @@ test: export REDIS_URL = $(TEST_REDIS_URL)
 test: setup test-image
 	$(BIN)/ruff check .
 	$(BIN)/python manage.py makemigrations --check --dry-run -v 0
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --numprocesses $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The README's screenshots: the browser journeys save one per page into test-artifacts/, copied to docs/img/.
 screenshots: export DEBUG = 1

@@ -2,12 +2,7 @@
 that call them (booking/tasks.py imports the services; the app registers its tasks when ready, booking/apps.py).
 Each function queues after the current transaction commits, as the conventions ask."""
 
-from celery import current_app
-
-
-def task(name: str):
-    """The registered task called `name` (its @shared_task name)."""
-    return current_app.tasks[name]
+from infrastructure.queues import task
 
 
 def send_order_link(order_id: int) -> None:

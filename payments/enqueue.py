@@ -5,7 +5,7 @@ the broker took it, or that runs outside a transaction)."""
 
 from django.db import transaction
 
-from booking.enqueue import task
+from infrastructure.queues import task
 
 
 def check_invoice_now(invoice_id: int) -> None:

@@ -3,7 +3,7 @@ tasks that call them (provisioning/tasks.py imports the services; the app regist
 provisioning/apps.py). Each function says when it queues: after the current transaction commits, or now (a sweep
 outside a transaction, a receiver already running on commit, a caller that must know whether the broker took it)."""
 
-from booking.enqueue import task
+from infrastructure.queues import task
 
 
 def execute_run(run_id: int) -> None:

@@ -21,6 +21,105 @@ from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 from tests.processes import process_env_for_tests, stop_process_groups, worker_argv
 
 
+def _this_workers_redis() -> None:
+    """`make test` runs the suite on two pytest-xdist workers, each with its own test database (pytest-django names
+    it after the worker) and its own Redis database: REDIS_URL's for the first, the next one for the second. One shared
+    database would let a worker's `cache.clear()` wipe the other's rate-limit counters, and a Celery worker started
+    by one take the other's tasks from the broker. Set before anything reads the cache or the broker; the processes
+    the tests start (tests/processes.py) are handed the worker's URL."""
+    import os
+    from urllib.parse import urlsplit, urlunsplit
+
+    from django.conf import settings
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    shared = os.environ.get("REDIS_URL", "")
+    if not worker.startswith("gw") or not shared:
+        return
+    url = urlsplit(shared)
+    first = int(url.path.strip("/") or 0)
+    own = urlunsplit(url._replace(path=f"/{first + int(worker[2:])}"))
+    os.environ["REDIS_URL"] = own
+    settings.CACHES["default"]["LOCATION"] = own
+    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        if getattr(settings, name) == shared:
+            setattr(settings, name, own)
+            os.environ.pop(name, None)
+
+
+_this_workers_redis()
+
+
+# The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes) or
+# run the production stack in podman share what a machine has one of: under pytest-xdist the files that hold them run
+# one after the other on a single worker, the rest of the suite beside them on the other (HostInTurn below). The
+# scheduler sees test ids only, not fixtures, so the files are named here; tests/portal/test_test_layout.py checks
+# that every test using one of HOST_FIXTURES is in one of them.
+HOST_FIXTURES = frozenset({"sshd", "container_sshd", "test_image", "environment_images", "fake_gpus", "outside_server"})
+HOST_FILES = frozenset(
+    {
+        "tests/browser/test_journeys.py",
+        "tests/portal/test_compose_stack.py",
+        "tests/portal/test_compose_stack_host.py",
+        "tests/portal/test_edge_and_deployment.py",
+        "tests/provisioning/test_cards.py",
+        "tests/provisioning/test_conntrack_flood.py",
+        "tests/provisioning/test_container_access.py",
+        "tests/provisioning/test_customer_ports.py",
+        "tests/provisioning/test_data_continuity.py",
+        "tests/provisioning/test_disk_share.py",
+        "tests/provisioning/test_drivers.py",
+        "tests/provisioning/test_host_checks.py",
+        "tests/provisioning/test_host_health.py",
+        "tests/provisioning/test_key_removal.py",
+        "tests/provisioning/test_provider_fault_host.py",
+        "tests/provisioning/test_readings.py",
+        "tests/provisioning/test_restarts.py",
+        "tests/provisioning/test_share_sizes.py",
+        "tests/provisioning/test_shares.py",
+        "tests/provisioning/test_ssh_provisioning.py",
+        "tests/provisioning/test_teardown.py",
+        "tests/provisioning/test_tenant_data_boundary.py",
+        "tests/web/console/test_hosts.py",
+    }
+)
+
+
+def host_tests_outside_the_host_files(items) -> list[str]:
+    """The tests that use the host (one of HOST_FIXTURES, directly or through another fixture) in no HOST_FILES file:
+    under two workers they would run beside the host's other tests."""
+    return [
+        item.nodeid
+        for item in items
+        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        and item.nodeid.split("::", 1)[0] not in HOST_FILES
+    ]
+
+
+def pytest_collection_modifyitems(config, items):
+    if strays := host_tests_outside_the_host_files(items):
+        raise pytest.UsageError(
+            "these tests use the GPU host but their files are not in HOST_FILES (tests/conftest.py), so they would run "
+            "beside the host's other tests: " + ", ".join(strays)
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's load scheduling (its default), except that the host's files are one unit of work, given to one
+    worker whole. (Its own `xdist_group` marks are lost on pytest 9, whose test ids no longer take the group's
+    suffix pytest-xdist 3.8 writes into them.)"""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HostInTurn(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "host" if nodeid.split("::", 1)[0] in HOST_FILES else nodeid
+
+    return HostInTurn(config, log)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _cheap_password_hashing():
     """The tests' passwords are fixtures, not secrets: hashed once with a cheap hasher instead of PBKDF2's million

@@ -25,6 +25,7 @@ from tests.provisioning.conftest import (  # noqa: F401 (fixtures of the operato
     environment_images,
     fake_gpus,
     loopback_host,
+    reserved_ports_restored,
     sshd,
     test_image,
 )

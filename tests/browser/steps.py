@@ -48,7 +48,7 @@ def pay_link(link: str, chain, *, account: int = 4, fraction: tuple[int, int] = 
     return chain.send_token(token, to, units, sender=payer)
 
 
-def ready_order(page, base_url: str, *, email: str, admin_user) -> Order:
+def browser_ready_order(page, base_url: str, *, email: str, admin_user) -> Order:
     """An order placed in the browser, paid (marked by an admin), approved and ready, as its lots were handed over."""
     from booking.models import OrderStatus
     from booking.services import order_transition

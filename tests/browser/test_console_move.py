@@ -12,7 +12,7 @@ from inventory.models import Lot
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from provisioning.models import ProvisioningRun
-from tests.browser.steps import log_in, ready_order, submitted
+from tests.browser.steps import browser_ready_order, log_in, submitted
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_an_operator_moves_a_lot_after_a_provider_fault_and_credits_the_hours(
     operator,
 ):
     researcher = browser_page
-    order = ready_order(researcher, live_server.url, email="fault@example.org", admin_user=admin_user)
+    order = browser_ready_order(researcher, live_server.url, email="fault@example.org", admin_user=admin_user)
     held = order.allocations.filter(released_at__isnull=True).select_related("lot__host").first().lot
     taken = order.allocations.values_list("lot_id", flat=True)
     target = Lot.objects.filter(hardware_class=order.hardware_class).exclude(pk__in=taken).exclude(host=held.host)

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from provisioning import restarts, rules
 from provisioning.models import Access, ProvisioningRun
-from tests.browser.steps import log_in, ready_order, submitted
+from tests.browser.steps import browser_ready_order, log_in, submitted
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def test_an_operator_starts_again_a_container_the_watch_left_stopped(
     admin_user,
     operator,
 ):
-    order = ready_order(browser_page, live_server.url, email="loop@example.org", admin_user=admin_user)
+    order = browser_ready_order(browser_page, live_server.url, email="loop@example.org", admin_user=admin_user)
     lot = order.allocations.filter(released_at__isnull=True).select_related("lot__host").first().lot
     # the watch's state after the container stopped once more than its ceiling (as restarts.access_restart_due
     # leaves it; the restarts themselves need a host that runs containers: tests/provisioning/test_shares.py)

@@ -48,7 +48,7 @@ def _paid_before(booking_data, admin_user, email: str) -> Order:
     return order
 
 
-def ready_order(client, booking_data, admin_user, capture, lots: str = "1") -> tuple[Order, str]:
+def make_ready_order(client, booking_data, admin_user, capture, lots: str = "1") -> tuple[Order, str]:
     """A paid order (marked paid by an admin), approved and provisioned on the demo's dry-run hosts before its
     window starts: READY, still cancellable by its customer with a refund."""
     order, token = place(client, booking_data(lots=lots))

@@ -35,7 +35,7 @@ def paid(client, booking_data, admin_user, lots: str = "1") -> Order:
     return order
 
 
-def provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> Order:
+def make_provisioned(client, booking_data, admin_user, capture, lots: str = "1") -> Order:
     """An order handed over on the demo's dry-run hosts."""
     order = paid(client, booking_data, admin_user, lots)
     services.order_approve(order=order, actor=admin_user)

@@ -361,7 +361,7 @@ def test_when_no_rpc_url_answers_nothing_changes_and_the_page_says_the_check_is_
     assert "Check delayed: the network is not answering" in order_page(client, order, token)
 
 
-def ready_order(client, booking_data, admin_user) -> Order:
+def _ready_order(client, booking_data, admin_user) -> Order:
     """An order paid (marked by an admin), approved and provisioned: one that can be extended."""
     from booking.services import order_transition
 
@@ -375,7 +375,7 @@ def ready_order(client, booking_data, admin_user) -> Order:
 def test_a_paid_extension_moves_the_window_end_and_its_lots(client, chain, booking_data, admin_user):
     from payments.checkout import order_extension_request
 
-    order = ready_order(client, booking_data, admin_user)
+    order = _ready_order(client, booking_data, admin_user)
     end = order.ends_at
 
     extension = order_extension_request(order=order, days=7, actor=admin_user)
@@ -465,7 +465,7 @@ def test_an_extension_paid_ten_days_after_the_booking_has_its_own_quote_clock(cl
     """Regression: extension invoices were created already expired (their expiry was the booking's hold)."""
     from payments.checkout import order_extension_request
 
-    order = ready_order(client, booking_data, admin_user)
+    order = _ready_order(client, booking_data, admin_user)
     end = order.ends_at
     ten_days_later = order.created_at + timedelta(days=10)
 

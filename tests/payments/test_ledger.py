@@ -18,7 +18,7 @@ from payments import checkout, ledger, refunds, settlement
 from payments.models import Invoice, Refund
 from payments.refunds import units_for_fiat
 from payments.selectors import current_invoice
-from tests.builders.orders import place, ready_order
+from tests.builders.orders import make_ready_order, place
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +67,7 @@ def test_a_refused_extension_is_refunded_once_when_the_operator_then_cancels(
     1,450.00 received), its invoice's price counted as paid. Its refund is the only one it gets; the booking is
     refunded in full."""
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     extension = refused_extension(order, capture)
     booking_invoice = order.invoices.get(purpose=Invoice.Purpose.ORDER)
 
@@ -90,7 +90,7 @@ def test_a_refused_extension_does_not_inflate_a_provider_fault_refund(
     """Issue 32: 24 h lost of a 168 h window paid 3,150.00 is 450.00; the refused extension's price was counted as
     time bought (657.14)."""
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     refused_extension(order, capture)
 
     with capture(execute=True), transaction.atomic():
@@ -179,7 +179,7 @@ def test_the_cancellation_refunds_opened_again_open_nothing_more(
     is handed over: its customer's cancellation refunds nothing (the started window's rule), so the operator
     cancels it, which gives back all of both invoices' prices, once."""
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)
     with capture(execute=True):
         chain_credits(extension, int(extension.amount_due_units))

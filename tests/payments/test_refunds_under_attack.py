@@ -24,7 +24,7 @@ from payments.models import FiscalInvoice, Invoice, Refund
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from tests.builders.console import act
-from tests.builders.orders import place, ready_order
+from tests.builders.orders import make_ready_order, place
 from tests.builders.refunds import (
     CHAIN_ID,
     CUSTOMER_WALLET,
@@ -118,7 +118,7 @@ def test_provider_fault_refund_then_cancellation_never_refunds_more_than_was_pai
     customer is capped by what is left of the price (Order.fault_refunds), and the credit notes follow the
     refunds (fiscal_credit_notes_for_refund credits what they add up to, less the notes issued already)."""
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     invoice = order.invoices.get(status=Invoice.Status.SETTLED)
     failing, target = other_free_lot(order)
     client.force_login(operator)
@@ -173,7 +173,7 @@ def test_a_cancelled_order_with_a_paid_extension_refunds_what_the_customer_was_s
     32, a READY order's access is handed over: the quote is the started window's (nothing), and nothing is refunded
     or credited beyond it."""
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)
     with capture(execute=True):
         invoice_mark_paid(invoice=extension, user=admin_user, reason="test: paid by wire")
@@ -414,7 +414,7 @@ def test_an_extension_paid_after_a_lost_time_credit_is_given_or_refunded(
     from booking.services import order_reassign_lot
 
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     end = order.ends_at
     failing, target = other_free_lot(order)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)  # lots held to end + 3 days
@@ -465,7 +465,7 @@ def test_a_held_extension_keeps_its_days_after_a_lost_time_credit(
     extension paid afterwards is given in full (end + hours lost + its days), and nobody can book those days
     meanwhile."""
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     end = order.ends_at
     failing, target = other_free_lot(order)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)

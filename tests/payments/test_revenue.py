@@ -19,7 +19,7 @@ from payments.demo import pay_invoice
 from payments.models import Refund, RefundPayment
 from payments.selectors import current_invoice, money_held_or_owed, revenue_by_month
 from payments.settlement import invoice_mark_paid
-from tests.builders.orders import place, ready_order
+from tests.builders.orders import make_ready_order, place
 from tests.builders.payments import confirm
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +47,7 @@ def test_a_refused_extension_is_not_a_sale_and_its_refund_is_owed_back_not_subtr
     # given a ready order (3,150.00) and a 3-day extension (1,450.00) asked for, then a maintenance window planned
     # on its host right after the window: the extension's payment confirms and settlement refuses it
     capture = django_capture_on_commit_callbacks
-    order, _token = ready_order(client, booking_data, admin_user, capture)
+    order, _token = make_ready_order(client, booking_data, admin_user, capture)
     extension = checkout.order_extension_request(order=order, days=3, actor=None)
     assert (current_invoice(order).fiat_amount, extension.fiat_amount) == (Decimal("3150.00"), Decimal("1450.00"))
     host = order.allocations.select_related("lot__host").get().lot.host

@@ -132,3 +132,24 @@ def test_a_test_file_named_after_an_issue_or_the_red_team_is_refused(tmp_path):
         "tests/shop/test_red_team.py",
         "tests/shop/test_red_team_7.py",
     ]
+
+
+class _Collected:
+    """What the check reads of a collected test: its id and the fixtures it uses, directly or not."""
+
+    def __init__(self, nodeid: str, *fixturenames: str):
+        self.nodeid, self.fixturenames = nodeid, fixturenames
+
+
+def test_every_file_that_runs_on_the_host_is_there_and_a_test_on_the_host_elsewhere_stops_the_collection():
+    from tests.conftest import HOST_FILES, host_tests_outside_the_host_files
+
+    # every file the scheduler gives to the host's worker exists (a renamed one would leave its tests unguarded)
+    assert all((ROOT / path).is_file() for path in HOST_FILES)
+    # a test using the host in a file of the host's: in order; one elsewhere, directly or through another fixture: named
+    planted = [
+        _Collected("tests/provisioning/test_shares.py::test_a", "db", "container_sshd"),
+        _Collected("tests/booking/test_new.py::test_b", "client", "admin", "sshd"),
+        _Collected("tests/booking/test_new.py::test_c[1]", "client", "catalog"),
+    ]
+    assert host_tests_outside_the_host_files(planted) == ["tests/booking/test_new.py::test_b"]

@@ -183,13 +183,13 @@ def _wait_for_banner(process: subprocess.Popen, port: int, log_path: Path, deadl
 
 
 @pytest.fixture(scope="session")
-def sshd() -> Iterator[SshServer]:
+def sshd(reserved_ports_restored) -> Iterator[SshServer]:
     with running_sshd() as server:
         yield server
 
 
 @pytest.fixture(scope="session")
-def container_sshd() -> Iterator[SshServer]:
+def container_sshd(reserved_ports_restored) -> Iterator[SshServer]:
     """An sshd configured as a container host's: customer sessions land in their container."""
     with running_sshd(containers=True) as server:
         yield server
@@ -417,9 +417,11 @@ def loopback_port_base() -> int:
     return 20000 + 8 * (next(_port_slots) % PORT_SLOTS)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def reserved_ports_restored() -> Iterator[None]:
-    """This machine is the tests' GPU host: what provisioning reserves of its ephemeral ports is given back."""
+    """This machine is the tests' GPU host: what provisioning reserves of its ephemeral ports is given back, at the
+    end of the session of the worker that runs the host's tests (the sshd fixtures ask for it); a worker without
+    them must not write the list back under the one that has them."""
     before = RESERVED_PORTS.read_text() if RESERVED_PORTS.exists() else None
     yield
     if before is not None and RESERVED_PORTS.read_text() != before:

@@ -63,11 +63,18 @@ def _tracked_with(address: str) -> int:
 
 
 # Open `n` TCP connections to the outside and close each at once (the client's FIN first), for a minute at most:
-# every one ends in the host's table in TIME_WAIT, where it stays 120 s (nf_conntrack_tcp_timeout_time_wait).
+# every one ends in the host's table in TIME_WAIT, where it stays 120 s (nf_conntrack_tcp_timeout_time_wait). The
+# attack ends when the guard has dropped REFUSALS of its attempts in all: the guard lets about one new flow a second
+# through once the share is reached (the rate its timeouts give back), so a count of refusals *in a row* was never
+# reached and each attack ran its full minute. A dropped SYN is never answered: an attempt unanswered within
+# REFUSED_AFTER seconds is refused (a connection the guard lets through is answered in milliseconds).
 ATTACK_SECONDS = 60
+REFUSALS = 30
+REFUSED_AFTER = 0.5
 OPEN_AND_CLOSE = """
 import socket, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+REFUSALS, REFUSED_AFTER = int(sys.argv[5]), float(sys.argv[6])
 for _ in range(100):  # the server is up
     try:
         socket.create_connection((host, port), timeout=5).close()
@@ -83,13 +90,13 @@ for _ in range(n):
     if time.monotonic() > deadline:
         break
     s = socket.socket()
-    s.settimeout(1)
+    s.settimeout(REFUSED_AFTER)
     try:
         s.connect((host, port))
-        opened, refused = opened + 1, 0
+        opened += 1
     except OSError:
         refused += 1
-        if refused == 10:  # the cap holds: dropped
+        if refused == REFUSALS:  # the cap holds: dropped
             break
     s.close()
 print(opened)
@@ -118,7 +125,7 @@ def test_connections_opened_and_closed_at_once_hold_no_more_than_the_tenant_s_sh
     address = _address(access, key)
 
     # Alice opens and closes three times her share of connections, one after the other, for a minute
-    attack = f"python3 - {target} {port} {3 * CAP} {ATTACK_SECONDS}"
+    attack = f"python3 - {target} {port} {3 * CAP} {ATTACK_SECONDS} {REFUSALS} {REFUSED_AFTER}"
     opened = _in(access, key, attack, input=OPEN_AND_CLOSE, timeout=ATTACK_SECONDS + 60)
 
     # the host's table holds her flows within her share: she was refused connections before it was full
@@ -179,10 +186,9 @@ def test_connections_into_the_tenant_s_published_port_hold_no_more_than_the_tena
     try:
         # from outside (here the host's loopback, where the test host publishes), three times her share of
         # connections, held open, for a minute at most
-        while len(held) < 3 * CAP and refused < 10 and time.monotonic() < deadline:
+        while len(held) < 3 * CAP and refused < REFUSALS and time.monotonic() < deadline:
             try:
-                held.append(socket.create_connection(("127.0.0.1", access.ssh_port), timeout=1))
-                refused = 0
+                held.append(socket.create_connection(("127.0.0.1", access.ssh_port), timeout=REFUSED_AFTER))
             except OSError:
                 refused += 1
         tracked = _tracked_with(address)

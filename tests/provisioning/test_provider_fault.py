@@ -13,7 +13,7 @@ from inventory.models import Lot, MaintenanceWindow
 from payments.models import FiscalInvoice, Refund
 from provisioning.models import Access, ProvisioningRun
 from tests.builders.console import act
-from tests.builders.teardown import mend, provisioned, tick
+from tests.builders.teardown import make_provisioned, mend, tick
 
 pytestmark = pytest.mark.django_db
 TURNAROUND = timedelta(hours=6)
@@ -104,7 +104,7 @@ def test_a_lot_moved_to_another_host_is_handed_over_before_the_old_host_is_torn_
 def test_the_only_lot_moved_elsewhere_leaves_the_old_host_torn_down_after_the_new_one_works(
     client, catalog, booking_data, admin_user, operator, mailoutbox, django_capture_on_commit_callbacks
 ):
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     order.__class__.objects.filter(pk=order.pk).update(language="fr")  # a French researcher: e-mails in French
     client.force_login(operator)
     (old,) = live_lots(order).values()
@@ -129,7 +129,7 @@ def test_moved_to_other_cards_of_the_same_host_the_files_stay_and_nothing_is_tor
     client, catalog, booking_data, admin_user, operator, mailoutbox, django_capture_on_commit_callbacks
 ):
     # given a ready 1-lot order, whose cards fail while the other lot of its host is free
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     client.force_login(operator)
     (failing,) = live_lots(order).values()
     target = free_lot(order, on_host=failing.host)

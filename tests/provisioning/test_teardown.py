@@ -17,7 +17,7 @@ from provisioning import lifecycle, moves, rules, runs, services, steps
 from provisioning.models import Access, OperatorSettings, ProvisioningRun
 from tests.builders.console import act, preflight_reporting
 from tests.builders.orders import place
-from tests.builders.teardown import mend, paid, provisioned, tick
+from tests.builders.teardown import make_provisioned, mend, paid, tick
 from tests.provisioning.conftest import remove_user
 
 pytestmark = pytest.mark.django_db
@@ -41,7 +41,7 @@ def test_a_failing_teardown_is_retried_with_growing_delays_as_one_run_with_one_n
     client, booking_data, admin_user, clock, unreachable, django_capture_on_commit_callbacks
 ):
     # given an active window on a host whose teardown will fail
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     host = the_host(order)
     unreachable(host)
 
@@ -94,7 +94,7 @@ def _queues(callback, task_name: str) -> bool:
 def test_two_sweeps_at_once_queue_a_due_retry_once(
     client, booking_data, admin_user, clock, unreachable, django_capture_on_commit_callbacks
 ):
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     with django_capture_on_commit_callbacks(execute=True):
         runs.teardown_start(order=order, reason="test")
@@ -117,7 +117,7 @@ def test_two_sweeps_at_once_queue_a_due_retry_once(
 def test_tearing_down_again_resumes_the_failed_teardown_instead_of_starting_one(
     client, booking_data, admin_user, operator, unreachable, django_capture_on_commit_callbacks
 ):
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     host = the_host(order)
     unreachable(host)
     client.force_login(operator)
@@ -135,7 +135,7 @@ def test_tearing_down_again_resumes_the_failed_teardown_instead_of_starting_one(
 def test_a_failing_wipe_is_retried_not_started_again(
     client, booking_data, admin_user, clock, unreachable, django_capture_on_commit_callbacks
 ):
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     clock.now = order.ends_at + timedelta(seconds=1)
     tick(django_capture_on_commit_callbacks, clock.now)
     order.refresh_from_db()
@@ -164,7 +164,9 @@ def test_the_console_lists_a_failing_teardown_once_with_its_host_error_attempts_
     django_capture_on_commit_callbacks,
     django_assert_max_num_queries,
 ):
-    order, other = (provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks) for _ in "ab")
+    order, other = (
+        make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks) for _ in "ab"
+    )
     host = the_host(order)
     unreachable(host)
     unreachable(the_host(other))
@@ -208,7 +210,7 @@ def test_the_console_lists_a_failing_teardown_once_with_its_host_error_attempts_
 def test_the_failing_teardowns_speak_french(
     client, booking_data, admin_user, operator, unreachable, django_capture_on_commit_callbacks
 ):
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     with django_capture_on_commit_callbacks(execute=True):
         runs.teardown_start(order=order, reason="test")
@@ -538,7 +540,7 @@ def test_a_window_that_passed_before_its_hand_over_leaves_no_container_and_the_o
 def test_a_failing_keys_renewal_is_not_started_again_every_tick(
     client, booking_data, admin_user, unreachable, django_capture_on_commit_callbacks
 ):
-    order = provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     unreachable(the_host(order))
     Order.objects.filter(pk=order.pk).update(ends_at=order.ends_at + timedelta(days=7))  # an extension was paid
     now = timezone.now()
