@@ -22,11 +22,11 @@ from tests.processes import process_env_for_tests, stop_process_groups, worker_a
 
 
 def _this_workers_redis() -> None:
-    """`make test` runs the suite on two pytest-xdist workers, each with its own test database (pytest-django names
-    it after the worker) and its own Redis database: REDIS_URL's for the first, the next one for the second. One shared
-    database would let a worker's `cache.clear()` wipe the other's rate-limit counters, and a Celery worker started
-    by one take the other's tasks from the broker. Set before anything reads the cache or the broker; the processes
-    the tests start (tests/processes.py) are handed the worker's URL."""
+    """`PYTEST_WORKERS=2 make test` runs the suite on two pytest-xdist workers, each with its own test database
+    (pytest-django names it after the worker) and its own Redis database: REDIS_URL's for the first, the next one for
+    the second. One shared database would let a worker's `cache.clear()` wipe the other's rate-limit counters, and a
+    Celery worker started by one take the other's tasks from the broker. Set before anything reads the cache or the
+    broker; the processes the tests start (tests/processes.py) are handed the worker's URL."""
     import os
     from urllib.parse import urlsplit, urlunsplit
 
@@ -53,8 +53,8 @@ _this_workers_redis()
 # The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes) or
 # run the production stack in podman share what a machine has one of: under pytest-xdist the files that hold them run
 # one after the other on a single worker, the rest of the suite beside them on the other (HostInTurn below). The
-# scheduler sees test ids only, not fixtures, so the files are named here; tests/portal/test_test_layout.py checks
-# that every test using one of HOST_FIXTURES is in one of them.
+# scheduler sees test ids only, not fixtures, so the files are named here, and the collection stops when a test
+# uses one of HOST_FIXTURES in another file (tests/portal/test_test_layout.py shows it on planted tests).
 HOST_FIXTURES = frozenset({"sshd", "container_sshd", "test_image", "environment_images", "fake_gpus", "outside_server"})
 HOST_FILES = frozenset(
     {
@@ -85,14 +85,17 @@ HOST_FILES = frozenset(
 )
 
 
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def host_tests_outside_the_host_files(items) -> list[str]:
     """The tests that use the host (one of HOST_FIXTURES, directly or through another fixture) in no HOST_FILES file:
     under two workers they would run beside the host's other tests."""
     return [
         item.nodeid
         for item in items
-        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        and item.nodeid.split("::", 1)[0] not in HOST_FILES
+        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ())) and _file_of(item.nodeid) not in HOST_FILES
     ]
 
 
@@ -115,7 +118,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class HostInTurn(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "host" if nodeid.split("::", 1)[0] in HOST_FILES else nodeid
+            return "host" if _file_of(nodeid) in HOST_FILES else nodeid
 
     return HostInTurn(config, log)
 
