@@ -50,77 +50,8 @@ def _this_workers_redis() -> None:
 _this_workers_redis()
 
 
-# The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes) or
-# run the production stack in podman share what a machine has one of: under pytest-xdist the files that hold them run
-# one after the other on a single worker, the rest of the suite beside them on the other (HostInTurn below). The
-# scheduler sees test ids only, not fixtures, so the files are named here, and the collection stops when a test
-# uses one of HOST_FIXTURES in another file (tests/portal/test_test_layout.py shows it on planted tests).
-HOST_FIXTURES = frozenset({"sshd", "container_sshd", "test_image", "environment_images", "fake_gpus", "outside_server"})
-HOST_FILES = frozenset(
-    {
-        "tests/browser/test_journeys.py",
-        "tests/portal/test_compose_stack.py",
-        "tests/portal/test_compose_stack_host.py",
-        "tests/portal/test_edge_and_deployment.py",
-        "tests/provisioning/test_cards.py",
-        "tests/provisioning/test_conntrack_flood.py",
-        "tests/provisioning/test_container_access.py",
-        "tests/provisioning/test_customer_ports.py",
-        "tests/provisioning/test_data_continuity.py",
-        "tests/provisioning/test_disk_share.py",
-        "tests/provisioning/test_drivers.py",
-        "tests/provisioning/test_host_checks.py",
-        "tests/provisioning/test_host_health.py",
-        "tests/provisioning/test_key_removal.py",
-        "tests/provisioning/test_provider_fault_host.py",
-        "tests/provisioning/test_readings.py",
-        "tests/provisioning/test_restarts.py",
-        "tests/provisioning/test_share_sizes.py",
-        "tests/provisioning/test_shares.py",
-        "tests/provisioning/test_ssh_provisioning.py",
-        "tests/provisioning/test_teardown.py",
-        "tests/provisioning/test_tenant_data_boundary.py",
-        "tests/web/console/test_hosts.py",
-    }
-)
-
-
-def _file_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
-def host_tests_outside_the_host_files(items) -> list[str]:
-    """The tests that use the host (one of HOST_FIXTURES, directly or through another fixture) in no HOST_FILES file:
-    under two workers they would run beside the host's other tests."""
-    return [
-        item.nodeid
-        for item in items
-        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ())) and _file_of(item.nodeid) not in HOST_FILES
-    ]
-
-
-def pytest_collection_modifyitems(config, items):
-    if strays := host_tests_outside_the_host_files(items):
-        raise pytest.UsageError(
-            "these tests use the GPU host but their files are not in HOST_FILES (tests/conftest.py), so they would run "
-            "beside the host's other tests: " + ", ".join(strays)
-        )
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's load scheduling (its default), except that the host's files are one unit of work, given to one
-    worker whole. (Its own `xdist_group` marks are lost on pytest 9, whose test ids no longer take the group's
-    suffix pytest-xdist 3.8 writes into them.)"""
-    if config.getvalue("dist") not in ("load", "loadgroup"):
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class HostInTurn(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "host" if _file_of(nodeid) in HOST_FILES else nodeid
-
-    return HostInTurn(config, log)
+# Under pytest-xdist the tests that use this machine as their GPU host run in turn on one worker (tests/scheduling.py).
+pytest_plugins = ["tests.scheduling"]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -135,21 +135,97 @@ def test_a_test_file_named_after_an_issue_or_the_red_team_is_refused(tmp_path):
 
 
 class _Collected:
-    """What the check reads of a collected test: its id and the fixtures it uses, directly or not."""
+    """What the scheduler's plugin reads of a collected test: its id and the fixtures it uses, directly or not."""
 
     def __init__(self, nodeid: str, *fixturenames: str):
         self.nodeid, self.fixturenames = nodeid, fixturenames
 
 
-def test_every_file_that_runs_on_the_host_is_there_and_a_test_on_the_host_elsewhere_stops_the_collection():
-    from tests.conftest import HOST_FILES, host_tests_outside_the_host_files
+def test_a_test_that_uses_the_host_through_any_fixture_is_the_host_s_wherever_its_file_is():
+    from tests.scheduling import tests_on_the_host
 
-    # every file the scheduler gives to the host's worker exists (a renamed one would leave its tests unguarded)
-    assert all((ROOT / path).is_file() for path in HOST_FILES)
-    # a test using the host in a file of the host's: in order; one elsewhere, directly or through another fixture: named
     planted = [
         _Collected("tests/provisioning/test_shares.py::test_a", "db", "container_sshd"),
         _Collected("tests/booking/test_new.py::test_b", "client", "admin", "sshd"),
         _Collected("tests/booking/test_new.py::test_c[1]", "client", "catalog"),
+        _Collected("tests/provisioning/test_shares.py::test_d", "db"),
+        _Collected("tests/portal/test_compose_stack.py::test_e", "stack"),
     ]
-    assert host_tests_outside_the_host_files(planted) == ["tests/booking/test_new.py::test_b"]
+    assert tests_on_the_host(planted) == [
+        "tests/provisioning/test_shares.py::test_a",
+        "tests/booking/test_new.py::test_b",
+        "tests/portal/test_compose_stack.py::test_e",
+    ]
+
+
+PLANTED_CONFTEST = """
+import os, time
+import pytest
+
+pytest_plugins = ["tests.scheduling"]
+
+
+def _log(name, event):
+    with open(os.environ["PLANTED_LOG"], "a") as log:
+        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {name} {event} {time.monotonic()}\\n")
+
+
+@pytest.fixture
+def sshd(request):
+    _log(request.node.nodeid, "start")
+    time.sleep(0.2)
+    yield
+    _log(request.node.nodeid, "end")
+
+
+@pytest.fixture
+def a_host_account(sshd):  # the host, through another fixture
+    yield
+
+
+@pytest.fixture
+def elsewhere(request):
+    _log(request.node.nodeid, "start")
+    time.sleep(0.05)
+    yield
+"""
+
+
+def test_under_two_workers_the_host_s_tests_run_one_after_the_other_on_one_worker_and_the_rest_beside_them(tmp_path):
+    """The suite's scheduler run as `PYTEST_WORKERS=2 make test` runs it, on planted tests in three files: those that
+    use the host (directly or not) never overlap in time, whichever file holds them; the others run on both."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(PLANTED_CONFTEST)
+    for name in ("a", "b", "c"):
+        host = "".join(f"def test_{name}_host_{i}(sshd):\n    pass\n\n\n" for i in range(3))
+        through = f"def test_{name}_through(a_host_account):\n    pass\n\n\n"
+        others = "".join(f"def test_{name}_other_{i}(elsewhere):\n    pass\n\n\n" for i in range(8))
+        (tmp_path / f"test_{name}.py").write_text(host + others + through)
+    log = tmp_path / "log"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:django", "-p", "no:cacheprovider", "--numprocesses", "2", "-q"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PLANTED_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "36 passed" in run.stdout
+    lines = [line.split() for line in log.read_text().splitlines()]
+    host = [
+        (worker, test, event, float(at)) for worker, test, event, at in lines if "_host_" in test or "through" in test
+    ]
+    assert len(host) == 24  # 12 tests, a start and an end each
+    # one after the other: ordered by time, each start follows the previous test's end
+    events = [event for *_, event, at in sorted(host, key=lambda entry: entry[3])]
+    assert events == ["start", "end"] * 12
+    # and the others beside them: on the other worker while the host's tests ran
+    (host_worker,) = {worker for worker, *_ in host}
+    first, last = min(at for *_, at in host), max(at for *_, at in host)
+    beside = [test for worker, test, _, at in lines if "_other_" in test and first < float(at) < last]
+    assert beside and all(worker != host_worker for worker, test, *_ in lines if test in beside)
