@@ -528,7 +528,7 @@ def _check_started_alone(conn: Connection, ctx: StepContext) -> None:
 
 
 # The host pid of the init of container $3 (runtime $1), then "keys" when its keys file $2 is not empty (its sshd
-# takes logins, or will within two seconds), then the container's processes as the host's kernel lists them (pid,
+# takes logins, or will within a second), then the container's processes as the host's kernel lists them (pid,
 # parent, command): one round trip.
 _CONTAINER_PROCESSES = (
     'if [ "${1##*/}" = podman ]; then set -- "$1 --runtime runc" "$2" "$3"; fi; '
@@ -597,7 +597,7 @@ def preflight(conn: Connection, ctx: StepContext) -> StepOutput:
     )
 
 
-# How long the container's sshd may take to answer once its keys are written: its supervisor looks every two seconds,
+# How long the container's sshd may take to answer once its keys are written: its supervisor looks every second,
 # and a loaded host (a busy CI machine, a host starting many containers after a reboot) starts it slowly; waited for
 # by the clock, not by a count of tries, so that a slow scan does not shorten it.
 SSHD_ANSWER_WITHIN_S = 45

@@ -57,7 +57,7 @@ def supervise_sshd(username: str, home: str) -> str:
         "mkdir -p /run/sshd && chmod 755 /run/sshd; chmod 666 /dev/pts/ptmx 2>/dev/null; "
         f"chown {CUSTOMER_ID}:{CUSTOMER_ID} {home}; "
         f"while :; do if [ -s {AUTHORIZED_KEYS} ]; then /usr/sbin/sshd -D -e -f {SSHD_CONFIG} "
-        f'-o "AllowUsers=root {username}"; fi; sleep 2; done'
+        f'-o "AllowUsers=root {username}"; fi; sleep 1; done'
     )
 
 

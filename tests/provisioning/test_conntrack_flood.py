@@ -142,7 +142,7 @@ def test_connections_opened_and_closed_at_once_hold_no_more_than_the_tenant_s_sh
 
 
 # As container root: the customer's own listener on the published port (sshd's listener killed; its supervisor
-# retries every 2 s and finds the port taken), a backlog the kernel completes handshakes into without an accept.
+# retries every second and finds the port taken), a backlog the kernel completes handshakes into without an accept.
 LISTENER = """
 import os, signal, socket, sys, time
 for pid in os.listdir("/proc"):
