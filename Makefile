@@ -11,10 +11,11 @@ ANVIL_PORT ?= 8545
 # make test: real services on 127.0.0.1 (.ci/run starts them when they are down).
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
-# PYTEST_WORKERS=2 runs the suite on two pytest-xdist workers: the test files that use this machine as their GPU host
-# run in turn on one of them (named in tests/conftest.py), the rest beside them. One process by default
-# (docs/architecture.md, "The suite on two workers", says why).
-PYTEST_WORKERS ?= 0
+# pytest runs on PYTEST_WORKERS pytest-xdist workers: the tests that use this machine as their GPU host run in turn on
+# one of them (tests/scheduling.py), the rest of the suite on the others. The host's tests mostly wait (SSH, podman),
+# so two workers beside them keep both cores busy (docs/architecture.md, "The suite on several workers").
+# PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 3
 
 .PHONY: run test test-image setup system-deps messages translations contracts screenshots lint format bench clean
 
@@ -130,6 +131,7 @@ bench: setup
 	$(BIN)/python bench/pages.py
 	$(BIN)/python bench/chain_scan.py
 	$(BIN)/python bench/provisioning.py
+	$(BIN)/python bench/ssh_round_trips.py
 	$(BIN)/python bench/load.py
 
 contracts: node_modules/.installed
