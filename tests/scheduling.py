@@ -59,7 +59,7 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` runs without pytest-xdist
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's load scheduling (its default), except that the host's tests are one unit of work, given to one
     worker whole. (Its own `xdist_group` marks are lost on pytest 9, whose test ids no longer take the group's
