@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
-import select
 import shlex
 import socket
 import time
@@ -35,6 +34,8 @@ KILL_AFTER_S = 5
 LOCAL_GRACE_S = KILL_AFTER_S + 5
 _TIMEOUT_EXIT_STATUSES = {124, 137}  # timeout(1): 124 after TERM, 128+9 after KILL
 _CHUNK = 65536
+# How long the pump waits between looks at a running command's output: from 1 ms, doubled while nothing moves.
+_FIRST_PAUSE_S, _LAST_PAUSE_S = 0.001, 0.05
 
 
 class _PinnedKeyOnlyPolicy(paramiko.RejectPolicy):
@@ -225,22 +226,31 @@ class SSHConnection(Connection):
         view, sent = memoryview(data), 0
         if not data:
             channel.shutdown_write()  # commands that read stdin see EOF at once
+        pause = _FIRST_PAUSE_S
         while True:
+            moved = False
             if sent < len(view) and channel.send_ready():
                 sent += channel.send(view[sent : sent + _CHUNK])
+                moved = True
                 if sent == len(view):
                     channel.shutdown_write()
             while channel.recv_ready():
                 stdout.add(channel.recv(_CHUNK))
+                moved = True
             while channel.recv_stderr_ready():
                 stderr.add(channel.recv_stderr(_CHUNK))
+                moved = True
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 return channel.recv_exit_status()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            # Woken by output or by the channel closing; the exit status itself does not wake it, hence the cap.
-            select.select([channel], [], [], min(remaining, 0.05))
+            # Woken at once by the exit status; output is read at the next look, sooner while it flows. Not select()
+            # on the channel: that gives the channel an OS pipe, which paramiko closes in Channel.close() while its
+            # transport thread may still write to it for data arriving then (the write then hits a closed, or
+            # reused, descriptor: "Socket exception: Bad file descriptor" ends the whole connection).
+            pause = _FIRST_PAUSE_S if moved else min(pause * 2, _LAST_PAUSE_S)
+            channel.status_event.wait(min(remaining, pause))
 
     def close(self) -> None:
         self._client.close()
