@@ -248,7 +248,8 @@ class SSHConnection(Connection):
             # Woken at once by the exit status; output is read at the next look, sooner while it flows. Not select()
             # on the channel: that gives the channel an OS pipe, which paramiko closes in Channel.close() while its
             # transport thread may still write to it for data arriving then (the write then hits a closed, or
-            # reused, descriptor: "Socket exception: Bad file descriptor" ends the whole connection).
+            # reused, descriptor: "Socket exception: Bad file descriptor" ends the whole connection; paramiko's issues
+            # #1700 and #2271, open).
             pause = _FIRST_PAUSE_S if moved else min(pause * 2, _LAST_PAUSE_S)
             channel.status_event.wait(min(remaining, pause))
 
