@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
+import select
 import shlex
 import socket
 import time
@@ -34,8 +35,6 @@ KILL_AFTER_S = 5
 LOCAL_GRACE_S = KILL_AFTER_S + 5
 _TIMEOUT_EXIT_STATUSES = {124, 137}  # timeout(1): 124 after TERM, 128+9 after KILL
 _CHUNK = 65536
-# How long the pump waits between looks at a running command's output: from 1 ms, doubled while nothing moves.
-_FIRST_PAUSE_S, _LAST_PAUSE_S = 0.001, 0.05
 
 
 class _PinnedKeyOnlyPolicy(paramiko.RejectPolicy):
@@ -151,10 +150,6 @@ class SSHDriver(Driver):
         except OSError as exc:
             client.close()
             raise DriverError(f"cannot connect to {host.name} ({target}): {exc.strerror or exc}") from exc
-        # Each command is a few small packets each way (the channel's open, the exec, its end): with Nagle's algorithm
-        # on, a small write waits for the peer's delayed ACK, 40 ms or more a command (50 ms against 4 ms for `true`
-        # on loopback, docs/architecture.md "The suite on several workers").
-        client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return SSHConnection(host, client)
 
 
@@ -226,32 +221,22 @@ class SSHConnection(Connection):
         view, sent = memoryview(data), 0
         if not data:
             channel.shutdown_write()  # commands that read stdin see EOF at once
-        pause = _FIRST_PAUSE_S
         while True:
-            moved = False
             if sent < len(view) and channel.send_ready():
                 sent += channel.send(view[sent : sent + _CHUNK])
-                moved = True
                 if sent == len(view):
                     channel.shutdown_write()
             while channel.recv_ready():
                 stdout.add(channel.recv(_CHUNK))
-                moved = True
             while channel.recv_stderr_ready():
                 stderr.add(channel.recv_stderr(_CHUNK))
-                moved = True
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 return channel.recv_exit_status()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            # Woken at once by the exit status; output is read at the next look, sooner while it flows. Not select()
-            # on the channel: that gives the channel an OS pipe, which paramiko closes in Channel.close() while its
-            # transport thread may still write to it for data arriving then (the write then hits a closed, or
-            # reused, descriptor: "Socket exception: Bad file descriptor" ends the whole connection; paramiko's issues
-            # #1700 and #2271, open).
-            pause = _FIRST_PAUSE_S if moved else min(pause * 2, _LAST_PAUSE_S)
-            channel.status_event.wait(min(remaining, pause))
+            # Woken by output or by the channel closing; the exit status itself does not wake it, hence the cap.
+            select.select([channel], [], [], min(remaining, 0.05))
 
     def close(self) -> None:
         self._client.close()
