@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
-import select
 import shlex
 import socket
 import time
@@ -35,6 +34,10 @@ KILL_AFTER_S = 5
 LOCAL_GRACE_S = KILL_AFTER_S + 5
 _TIMEOUT_EXIT_STATUSES = {124, 137}  # timeout(1): 124 after TERM, 128+9 after KILL
 _CHUNK = 65536
+# The longest the pump waits before looking at stderr again (stdout and EOF wake it at once).
+_LOOK_S = 0.05
+# How long output may still come after the exit status when EOF does not (a process the command left holds its output).
+_AFTER_EXIT_S = 2.0
 
 
 class _PinnedKeyOnlyPolicy(paramiko.RejectPolicy):
@@ -217,26 +220,51 @@ class SSHConnection(Connection):
     def _pump(
         channel: paramiko.Channel, data: bytes, stdout: _CappedBuffer, stderr: _CappedBuffer, *, deadline: float
     ) -> int:
-        """Feed stdin and read both outputs until the exit status arrives; TimeoutError past the deadline."""
+        """Feed stdin and read both outputs to the channel's end; the exit status, TimeoutError past the deadline.
+
+        The command's output is whole only at the channel's EOF: sshd may send the exit status before the last of the
+        output (the child is gone, its pipe not yet drained). So the pump waits for EOF, not for the status, in a
+        blocking read of stdout that wakes at once on output or on EOF. A command that leaves a process holding its
+        output (`cmd &`) never brings EOF: past `_AFTER_EXIT_S` after its status, what came is what it said.
+
+        No select() on the channel: that gives it an OS pipe that Channel.close() closes while paramiko's transport
+        thread may still write to it for data arriving then ("Socket exception: Bad file descriptor" ends the whole
+        connection: paramiko issues #1700, #2271)."""
         view, sent = memoryview(data), 0
         if not data:
             channel.shutdown_write()  # commands that read stdin see EOF at once
+        exited_at = None
         while True:
             if sent < len(view) and channel.send_ready():
                 sent += channel.send(view[sent : sent + _CHUNK])
                 if sent == len(view):
                     channel.shutdown_write()
-            while channel.recv_ready():
-                stdout.add(channel.recv(_CHUNK))
             while channel.recv_stderr_ready():
                 stderr.add(channel.recv_stderr(_CHUNK))
-            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                return channel.recv_exit_status()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 raise TimeoutError
-            # Woken by output or by the channel closing; the exit status itself does not wake it, hence the cap.
-            select.select([channel], [], [], min(remaining, 0.05))
+            # stderr alone does not wake the read: it is looked at every _LOOK_S, sooner while stdin is still going.
+            wait = min(_LOOK_S if sent == len(view) else _LOOK_S / 10, deadline - now)
+            if channel.exit_status_ready():
+                exited_at = now if exited_at is None else exited_at
+                if now - exited_at >= _AFTER_EXIT_S:
+                    return channel.recv_exit_status()
+                wait = min(wait, exited_at + _AFTER_EXIT_S - now)
+            channel.settimeout(wait)
+            try:
+                chunk = channel.recv(_CHUNK)
+            except TimeoutError:
+                continue
+            if chunk:
+                stdout.add(chunk)
+                continue
+            # EOF (or the channel closed): the SSH end of both streams, so stderr is whole too; the status follows.
+            while channel.recv_stderr_ready():
+                stderr.add(channel.recv_stderr(_CHUNK))
+            if not channel.status_event.wait(max(deadline - time.monotonic(), 0)):
+                raise TimeoutError
+            return channel.recv_exit_status()
 
     def close(self) -> None:
         self._client.close()

@@ -163,6 +163,26 @@ def test_exit_status_124_of_a_quick_command_is_not_a_timeout(admin):
     assert caught.value.result.exit_status == 124
 
 
+def test_every_command_s_last_output_arrives_on_a_connection_that_goes_on(admin):
+    """sshd may send a command's exit status before the end of its output; the driver reads to the channel's end.
+    Many short commands back to back, each with a last line on both streams: none is cut, none ends the connection
+    (closing a channel while the host's last packets come is where paramiko's transport thread once broke)."""
+    for number in range(150):
+        script = f"printf '%s' {number}; printf 'e{number}' >&2; exit {number % 3}"
+        result = admin.run(["sh", "-c", script], check=False)
+        assert (result.stdout, result.stderr, result.exit_status) == (str(number), f"e{number}", number % 3)
+
+
+def test_a_command_that_leaves_a_process_holding_its_output_still_returns(admin):
+    """`cmd &` keeps the output open after the command's end, so the channel's end never comes while it runs: the
+    driver returns what came once the status is in, instead of waiting past its deadline (1 s + grace here)."""
+    try:
+        result = admin.run(["sh", "-c", "sleep 27.1828 & echo started"], timeout=1)
+        assert result.ok and result.stdout == "started\n"
+    finally:
+        admin.run(["pkill", "-f", "sleep 27[.]1828"], check=False)
+
+
 def test_closed_connection_refuses_to_run(sshd):
     connection = get_driver("ssh").connect(sshd.host_spec)
     with connection:
