@@ -131,6 +131,7 @@ bench: setup
 	$(BIN)/python bench/pages.py
 	$(BIN)/python bench/chain_scan.py
 	$(BIN)/python bench/provisioning.py
+	$(BIN)/python bench/ssh_round_trips.py
 	$(BIN)/python bench/load.py
 
 contracts: node_modules/.installed

@@ -153,6 +153,9 @@ class SSHDriver(Driver):
         except OSError as exc:
             client.close()
             raise DriverError(f"cannot connect to {host.name} ({target}): {exc.strerror or exc}") from exc
+        # Each command is a few small packets each way (the channel's open, the exec, its end): with Nagle's algorithm
+        # on, a small write waits for the peer's delayed ACK, 40 ms or more a command (bench/ssh_round_trips.py).
+        client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return SSHConnection(host, client)
 
 

@@ -163,6 +163,15 @@ def test_exit_status_124_of_a_quick_command_is_not_a_timeout(admin):
     assert caught.value.result.exit_status == 124
 
 
+def test_the_connection_sends_each_command_at_once_without_waiting_for_the_host_s_acknowledgement(sshd):
+    """Every command is a few small packets each way; with Nagle's algorithm on, each waits for the host's delayed
+    ACK (about 45 ms a command here, ten times the command: bench/ssh_round_trips.py shows both)."""
+    with SSHDriver().connect(sshd.host_spec) as connection:
+        sock = connection._client.get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert connection.run(["true"]).ok
+
+
 def test_every_command_s_last_output_arrives_on_a_connection_that_goes_on(admin):
     """sshd may send a command's exit status before the end of its output; the driver reads to the channel's end.
     Many short commands back to back, each with a last line on both streams: none is cut, none ends the connection
