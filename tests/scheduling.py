@@ -1,4 +1,4 @@
-"""How the suite is shared between two pytest-xdist workers (`PYTEST_WORKERS=2 make test`), a pytest plugin that
+"""How the suite is shared between pytest-xdist workers (`make test`, PYTEST_WORKERS of them), a pytest plugin that
 tests/conftest.py loads. Nothing here imports Django: tests/portal/test_test_layout.py runs it in a pytest of its own
 on planted tests."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-# The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes) or
-# run the production stack in podman share what a machine has one of: under pytest-xdist they run one after the other
-# on a single worker, every other test beside them on the other (HostInTurn below). A test is the host's when it uses
-# one of HOST_FIXTURES, directly or through another fixture, wherever its file is.
+# The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes)
+# share what a machine has one of: under pytest-xdist they run one after the other on a single worker, every other
+# test beside them on the others (HostInTurn below). A test is the host's when it uses one of HOST_FIXTURES, directly
+# or through another fixture, wherever its file is.
 HOST_FIXTURES = frozenset(
     {
         "sshd",
@@ -21,20 +21,36 @@ HOST_FIXTURES = frozenset(
         "environment_images",
         "fake_gpus",
         "outside_server",
-        "stack",  # the compose stack (tests/portal/test_compose_stack.py)
-        "host_stack",  # the compose stack with nginx and the worker's key (test_compose_stack_host.py)
     }
 )
+# The production stack's tests (tests/portal/test_compose_stack*.py) are a unit of their own, in turn on one worker
+# (one compose project, one app image) and beside the host's: they build their images and run their services in
+# podman, on networks of their own or the host's network, and touch nothing the host's tests set up or look at (a
+# tenant's container, network, firewall rules, device nodes). Apart, the host's unit no longer waits for their
+# build (about 4 minutes on a machine that never built the images).
+STACK_FIXTURES = frozenset({"stack", "host_stack"})
+
+
+def _uses(item, fixtures: frozenset[str]) -> bool:
+    return bool(fixtures.intersection(getattr(item, "fixturenames", ())))
 
 
 def tests_on_the_host(items) -> list[str]:
     """The ids of the tests that use the host: one unit of work for the scheduler, run in collection order."""
-    return [item.nodeid for item in items if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ()))]
+    return [item.nodeid for item in items if _uses(item, HOST_FIXTURES)]
+
+
+def tests_of_the_stack(items) -> list[str]:
+    """The ids of the production stack's tests: a second unit. No test may be of both: the two run side by side."""
+    if both := [item.nodeid for item in items if _uses(item, HOST_FIXTURES) and _uses(item, STACK_FIXTURES)]:
+        raise pytest.UsageError(f"tests using both the host and the compose stack, which run side by side: {both}")
+    return [item.nodeid for item in items if _uses(item, STACK_FIXTURES)]
 
 
 # The scheduler runs in the controlling process, which sees test ids only, not fixtures: each worker writes the ids
-# of the host's tests it collected into a directory the controller hands it, and the scheduler reads them back once
-# every worker has collected (pytest-xdist schedules only then, and checks that the workers collected the same tests).
+# of the host's and the stack's tests it collected into a directory the controller hands it, and the scheduler reads
+# them back once every worker has collected (pytest-xdist schedules only then, and checks that the workers collected
+# the same tests).
 _HOST_TESTS_KEY = "binome_host_tests"
 _host_tests_dir = pytest.StashKey()
 
@@ -51,7 +67,8 @@ def pytest_configure_node(node):
 
 def pytest_collection_modifyitems(config, items):
     if folder := getattr(config, "workerinput", {}).get(_HOST_TESTS_KEY):
-        Path(folder, config.workerinput["workerid"]).write_text(json.dumps(tests_on_the_host(items)))
+        units = {"host": tests_on_the_host(items), "stack": tests_of_the_stack(items)}
+        Path(folder, config.workerinput["workerid"]).write_text(json.dumps(units))
 
 
 def pytest_unconfigure(config):
@@ -62,8 +79,9 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` runs without pytest-xdist
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's load scheduling (its default), except that the host's tests are one unit of work, given to one
-    worker whole. (Its own `xdist_group` marks are lost on pytest 9, whose test ids no longer take the group's
-    suffix pytest-xdist 3.8 writes into them.)"""
+    worker whole, and the stack's another: each starts at once (xdist gives out the units with the most tests first).
+    (Its own `xdist_group` marks are lost on pytest 9, whose test ids no longer take the group's suffix pytest-xdist
+    3.8 writes into them.)"""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -71,14 +89,15 @@ def pytest_xdist_make_scheduler(config, log):
     folder = config.stash[_host_tests_dir]
 
     class HostInTurn(LoadScopeScheduling):
-        host_tests: frozenset[str] | None = None
+        units: dict[str, str] | None = None  # test id -> its unit, for the host's and the stack's tests
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.host_tests is None:  # read when the first scope is asked for: every worker has collected then
+            if self.units is None:  # read when the first scope is asked for: every worker has collected then
                 written = sorted(folder.iterdir())
                 if not written:
                     raise RuntimeError(f"no worker wrote the host's tests into {folder}")
-                self.host_tests = frozenset(json.loads(written[0].read_text()))
-            return "host" if nodeid in self.host_tests else nodeid
+                listed = json.loads(written[0].read_text())
+                self.units = {test: unit for unit, tests in listed.items() for test in tests}
+            return self.units.get(nodeid, nodeid)
 
     return HostInTurn(config, log)

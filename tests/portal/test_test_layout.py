@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Top-level folders of tests/ that name no package of the code: the browser journeys cross every package, and the
@@ -142,7 +144,7 @@ class _Collected:
 
 
 def test_a_test_that_uses_the_host_through_any_fixture_is_the_host_s_wherever_its_file_is():
-    from tests.scheduling import tests_on_the_host
+    from tests.scheduling import tests_of_the_stack, tests_on_the_host
 
     planted = [
         _Collected("tests/provisioning/test_shares.py::test_a", "db", "container_sshd"),
@@ -154,8 +156,12 @@ def test_a_test_that_uses_the_host_through_any_fixture_is_the_host_s_wherever_it
     assert tests_on_the_host(planted) == [
         "tests/provisioning/test_shares.py::test_a",
         "tests/booking/test_new.py::test_b",
-        "tests/portal/test_compose_stack.py::test_e",
     ]
+    # the production stack's tests are a unit of their own, run beside the host's: none may be of both
+    assert tests_of_the_stack(planted) == ["tests/portal/test_compose_stack.py::test_e"]
+    both = _Collected("tests/portal/test_compose_stack.py::test_f", "host_stack", "fake_gpus")
+    with pytest.raises(pytest.UsageError, match="test_f"):
+        tests_of_the_stack([*planted, both])
 
 
 PLANTED_CONFTEST = """
@@ -184,6 +190,14 @@ def a_host_account(sshd):  # the host, through another fixture
 
 
 @pytest.fixture
+def stack(request):
+    _log(request.node.nodeid, "start")
+    time.sleep(0.1)
+    yield
+    _log(request.node.nodeid, "end")
+
+
+@pytest.fixture
 def elsewhere(request):
     _log(request.node.nodeid, "start")
     time.sleep(0.05)
@@ -191,9 +205,10 @@ def elsewhere(request):
 """
 
 
-def test_under_two_workers_the_host_s_tests_run_one_after_the_other_on_one_worker_and_the_rest_beside_them(tmp_path):
-    """The suite's scheduler run as `PYTEST_WORKERS=2 make test` runs it, on planted tests in three files: those that
-    use the host (directly or not) never overlap in time, whichever file holds them; the others run on both."""
+def test_the_host_s_tests_run_one_after_the_other_on_one_worker_the_stack_s_on_another_and_the_rest_beside(tmp_path):
+    """The suite's scheduler run as `make test` runs it (three workers), on planted tests in three files: those that
+    use the host (directly or not) never overlap in time, whichever file holds them; the stack's neither, on a worker
+    of their own from the start, beside the host's; the others run beside both."""
     import os
     import subprocess
     import sys
@@ -204,10 +219,11 @@ def test_under_two_workers_the_host_s_tests_run_one_after_the_other_on_one_worke
         host = "".join(f"def test_{name}_host_{i}(sshd):\n    pass\n\n\n" for i in range(3))
         through = f"def test_{name}_through(a_host_account):\n    pass\n\n\n"
         others = "".join(f"def test_{name}_other_{i}(elsewhere):\n    pass\n\n\n" for i in range(8))
-        (tmp_path / f"test_{name}.py").write_text(host + others + through)
+        stack = f"def test_{name}_stack(stack):\n    pass\n\n\n"
+        (tmp_path / f"test_{name}.py").write_text(host + others + through + stack)
     log = tmp_path / "log"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:django", "-p", "no:cacheprovider", "--numprocesses", "2", "-q"],
+        [sys.executable, "-m", "pytest", "-p", "no:django", "-p", "no:cacheprovider", "--numprocesses", "3", "-q"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT), "PLANTED_LOG": str(log)},
         capture_output=True,
@@ -215,7 +231,7 @@ def test_under_two_workers_the_host_s_tests_run_one_after_the_other_on_one_worke
         timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "36 passed" in run.stdout
+    assert "39 passed" in run.stdout
     lines = [line.split() for line in log.read_text().splitlines()]
     host = [
         (worker, test, event, float(at)) for worker, test, event, at in lines if "_host_" in test or "through" in test
@@ -229,3 +245,11 @@ def test_under_two_workers_the_host_s_tests_run_one_after_the_other_on_one_worke
     first, last = min(at for *_, at in host), max(at for *_, at in host)
     beside = [test for worker, test, _, at in lines if "_other_" in test and first < float(at) < last]
     assert beside and all(worker != host_worker for worker, test, *_ in lines if test in beside)
+    stack = sorted(
+        [(worker, test, event, float(at)) for worker, test, event, at in lines if "_stack" in test],
+        key=lambda entry: entry[3],
+    )
+    assert [event for *_, event, _at in stack] == ["start", "end"] * 3
+    (stack_worker,) = {worker for worker, *_ in stack}
+    assert stack_worker != host_worker
+    assert stack[0][3] < last  # begun while the host's tests ran, not after them
