@@ -32,7 +32,8 @@ from .base import (
 KILL_AFTER_S = 5
 # How long past the remote deadline the local side waits before giving up on the channel.
 LOCAL_GRACE_S = KILL_AFTER_S + 5
-_TIMEOUT_EXIT_STATUSES = {124, 137}  # timeout(1): 124 after TERM, 128+9 after KILL
+# timeout(1): 124 after TERM; after KILL, which it sends to itself too, the host has no status to send (-1 here).
+_TIMEOUT_EXIT_STATUSES = {124, 137, -1}
 _CHUNK = 65536
 # The longest the pump waits before looking at stderr again (stdout and EOF wake it at once).
 _LOOK_S = 0.05
@@ -238,8 +239,14 @@ class SSHConnection(Connection):
             channel.shutdown_write()  # commands that read stdin see EOF at once
         exited_at = None
         while True:
-            if sent < len(view) and channel.send_ready():
-                sent += channel.send(view[sent : sent + _CHUNK])
+            while sent < len(view) and channel.send_ready():  # ready: room in the host's window, never blocks
+                try:
+                    sent += channel.send(view[sent : sent + _CHUNK])
+                except OSError:
+                    if not channel.closed:
+                        raise
+                    sent = len(view)  # the command ended without reading it all: its status and words say why
+                    break
                 if sent == len(view):
                     channel.shutdown_write()
             while channel.recv_stderr_ready():
@@ -262,7 +269,10 @@ class SSHConnection(Connection):
             if chunk:
                 stdout.add(chunk)
                 continue
-            # EOF (or the channel closed): the SSH end of both streams, so stderr is whole too; the status follows.
+            # EOF: the SSH end of both streams, so stderr is whole too; the status follows. A channel closed without
+            # EOF is a connection gone (the host sends EOF before it closes a command's channel).
+            if not channel.eof_received:
+                raise EOFError("the host closed the session before the command's end")
             while channel.recv_stderr_ready():
                 stderr.add(channel.recv_stderr(_CHUNK))
             if not channel.status_event.wait(max(deadline - time.monotonic(), 0)):

@@ -192,6 +192,35 @@ def test_a_command_that_leaves_a_process_holding_its_output_still_returns(admin)
         admin.run(["pkill", "-f", "sleep 27[.]1828"], check=False)
 
 
+def test_a_command_that_ends_before_reading_its_input_gives_its_status_and_its_words(admin):
+    """A write refused at once (no such directory, no sudo) ends the command while the portal still sends: its exit
+    status and stderr are the answer, not a connection said to be lost."""
+    for _ in range(20):
+        result = admin.run(["sh", "-c", "echo 'no such directory' >&2; exit 3"], stdin=os.urandom(2**19), check=False)
+        assert (result.exit_status, result.stderr) == (3, "no such directory\n")
+
+
+def test_a_connection_dropped_during_a_command_is_an_error_not_an_exit_status(sshd):
+    """The host's session ends mid-command (its sshd killed, the network gone): the driver says the connection was
+    lost, even for a caller that reads exit statuses itself, instead of handing it a status the host never sent."""
+    drop = (
+        'p=$$; while [ "$p" -gt 1 ]; do case "$(ps -o comm= -p "$p")" in sshd*) kill -9 "$p"; break;; esac; '
+        'p=$(ps -o ppid= -p "$p" | tr -d " "); done; sleep 3'
+    )
+    with SSHDriver().connect(sshd.host_spec) as connection, pytest.raises(DriverError, match="lost while running"):
+        connection.run(["sh", "-c", drop], check=False, timeout=20)
+
+
+def test_a_command_that_ignores_the_stop_signal_is_killed_and_said_to_have_timed_out(admin):
+    """`timeout` sends TERM at the deadline and KILL five seconds later, to the command and itself: the host then
+    sends no exit status, only the signal. That is a timeout too, not a failure with an unknown status."""
+    with pytest.raises(DriverError, match=r"timed out after 1 s") as caught:
+        admin.run(["sh", "-c", "trap '' TERM; sleep 27.2718; echo never"], timeout=1)
+    assert not isinstance(caught.value, CommandFailed)
+    time.sleep(0.2)
+    assert admin.run(["pgrep", "-f", "sleep 27[.]2718"], check=False).exit_status == 1
+
+
 def test_closed_connection_refuses_to_run(sshd):
     connection = get_driver("ssh").connect(sshd.host_spec)
     with connection:
