@@ -12,8 +12,9 @@ ANVIL_PORT ?= 8545
 TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/binome
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 # pytest runs on PYTEST_WORKERS pytest-xdist workers: the tests that use this machine as their GPU host run in turn on
-# one of them (tests/scheduling.py), the rest of the suite on the others. The host's tests mostly wait (SSH, podman),
-# so two workers beside them keep both cores busy (docs/architecture.md, "The suite on several workers").
+# one of them (tests/scheduling.py), the compose stack's in turn on another, the rest of the suite on all. The host's
+# tests mostly wait (SSH, podman), so two workers beside them keep both cores busy (docs/architecture.md, "The suite
+# on several workers").
 # PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 3
 
