@@ -176,12 +176,16 @@ def _log(name, event):
         log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {name} {event} {time.monotonic()}\\n")
 
 
-@pytest.fixture
-def sshd(request):
+def _held(request, seconds):
     _log(request.node.nodeid, "start")
-    time.sleep(0.2)
+    time.sleep(seconds)
     yield
     _log(request.node.nodeid, "end")
+
+
+@pytest.fixture
+def sshd(request):
+    yield from _held(request, 0.2)
 
 
 @pytest.fixture
@@ -191,17 +195,12 @@ def a_host_account(sshd):  # the host, through another fixture
 
 @pytest.fixture
 def stack(request):
-    _log(request.node.nodeid, "start")
-    time.sleep(0.1)
-    yield
-    _log(request.node.nodeid, "end")
+    yield from _held(request, 0.1)
 
 
 @pytest.fixture
 def elsewhere(request):
-    _log(request.node.nodeid, "start")
-    time.sleep(0.05)
-    yield
+    yield from _held(request, 0.05)
 """
 
 
