@@ -11,7 +11,7 @@ import pytest
 
 # The tests that use this machine as their GPU host (its sshd, podman, firewall, reserved ports, GPU device nodes)
 # share what a machine has one of: under pytest-xdist they run one after the other on a single worker, every other
-# test beside them on the others (HostInTurn below). A test is the host's when it uses one of HOST_FIXTURES, directly
+# test beside them on the others (UnitsInTurn below). A test is the host's when it uses one of HOST_FIXTURES, directly
 # or through another fixture, wherever its file is.
 HOST_FIXTURES = frozenset(
     {
@@ -51,28 +51,28 @@ def tests_of_the_stack(items) -> list[str]:
 # of the host's and the stack's tests it collected into a directory the controller hands it, and the scheduler reads
 # them back once every worker has collected (pytest-xdist schedules only then, and checks that the workers collected
 # the same tests).
-_HOST_TESTS_KEY = "binome_host_tests"
-_host_tests_dir = pytest.StashKey()
+_UNITS_KEY = "binome_units"
+_units_dir = pytest.StashKey()
 
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
-        config.stash[_host_tests_dir] = Path(tempfile.mkdtemp(prefix="binome-host-tests-"))
+        config.stash[_units_dir] = Path(tempfile.mkdtemp(prefix="binome-units-"))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    node.workerinput[_HOST_TESTS_KEY] = str(node.config.stash[_host_tests_dir])
+    node.workerinput[_UNITS_KEY] = str(node.config.stash[_units_dir])
 
 
 def pytest_collection_modifyitems(config, items):
-    if folder := getattr(config, "workerinput", {}).get(_HOST_TESTS_KEY):
+    if folder := getattr(config, "workerinput", {}).get(_UNITS_KEY):
         units = {"host": tests_on_the_host(items), "stack": tests_of_the_stack(items)}
         Path(folder, config.workerinput["workerid"]).write_text(json.dumps(units))
 
 
 def pytest_unconfigure(config):
-    if folder := config.stash.get(_host_tests_dir, None):
+    if folder := config.stash.get(_units_dir, None):
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -86,18 +86,18 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    folder = config.stash[_host_tests_dir]
+    folder = config.stash[_units_dir]
 
-    class HostInTurn(LoadScopeScheduling):
+    class UnitsInTurn(LoadScopeScheduling):
         units: dict[str, str] | None = None  # test id -> its unit, for the host's and the stack's tests
 
         def _split_scope(self, nodeid: str) -> str:
             if self.units is None:  # read when the first scope is asked for: every worker has collected then
                 written = sorted(folder.iterdir())
                 if not written:
-                    raise RuntimeError(f"no worker wrote the host's tests into {folder}")
+                    raise RuntimeError(f"no worker wrote the host's and the stack's tests into {folder}")
                 listed = json.loads(written[0].read_text())
                 self.units = {test: unit for unit, tests in listed.items() for test in tests}
             return self.units.get(nodeid, nodeid)
 
-    return HostInTurn(config, log)
+    return UnitsInTurn(config, log)
