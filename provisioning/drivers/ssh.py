@@ -180,6 +180,12 @@ class _CappedBuffer:
         return text + "\n[output truncated at 1 MiB]" if self.truncated else text
 
 
+def _drain_stderr(channel: paramiko.Channel, stderr: _CappedBuffer) -> None:
+    """What the host's stderr holds now, without waiting."""
+    while channel.recv_stderr_ready():
+        stderr.add(channel.recv_stderr(_CHUNK))
+
+
 class SSHConnection(Connection):
     def __init__(self, host: HostSpec, client: paramiko.SSHClient) -> None:
         super().__init__(host)
@@ -249,15 +255,15 @@ class SSHConnection(Connection):
                     break
                 if sent == len(view):
                     channel.shutdown_write()
-            while channel.recv_stderr_ready():
-                stderr.add(channel.recv_stderr(_CHUNK))
+            _drain_stderr(channel, stderr)
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError
             # stderr alone does not wake the read: it is looked at every _LOOK_S, sooner while stdin is still going.
             wait = min(_LOOK_S if sent == len(view) else _LOOK_S / 10, deadline - now)
             if channel.exit_status_ready():
-                exited_at = now if exited_at is None else exited_at
+                if exited_at is None:
+                    exited_at = now
                 if now - exited_at >= _AFTER_EXIT_S:
                     return channel.recv_exit_status()
                 wait = min(wait, exited_at + _AFTER_EXIT_S - now)
@@ -273,8 +279,7 @@ class SSHConnection(Connection):
             # EOF is a connection gone (the host sends EOF before it closes a command's channel).
             if not channel.eof_received:
                 raise EOFError("the host closed the session before the command's end")
-            while channel.recv_stderr_ready():
-                stderr.add(channel.recv_stderr(_CHUNK))
+            _drain_stderr(channel, stderr)
             if not channel.status_event.wait(max(deadline - time.monotonic(), 0)):
                 raise TimeoutError
             return channel.recv_exit_status()
