@@ -33,6 +33,8 @@ from tests.provisioning.conftest import (  # noqa: F401 (fixtures of the operato
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
+# What Playwright starts: Debian's Chromium in a network namespace of its own (see the file for why).
+BROWSER = str(Path(__file__).with_name("isolated_chromium.py"))
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -55,7 +57,7 @@ def browser():
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (make system-deps)", pytrace=False)
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path=BROWSER, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 

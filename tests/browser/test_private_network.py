@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from booking.models import OrderStatus
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, ROOT
+from tests.browser.conftest import BROWSER, CHROMIUM_ARGS, ROOT
 from tests.browser.steps import ORDER_URL, place_order
 from tests.builders.production import NOT_DEMO_XPUB, PRODUCTION_CHAINS, PRODUCTION_SECRET_KEY
 from tests.payments.conftest import free_port
@@ -93,7 +93,7 @@ def lab_portal(transactional_db, catalog, tmp_path):
 def lab_browser(browser):
     """Chromium that resolves the lab's name to this machine, as the lab's DNS would."""
     chromium = browser.browser_type.launch(
-        executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {LAB_HOST} 127.0.0.1"]
+        executable_path=BROWSER, args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {LAB_HOST} 127.0.0.1"]
     )
     yield chromium
     chromium.close()
