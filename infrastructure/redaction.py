@@ -36,13 +36,17 @@ def redact(text: str) -> str:
 
 
 class RedactTokensFilter(logging.Filter):
-    """On every handler: the formatted message with order tokens replaced."""
+    """On every handler: the formatted message and the traceback with order tokens replaced."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         redacted = redact(message)
         if redacted != message:
             record.msg, record.args = redacted, ()
+        if record.exc_info and not record.exc_text:  # the traceback: an exception's message may hold a link too
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
         return True
 
 

@@ -212,6 +212,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Worker and beat log through LOGGING below (portal/celery.py), so the token redaction covers them; what a task
+# prints (the console mail of development) stays plain output, as in the web process.
+CELERY_WORKER_REDIRECT_STDOUTS = False
 CELERY_BEAT_SCHEDULE_FILENAME = env.str("CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule"))
 CELERY_BEAT_SCHEDULE = {
     "booking.expire_holds": {

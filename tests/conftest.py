@@ -154,7 +154,8 @@ def booking_data(catalog, ssh_key, start_date):
 @pytest.fixture
 def start_celery_worker(transactional_db):
     """Start real Celery workers (separate processes) on the real broker (Redis) and the test database:
-    `start_celery_worker(**extra_env)` returns the process, ready; all are stopped after the test."""
+    `start_celery_worker(**extra_env)` returns the process, ready (`include=` modules of tasks of the tests' own);
+    all are stopped after the test."""
     import collections
     import subprocess
     import threading
@@ -162,12 +163,12 @@ def start_celery_worker(transactional_db):
 
     started: list[subprocess.Popen] = []
 
-    def start(**extra_env) -> subprocess.Popen:
+    def start(*, include: tuple[str, ...] = (), **extra_env) -> subprocess.Popen:
         env = process_env_for_tests(**extra_env)
         if not started:
             celery_app.control.purge()  # drop tasks a previous run may have left in the test broker
         process = subprocess.Popen(
-            worker_argv("INFO"),
+            worker_argv("INFO", include),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

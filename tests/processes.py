@@ -36,9 +36,9 @@ def celery_argv(*args: str, loglevel: str = "WARNING") -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "portal", *args, "--loglevel", loglevel]
 
 
-def worker_argv(loglevel: str = "WARNING") -> list[str]:
-    """A worker on every queue, one task at a time."""
-    return celery_argv(*WORKER, loglevel=loglevel)
+def worker_argv(loglevel: str = "WARNING", include: tuple[str, ...] = ()) -> list[str]:
+    """A worker on every queue, one task at a time (with the tasks of `include`'s modules too)."""
+    return celery_argv(*WORKER, *(["--include", ",".join(include)] if include else []), loglevel=loglevel)
 
 
 def beat_argv(schedule: Path, loglevel: str = "WARNING") -> list[str]:

@@ -160,3 +160,23 @@ def test_every_spelling_of_an_order_link_loses_its_token(spelling):
     line = spelling.format(token=TOKEN, escaped=TOKEN.replace("-", "%2D"), escaped_lower=TOKEN.replace("-", "%2d"))
     redacted = redact(f"GET {line} HTTP/1.1")
     assert "[token]" in redacted and "secret" not in redacted, redacted
+
+
+def test_a_worker_s_log_carries_no_token_of_a_task_s_message_or_its_traceback(start_celery_worker):
+    """Celery replaces the root logger's handlers with its own unless told: the worker logs through the settings'
+    handlers (portal/celery.py), so a task that logs an order's link, and fails with it in its exception, leaves
+    the number and not the token in the worker's real output, traceback included."""
+    import time
+
+    from portal.celery import app
+
+    worker = start_celery_worker(include=("tests.builders.leaky_tasks",))
+    token = "XrkB-tha4GKbFxVoYDk3Tp_nmWdLVRlCAAvy_ugz0D8"
+    app.send_task("tests.leak_an_order_link", args=[f"https://book.example.org/orders/BN-ABCD2345/{token}/"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "Traceback" not in "".join(worker.output_tail):
+        time.sleep(0.2)
+    output = "".join(worker.output_tail)
+    assert "sending the order's link https://book.example.org/orders/BN-ABCD2345/[token]/" in output, output[-3000:]
+    assert "RuntimeError: could not reach https://book.example.org/orders/BN-ABCD2345/[token]/" in output
+    assert "tha4GKbFxVoYDk3Tp" not in output
