@@ -128,6 +128,8 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'binome.sqlite3'}"),
 }
+# The app's own role, for `manage.py grant_app_role` run by the tables' owner (docker-compose.yml's `migrate`).
+APP_DATABASE_URL = env.str("APP_DATABASE_URL", default="")
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default. IMMEDIATE transactions serialise writers, so the availability check and the
     # allocation insert of a booking cannot interleave (PostgreSQL has the exclusion constraint instead).
