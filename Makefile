@@ -18,15 +18,22 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 # PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: run test test-image setup system-deps messages translations contracts screenshots lint format bench clean
+.PHONY: run test test-image setup setup-run run-deps system-deps messages translations contracts screenshots lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# `make run` installs what the demo needs: the project with its `embedded` extra (SQLAlchemy's broker, honcho).
+# `make test` (and lint, bench) adds the rest: `dev` (pytest, Playwright, ruff) and `trial` (PyTorch).
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[embedded]"
+	touch $@
+
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev,trial,embedded]"
-	touch $@
+	touch $@ $(VENV)/.installed-run
 
 # npm packages: anvil (the local chain) and solc (compiles payments/contracts/*.sol).
 node_modules/.installed: package.json package-lock.json
@@ -44,9 +51,16 @@ node_modules/.installed: package.json package-lock.json
 # ship one, else Debian's docker.io, whose daemon the tests never start), Pango and the DejaVu fonts (WeasyPrint
 # prints the fiscal invoices to PDF/A-3 with them, fonts embedded), shellcheck (a test runs it on every shell script,
 # on disk and sent to the hosts).
-system-deps:
+# What `make run` needs of Debian: gettext (compilemessages), Pango and the DejaVu fonts (the invoices' PDFs).
+run-deps:
 	@missing=""; \
 	command -v msgfmt >/dev/null || missing="$$missing gettext"; \
+	/sbin/ldconfig -p | grep -q 'libpangoft2-1.0.so.0 ' || missing="$$missing libpango-1.0-0 libpangoft2-1.0-0"; \
+	test -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf || missing="$$missing fonts-dejavu-core"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+system-deps: run-deps
+	@missing=""; \
 	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
 	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
 	command -v sudo >/dev/null || missing="$$missing sudo"; \
@@ -63,11 +77,9 @@ system-deps:
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v docker >/dev/null || missing="$$missing docker.io"; \
-	/sbin/ldconfig -p | grep -q 'libpangoft2-1.0.so.0 ' || missing="$$missing libpango-1.0-0 libpangoft2-1.0-0"; \
-	test -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf || missing="$$missing fonts-dejavu-core"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
-locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | system-deps $(VENV)/.installed
+locale/fr/LC_MESSAGES/django.mo: locale/fr/LC_MESSAGES/django.po | run-deps $(VENV)/.installed-run
 	DEBUG=1 $(BIN)/python manage.py compilemessages --locale fr --ignore '.venv' --ignore 'node_modules' -v 0
 
 messages: locale/fr/LC_MESSAGES/django.mo
@@ -79,8 +91,10 @@ translations:
 	DEBUG=1 $(BIN)/python manage.py makemessages --locale fr --add-location file --ignore '.venv' \
 		--ignore 'node_modules' --ignore 'tests' --ignore 'bench' -v 0
 
-setup: system-deps $(VENV)/.installed node_modules/.installed messages
+setup-run: run-deps $(VENV)/.installed-run node_modules/.installed messages
 	@mkdir -p var/static
+
+setup: system-deps $(VENV)/.installed setup-run
 
 # The provisioning tests' container image, built once and cached (/var/cache/binome/images, then podman's store).
 test-image: system-deps
@@ -92,7 +106,7 @@ run: export HOST := $(HOST)
 run: export SITE_URL := http://$(HOST):$(PORT)
 run: export ANVIL_PORT := $(ANVIL_PORT)
 run: export DEMO_RPC_URL := http://127.0.0.1:$(ANVIL_PORT)
-run: setup
+run: setup-run
 	$(BIN)/python manage.py migrate --no-input -v 0
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/python manage.py prepare_broker -v 0

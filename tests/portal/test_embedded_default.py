@@ -383,3 +383,18 @@ def test_changes_made_by_the_worker_and_beat_show_on_the_next_poll_and_page_load
         f"paid {paid_after:.1f} s after the final confirmation, ready {ready_after:.1f} s after the click, "
         f"hold released by beat {expired_after:.1f} s after it ran out"
     )
+
+
+def test_make_run_installs_what_the_demo_needs_and_nothing_only_the_tests_use():
+    """On a fresh clone `make run` installs the project with its `embedded` extra, the chain's npm packages and the
+    Debian packages the demo uses (gettext, Pango and fonts for the invoices): not PyTorch, Playwright, Chromium,
+    podman, sshd or nginx, which only `make test` needs. `make -n -B` prints every command a fresh clone would run."""
+    planned = subprocess.run(
+        ["make", "-n", "-B", "run"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert 'pip install --quiet -e ".[embedded]"' in planned and "npm ci" in planned
+    assert "libpango" in planned and "gettext" in planned
+    for only_the_tests in ("[dev", "trial", "chromium", "podman", "openssh-server", "nginx", "mmdebstrap"):
+        assert only_the_tests not in planned, only_the_tests
+    tested = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    assert '-e ".[dev,trial,embedded]"' in tested and "chromium" in tested
