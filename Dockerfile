@@ -22,8 +22,10 @@ RUN apt-get update \
         libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core \
     && rm -rf /var/lib/apt/lists/*
 
-RUN groupadd --system binome \
-    && useradd --system --gid binome --home-dir /app --no-create-home --shell /usr/sbin/nologin binome
+# A fixed uid and gid (10001): the provisioning key mounted from the host must be owned by it, and a rebuild on
+# another base must not change who that is.
+RUN groupadd --system --gid 10001 binome \
+    && useradd --system --uid 10001 --gid binome --home-dir /app --no-create-home --shell /usr/sbin/nologin binome
 
 WORKDIR /app
 

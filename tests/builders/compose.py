@@ -1,6 +1,7 @@
 """The compose stack as the deployment tests run it: a project name, free ports, the built context, a planted secret."""
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -25,6 +26,31 @@ APP_IMAGE = "localhost/binome:latest"  # docker-compose.yml's `image: binome:lat
 PLANTED = "PLANTED-SECRET-" + secrets.token_hex(8)
 
 
+EXAMPLE = ROOT / "deploy" / "production.env.example"
+
+
+def example_settings() -> dict[str, str]:
+    """deploy/production.env.example's optional settings (its commented `# NAME=value` lines), as written there."""
+    return dict(re.findall(r"^# ([A-Z][A-Z0-9_]{2,})=(.*)$", EXAMPLE.read_text(), flags=re.M))
+
+
+def _deployers_shell() -> dict[str, str]:
+    """This process's environment without the portal's settings (the tests' DEBUG=1, their database and Redis):
+    a deployer's shell gives compose only what deploy/production.env holds."""
+    named = set(re.findall(r"\b[A-Z][A-Z0-9_]{2,}\b", EXAMPLE.read_text()))
+    return {name: value for name, value in os.environ.items() if name not in named and not name.startswith("TEST_")}
+
+
+def env_file_text(values: dict[str, str]) -> str:
+    """An env file compose and its services read alike: every value double-quoted, `\\` and `"` escaped."""
+    quoted = (value.replace("\\", "\\\\").replace('"', '\\"') for value in values.values())
+    return "".join(f'{name}="{value}"\n' for name, value in zip(values, quoted, strict=True))
+
+
+def podman_compose() -> str:
+    return shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
+
+
 def _free_port() -> int:
     """A port nothing listens on, below Linux's ephemeral ports (32768): between this look and the server's start
     (a minute, with the build) no outgoing connection of this machine's can take it."""
@@ -46,8 +72,9 @@ class Stack:
         self.port = port or _free_port()
         conf = directory / "containers.conf"
         conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
-        self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+        self.env = {**_deployers_shell(), "CONTAINERS_CONF": str(conf)}
         self.compose_files = ["-f", str(ROOT / "docker-compose.yml")]
+        self.env_file = directory / "production.env"  # the deployer's deploy/production.env
 
     def run(self, *argv: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -57,9 +84,12 @@ class Stack:
             )
         return result
 
+    def compose_command(self) -> list[str]:
+        """What `docker compose --env-file deploy/production.env` is for this stack."""
+        return [podman_compose(), "-p", self.project, *self.compose_files, "--env-file", str(self.env_file)]
+
     def compose(self, *argv: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-        podman_compose = shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
-        return self.run(podman_compose, "-p", self.project, *self.compose_files, *argv, timeout=timeout, check=check)
+        return self.run(*self.compose_command(), *argv, timeout=timeout, check=check)
 
     def container(self, service: str) -> str:
         return f"{self.project}_{service}_1"
@@ -106,9 +136,12 @@ def _build_context(directory: Path) -> Path:
 
 
 @contextmanager
-def prepared_stack(stack: Stack, directory: Path, *, email_url: str = "smtp://mail:1025") -> Iterator[Stack]:
+def prepared_stack(
+    stack: Stack, directory: Path, *, email_url: str = "smtp://mail:1025", settings: dict[str, str] | None = None
+) -> Iterator[Stack]:
     """The compose file's images built (the app's from a deployer's checkout with secrets planted in it), the
-    secrets and variables a deployer gives; the stack taken down, with its volumes, before and after."""
+    secrets a deployer gives and their deploy/production.env (the required values, then `settings`), given to
+    compose as the documentation says; the stack taken down, with its volumes, before and after."""
     images = dict(
         line.split("=", 1) for line in stack.run(str(ROOT / "bin" / "stack-images"), timeout=1200).stdout.split()
     )
@@ -125,10 +158,12 @@ def prepared_stack(stack: Stack, directory: Path, *, email_url: str = "smtp://ma
     chains = directory / "chains.toml"
     chains.write_text(PRODUCTION_CHAINS)
     chains.chmod(0o644)
-    stack.env.update(
+    stack.env["BINOME_ENV_FILE"] = str(stack.env_file)
+    required = dict(
         images,
         SECRET_KEY=secrets.token_urlsafe(64),
         POSTGRES_PASSWORD=secrets.token_urlsafe(16),
+        POSTGRES_APP_PASSWORD=secrets.token_urlsafe(16),
         REDIS_PASSWORD=secrets.token_urlsafe(16),
         PAYMENTS_XPUB=NOT_DEMO_XPUB,
         CHAINS_FILE=str(chains),
@@ -142,7 +177,12 @@ def prepared_stack(stack: Stack, directory: Path, *, email_url: str = "smtp://ma
         EMAIL_URL=email_url,
         DEFAULT_FROM_EMAIL="Binôme <bookings@binome.lab.internal>",
         PROXY_PORT=str(stack.port),
+        BACKUP_DIR=str(directory / "backups"),
     )
+    (directory / "backups").mkdir(exist_ok=True)
+    stack.settings = {**(settings or {}), **required}
+    stack.env_file.write_text(env_file_text(stack.settings))
+    stack.env_file.chmod(0o600)
     stack.compose("down", "-v", "-t", "2", check=False)
     try:
         yield stack

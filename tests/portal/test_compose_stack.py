@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from tests.builders.compose import APP_IMAGE, PLANTED, Stack, prepared_stack
+from tests.builders.compose import APP_IMAGE, PLANTED, Stack, example_settings, prepared_stack
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     directory = tmp_path_factory.mktemp("stack")
-    with prepared_stack(Stack(directory), directory) as stack:
+    # the operator's deploy/production.env: the example with every optional setting written out as it stands
+    with prepared_stack(Stack(directory), directory, settings=example_settings()) as stack:
         stack.compose("up", "-d", "--no-deps", "db", "broker", "cache")
         for service in ("db", "broker", "cache"):
             stack.healthy(service)
@@ -39,13 +40,13 @@ def _in(stack: Stack, service: str, *argv: str) -> subprocess.CompletedProcess:
 
 
 def test_postgres_and_both_redis_servers_start_healthy_and_refuse_a_client_without_the_password(stack):
-    password = stack.env["POSTGRES_PASSWORD"]
+    password = stack.settings["POSTGRES_PASSWORD"]
     select = ["psql", "-h", "127.0.0.1", "-U", "binome", "-d", "binome", "-tAc", "select current_user"]
     assert _in(stack, "db", "env", f"PGPASSWORD={password}", *select).stdout.strip() == "binome"
     assert _in(stack, "db", "env", "PGPASSWORD=wrong", *select).returncode != 0
     for service in ("broker", "cache"):
         assert "NOAUTH" in _in(stack, service, "redis-cli", "ping").stdout
-    auth = ["env", f"REDISCLI_AUTH={stack.env['REDIS_PASSWORD']}", "redis-cli", "config", "get"]
+    auth = ["env", f"REDISCLI_AUTH={stack.settings['REDIS_PASSWORD']}", "redis-cli", "config", "get"]
     broker = _in(stack, "broker", *auth, "*").stdout.split()
     cache = _in(stack, "cache", *auth, "*").stdout.split()
     setting = lambda listed, name: listed[listed.index(name) + 1]  # noqa: E731
@@ -53,6 +54,18 @@ def test_postgres_and_both_redis_servers_start_healthy_and_refuse_a_client_witho
     assert (setting(broker, "appendonly"), setting(broker, "maxmemory-policy")) == ("yes", "noeviction")
     assert (setting(cache, "appendonly"), setting(cache, "maxmemory-policy")) == ("no", "allkeys-lru")
     assert setting(cache, "maxmemory") == str(256 * 2**20)
+
+
+def test_every_setting_of_the_operator_s_file_reaches_the_app_s_services(stack):
+    assert set(example_settings()) < set(stack.settings)  # every optional setting of the example, and the required
+    for service in ("migrate", "web", "worker", "beat"):
+        printed = stack.compose("run", "--rm", "-T", "--no-deps", service, "env").stdout
+        received = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+        lost = {
+            name: (value, received.get(name)) for name, value in stack.settings.items() if received.get(name) != value
+        }
+        assert not lost, (service, lost)
+    assert received["ADMINS"] == "ops@your-lab.org" and received["LOG_LEVEL"] == "INFO"  # what the issue found lost
 
 
 def test_the_app_accepts_the_production_settings_and_only_the_worker_is_given_the_ssh_key(stack):

@@ -50,14 +50,19 @@ def _on_the_hosts_network(directory: Path, ports: dict[str, int]) -> Path:
             service["build"]["context"] = str(ROOT)
         environment = service.get("environment")
         if isinstance(environment, dict) and "DATABASE_URL" in environment:
-            environment["DATABASE_URL"] = environment["DATABASE_URL"].replace("@db:5432/", f"@db:{ports['db']}/")
+            for variable in ("DATABASE_URL", "APP_DATABASE_URL"):
+                if variable in environment:
+                    environment[variable] = environment[variable].replace("@db:5432/", f"@db:{ports['db']}/")
             environment["REDIS_URL"] = environment["REDIS_URL"].replace("@cache:6379/", f"@cache:{ports['cache']}/")
             environment["CELERY_BROKER_URL"] = environment["CELERY_BROKER_URL"].replace(
                 "@broker:6379/", f"@broker:{ports['broker']}/"
             )
             environment["HOST"], environment["PORT"] = "127.0.0.1", str(ports["web"])
-        if name == "db":
-            service["environment"]["PGPORT"] = str(ports["db"])  # the server's and pg_isready's port
+        if name in ("db", "backup"):
+            service["environment"]["PGPORT"] = str(ports["db"])  # the server's, pg_isready's and pg_dump's port
+        service["volumes"] = [  # the checkout's files, where the compose file is not
+            f"{ROOT}/{volume[2:]}" if volume.startswith("./") else volume for volume in service.get("volumes", [])
+        ]
         if name in ("broker", "cache"):
             command = service["command"]
             listen = f"--port {ports[name]} --bind 127.0.0.1"
@@ -161,16 +166,14 @@ def _ssh_key(directory: Path) -> str:
     return (directory / "id.pub").read_text().strip()
 
 
-def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_stack, tmp_path):
-    stack, mailbox = host_stack
-    # given: the operator's catalog (what they would enter in the admin: the demo's classes, lots and terms)
+def _book(stack: Stack, directory: Path) -> tuple[str, str]:
+    """A researcher's booking through nginx, on the operator's catalog (the demo's classes, lots and terms, as they
+    would enter them in the admin): (the order page's path, the researcher's e-mail)."""
     seeded = stack.compose(
         "exec", "-T", "web", "python", "manage.py", "shell", "-c",
         "from provisioning.demo import seed_demo_catalog; print(seed_demo_catalog())",
     )  # fmt: skip
     assert "lots" in seeded.stdout, seeded.stdout + seeded.stderr
-
-    # when: a researcher opens the booking page through nginx and books
     browser = Browser(stack)
     status, _headers, page = browser.request("/")
     assert status == 200 and "csrfmiddlewaretoken" in page, page[-2000:]
@@ -184,15 +187,21 @@ def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_s
             "csrfmiddlewaretoken": token, "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8",
             "lots": "1", "start_date": start, "days": "7", "contact_name": "Ada Lovelace", "contact_email": email,
             "organisation": "Analytical Engines Lab", "billing_address": "12 rue de la Paix\n75002 Paris",
-            "billing_country": "FR", "messenger": "", "ssh_keys": _ssh_key(tmp_path), **RESEARCH_ANSWERS,
+            "billing_country": "FR", "messenger": "", "ssh_keys": _ssh_key(directory), **RESEARCH_ANSWERS,
             "notes": "", "accept_terms": "on", "terms_version": terms,
         },
     )  # fmt: skip
+    assert status == 302, re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))[-2000:] + stack.logs("web")[-4000:]
+    return urllib.parse.urlsplit(headers["Location"]).path, email
+
+
+def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_stack, tmp_path):
+    stack, mailbox = host_stack
+    # when: a researcher opens the booking page through nginx and books, on the operator's catalog
+    order_path, email = _book(stack, tmp_path)
 
     # then: the booking lands (its order page, through nginx, says so) ...
-    assert status == 302, re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))[-2000:]
-    order_path = urllib.parse.urlsplit(headers["Location"]).path
-    status, _headers, page = browser.request(order_path)
+    status, _headers, page = Browser(stack).request(order_path)
     assert status == 200 and "Awaiting payment" in page
 
     # ... and the worker, over the broker, sends the order link to the researcher's address
@@ -204,7 +213,12 @@ def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_s
     assert f"http://localhost:{stack.port}{order_path.rsplit('/', 2)[0]}" in mailed[0].replace("=\n", "")
 
     # and: beat's schedule reaches the worker too (the chain scan runs, finding the unreachable node unavailable)
-    assert re.search(r"Task payments\.scan_chain\[[0-9a-f-]+\] succeeded", stack.logs("worker"))
+    # (every PAYMENTS_SCAN_SECONDS, 10 s in production, the first one period after beat starts)
+    scanned = r"Task payments\.scan_chain\[[0-9a-f-]+\] succeeded"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not re.search(scanned, stack.logs("worker")):
+        time.sleep(2)
+    assert re.search(scanned, stack.logs("worker")), stack.logs("beat")[-2000:] + stack.logs("worker")[-2000:]
 
 
 def test_nginx_answers_for_web_and_the_web_process_cannot_read_the_ssh_key(host_stack):
@@ -216,3 +230,90 @@ def test_nginx_answers_for_web_and_the_web_process_cannot_read_the_ssh_key(host_
     assert stack.compose("exec", "-T", "worker", "test", "-r", "/run/secrets/provisioning_ssh_key").returncode == 0
     with socket.create_connection(("127.0.0.1", stack.port), timeout=5):
         pass
+
+
+DDL_ATTEMPT = """
+from django.db import connection
+for statement in (
+    "ALTER TABLE payments_fiscalinvoice ADD COLUMN planted integer",
+    "DROP TRIGGER payments_fiscal_invoice_immutable ON payments_fiscalinvoice",
+):
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+        print("ALLOWED", statement)
+    except Exception as error:
+        print("REFUSED", type(error).__name__, str(error).splitlines()[0])
+"""
+
+
+def test_the_app_s_processes_cannot_alter_a_table_nor_drop_the_invoice_trigger(host_stack):
+    stack, _mailbox = host_stack
+    for service in ("web", "worker"):
+        said = stack.compose("exec", "-T", service, "python", "manage.py", "shell", "-c", DDL_ATTEMPT).stdout
+        assert said.count("REFUSED ProgrammingError must be owner") == 2 and "ALLOWED" not in said, (service, said)
+    owner = stack.compose("exec", "-T", "db", "psql", "-U", "binome", "-d", "binome", "-tAc",
+                          "select tableowner from pg_tables where tablename = 'payments_fiscalinvoice'")  # fmt: skip
+    assert owner.stdout.strip() == "binome"
+
+
+MARK_PAID = """
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from payments.models import Invoice
+from payments.settlement import invoice_mark_paid
+user, _ = get_user_model().objects.get_or_create(username="drill", defaults={"is_staff": True})
+with transaction.atomic():
+    invoice_mark_paid(invoice=Invoice.objects.get(order__public_id="%s"), user=user, reason="paid by bank transfer")
+"""
+PDFS = "select number, encode(sha256(pdf), 'hex') from payments_fiscalinvoice where pdf_sha256 <> '' order by 1"
+
+
+def _invoice_pdfs(stack: Stack) -> list[str]:
+    """Each fiscal invoice with its PDF, and the PDF's SHA-256 as PostgreSQL computes it from the stored bytes."""
+    listed = stack.compose("exec", "-T", "db", "psql", "-U", "binome", "-d", "binome", "-tAc", PDFS)
+    return listed.stdout.split()
+
+
+def test_a_backup_restored_into_an_empty_stack_gives_back_the_invoices_pdfs_byte_for_byte(host_stack, tmp_path):
+    stack, _mailbox = host_stack
+    # given: a paid order (marked paid by an admin), whose fiscal invoice's PDF the worker wrote
+    order_path, _email = _book(stack, tmp_path)
+    number = order_path.strip("/").split("/")[1]
+    stack.compose("exec", "-T", "web", "python", "manage.py", "shell", "-c", MARK_PAID % number)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (pdfs := _invoice_pdfs(stack)):
+        time.sleep(2)
+    assert pdfs, f"no invoice PDF written; worker said:\n{stack.logs('worker')[-3000:]}"
+
+    # when: a backup is taken, the stack is destroyed with its volumes, and the backup restored into a new one
+    taken = stack.compose("run", "--rm", "--no-deps", "backup", "once").stdout
+    (dump,) = (stack.directory / "backups").glob("binome-*.dump")
+    assert f"backup: /backups/{dump.name}" in taken and dump.stat().st_mode & 0o777 == 0o600
+    stack.compose("down", "-v", "-t", "5")
+    assert not _volume_exists(stack, "postgres-data")
+    restore = [str(ROOT / "bin" / "restore"), str(dump)]
+    environment = {**stack.env, "COMPOSE": " ".join(stack.compose_command())}
+    restored = subprocess.run(restore, env=environment, capture_output=True, text=True, timeout=600, check=False)
+    assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
+    stack.compose("up", "-d", "--no-deps", "broker", "cache")
+    for service in ("broker", "cache"):
+        stack.healthy(service)
+    stack.compose("up", "-d", "--no-deps", "web", "worker", "beat", "proxy")
+    stack.healthy("web")
+
+    # then: every invoice's PDF is back unchanged, the researcher's page opens, and the app's role writes again
+    assert _invoice_pdfs(stack) == pdfs
+    status, _headers, page = Browser(stack).request(order_path)
+    assert status == 200 and number in page
+    (tmp_path / "again").mkdir()
+    assert _book(stack, tmp_path / "again")[0] != order_path
+
+    # and: a second restore over the restored database is refused, nothing changed
+    again = subprocess.run(restore, env=environment, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 1 and "already has" in again.stderr
+    assert _invoice_pdfs(stack) == pdfs
+
+
+def _volume_exists(stack: Stack, name: str) -> bool:
+    return stack.run("podman", "volume", "exists", f"{stack.project}_{name}", check=False).returncode == 0

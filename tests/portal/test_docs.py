@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_SOURCE = {".git", ".venv", "node_modules", "var", "test-artifacts", "__pycache__", ".pytest_cache", ".ruff_cache"}
@@ -86,6 +87,8 @@ def exists(path: str, root: Path = ROOT, doc_dir: Path | None = None) -> bool:
         matches = list(root.glob(candidate)) if "*" in candidate else [root / candidate]
         if any(match.exists() and (not path.endswith("/") or match.is_dir()) for match in matches):
             return True
+        if (root / f"{candidate}.example").is_file():  # the operator's own file, from the committed example
+            return True
     return False
 
 
@@ -135,6 +138,8 @@ def test_a_planted_missing_path_is_refused():
         assert exists(path), path
     assert not exists("booking/services.py/"), "a file is not a directory"
     assert exists("../booking/services.py", doc_dir=ROOT / "docs")
+    # an operator's own file passes where its example is committed, and only there
+    assert exists("deploy/production.env") and not exists("deploy/staging.env")
     assert not exists("../../shared/design.md", doc_dir=ROOT / "docs"), "outside the repository"
     assert make_targets_in("run `make test`, then `make nothing-such`") == {"test", "nothing-such"}
     assert "nothing-such" not in makefile_targets()
@@ -194,6 +199,17 @@ def test_every_variable_settings_reads_is_documented():
         documented |= set(re.findall(rf"`({ENV_NAME})(?:=[^`]*)?`", doc.read_text()))
     undocumented = sorted(settings_reads((ROOT / "portal" / "settings.py").read_text()) - documented)
     assert not undocumented, f"settings read variables the README and docs/operations.md do not name: {undocumented}"
+
+
+def test_the_production_env_example_names_every_variable_of_the_readme_and_compose_reads_it():
+    example = (ROOT / "deploy" / "production.env.example").read_text()
+    named = set(re.findall(rf"\b({ENV_NAME})\b", example))
+    missing = sorted(configuration_table((ROOT / "README.md").read_text()) - named)
+    assert not missing, f"deploy/production.env.example does not name: {missing}"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name in ("migrate", "web", "worker", "beat"):
+        (env_file,) = compose["services"][name]["env_file"]
+        assert env_file == {"path": "${BINOME_ENV_FILE:-deploy/production.env}", "required": False}, name
 
 
 def test_the_variable_checks_see_a_planted_one():

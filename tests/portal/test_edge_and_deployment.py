@@ -82,7 +82,8 @@ def test_the_documented_demo_command_passes_the_compose_file_s_own_checks():
     chain, `docker compose --env-file deploy/demo.env --profile demo up --build`, and it is complete: with nothing
     else in the environment, compose resolves it (`config`) in development mode. deploy/demo.env gives every
     variable compose requires (SECRET_KEY, POSTGRES_PASSWORD, REDIS_PASSWORD, PAYMENTS_XPUB, PROVISIONING_SSH_KEY,
-    ALLOWED_HOSTS, DEFAULT_FROM_EMAIL, …) public demo values that production refuses."""
+    ALLOWED_HOSTS, DEFAULT_FROM_EMAIL, …) public demo values that production refuses, and names itself as the
+    app's `env_file` (BINOME_ENV_FILE), so that DEBUG=1 and the rest reach the containers."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -104,7 +105,12 @@ def test_the_documented_demo_command_passes_the_compose_file_s_own_checks():
         check=False,
     )
     assert resolved.returncode == 0, resolved.stderr.strip().splitlines()[-1]
-    assert "DEBUG: '1'" in resolved.stdout
+    import yaml
+
+    services = yaml.safe_load(resolved.stdout)["services"]
+    for name in ("migrate", "web", "worker", "beat"):  # the app's services read the demo's file too: DEBUG=1
+        assert [entry["path"] for entry in services[name]["env_file"]] == ["deploy/demo.env"], name
+    assert "DEBUG=1" in (root / "deploy" / "demo.env").read_text().splitlines()
 
 
 def test_production_refuses_the_development_sender_address(production_chains):
