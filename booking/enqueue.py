@@ -2,20 +2,20 @@
 that call them (booking/tasks.py imports the services; the app registers its tasks when ready, booking/apps.py).
 Each function queues after the current transaction commits, as the conventions ask."""
 
-from infrastructure.queues import task
+from infrastructure.queues import after_commit
 
 
 def send_order_link(order_id: int) -> None:
-    task("booking.send_order_link").delay_on_commit(order_id)
+    after_commit("booking.send_order_link", order_id)
 
 
 def send_order_links(email: str, language: str) -> None:
-    task("booking.send_order_links").delay_on_commit(email, language)
+    after_commit("booking.send_order_links", email, language)
 
 
 def send_address_confirmation(email: str, language: str) -> None:
-    task("booking.send_address_confirmation").delay_on_commit(email, language)
+    after_commit("booking.send_address_confirmation", email, language)
 
 
 def send_order_cancelled(order_id: int) -> None:
-    task("booking.send_order_cancelled").delay_on_commit(order_id)
+    after_commit("booking.send_order_cancelled", order_id)

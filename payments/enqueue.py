@@ -3,9 +3,7 @@ that call them (payments/tasks.py imports the services; the app registers its ta
 Each function says when it queues: after the current transaction commits, or now (a caller that must know whether
 the broker took it, or that runs outside a transaction)."""
 
-from django.db import transaction
-
-from infrastructure.queues import task
+from infrastructure.queues import after_commit, task
 
 
 def check_invoice_now(invoice_id: int) -> None:
@@ -20,25 +18,25 @@ def check_tx_hint_now(invoice_id: int) -> None:
 
 def check_refund_tx(refund_id: int, tx_hash: str) -> None:
     """After commit, five seconds later."""
-    check = task("payments.check_refund_tx")
-    transaction.on_commit(lambda: check.apply_async(args=[refund_id, tx_hash], countdown=5))
+    after_commit("payments.check_refund_tx", refund_id, tx_hash, countdown=5)
 
 
-def send_payment_received_now(invoice_id: int) -> None:
-    task("payments.send_payment_received").delay(invoice_id)
+def send_payment_received(invoice_id: int) -> None:
+    after_commit("payments.send_payment_received", invoice_id)
 
 
-def issue_fiscal_document_now(fiscal_invoice_id: int) -> None:
-    task("payments.issue_fiscal_document").delay(fiscal_invoice_id)
+def issue_fiscal_document(fiscal_invoice_id: int) -> None:
+    """After commit; an invoice whose PDF was not queued is printed by beat's sweep (print_fiscal_documents)."""
+    after_commit("payments.issue_fiscal_document", fiscal_invoice_id)
 
 
 def send_refund_requested(refund_id: int) -> None:
-    task("payments.send_refund_requested").delay_on_commit(refund_id)
+    after_commit("payments.send_refund_requested", refund_id)
 
 
 def send_refund_address_changed(refund_id: int, address: str, previous: str) -> None:
-    task("payments.send_refund_address_changed").delay_on_commit(refund_id, address, previous)
+    after_commit("payments.send_refund_address_changed", refund_id, address, previous)
 
 
 def send_refund_sent(refund_id: int) -> None:
-    task("payments.send_refund_sent").delay_on_commit(refund_id)
+    after_commit("payments.send_refund_sent", refund_id)

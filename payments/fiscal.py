@@ -325,7 +325,7 @@ def fiscal_credit_notes_for_refund(*, order_id: int) -> list[FiscalInvoice]:
 
 
 def _write_document(fiscal_invoice_id: int) -> None:
-    enqueue.issue_fiscal_document_now(fiscal_invoice_id)
+    enqueue.issue_fiscal_document(fiscal_invoice_id)
 
 
 @transaction.atomic

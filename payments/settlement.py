@@ -302,7 +302,7 @@ def _settle(
 
 
 def _send_payment_received(invoice_id: int) -> None:
-    enqueue.send_payment_received_now(invoice_id)
+    enqueue.send_payment_received(invoice_id)
 
 
 # --- admin review --------------------------------------------------------------------------------------------

@@ -3,11 +3,11 @@ tasks that call them (provisioning/tasks.py imports the services; the app regist
 provisioning/apps.py). Each function says when it queues: after the current transaction commits, or now (a sweep
 outside a transaction, a receiver already running on commit, a caller that must know whether the broker took it)."""
 
-from infrastructure.queues import task
+from infrastructure.queues import after_commit, task
 
 
 def execute_run(run_id: int) -> None:
-    task("provisioning.execute_run").delay_on_commit(run_id)
+    after_commit("provisioning.execute_run", run_id)
 
 
 def execute_run_now(run_id: int) -> None:
@@ -20,15 +20,15 @@ def check_host_now(host_id: int, actor_id: int | None) -> None:
 
 
 def send_access_ready(order_id: int) -> None:
-    task("provisioning.send_access_ready").delay_on_commit(order_id)
+    after_commit("provisioning.send_access_ready", order_id)
 
 
 def send_end_warning(order_id: int, kind: str) -> None:
-    task("provisioning.send_end_warning").delay_on_commit(order_id, kind)
+    after_commit("provisioning.send_end_warning", order_id, kind)
 
 
 def send_preflight_held(order_id: int) -> None:
-    task("provisioning.send_preflight_held").delay_on_commit(order_id)
+    after_commit("provisioning.send_preflight_held", order_id)
 
 
 def send_order_rejected_now(order_id: int) -> None:
@@ -36,8 +36,8 @@ def send_order_rejected_now(order_id: int) -> None:
 
 
 def send_keys_changed(order_id: int, added: list, removed: list, applied: bool) -> None:
-    task("provisioning.send_keys_changed").delay_on_commit(order_id, added, removed, applied)
+    after_commit("provisioning.send_keys_changed", order_id, added, removed, applied)
 
 
 def send_order_moved(order_id: int, run_id: int, phase: str, *details) -> None:
-    task("provisioning.send_order_moved").delay_on_commit(order_id, run_id, phase, *details)
+    after_commit("provisioning.send_order_moved", order_id, run_id, phase, *details)

@@ -12,12 +12,12 @@ ENQUEUE_MODULES = sorted(ROOT.glob("*/enqueue.py"))
 
 
 def task_names(path: Path) -> set[str]:
-    """The names passed to task("...") in an enqueue module."""
+    """The names passed to task("...") or after_commit("...") in an enqueue module."""
     return {
         node.args[0].value
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
-        and getattr(node.func, "id", None) == "task"
+        and getattr(node.func, "id", None) in ("task", "after_commit")
         and node.args
         and isinstance(node.args[0], ast.Constant)
     }

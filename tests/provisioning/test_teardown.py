@@ -10,6 +10,7 @@ from django.utils import timezone
 from booking import selectors as booking_selectors
 from booking.models import BookingPolicy, Order, OrderStatus
 from booking.services import order_cancel_by_operator
+from infrastructure import queues
 from inventory.models import Host, Lot
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
@@ -84,11 +85,14 @@ def test_a_failing_teardown_is_retried_with_growing_delays_as_one_run_with_one_n
     assert Access.objects.get(order=order).status == Access.Status.REVOKED
 
 
-def _queues(callback, task_name: str) -> bool:
-    """Whether an on-commit callback queues the task of that name (a task's delay_on_commit registers a partial of
-    its delay)."""
-    queue = getattr(callback, "func", None)
-    return getattr(getattr(queue, "__self__", None), "name", None) == task_name
+def _queued(callbacks, task_name: str) -> list[tuple]:
+    """The arguments of each on-commit callback that queues the task of that name (infrastructure.queues.after_commit
+    registers a partial of its publisher with the task's name and arguments)."""
+    return [
+        callback.args[1]
+        for callback in callbacks
+        if getattr(callback, "func", None) is queues._publish and callback.args[0] == task_name
+    ]
 
 
 def test_two_sweeps_at_once_queue_a_due_retry_once(
@@ -108,8 +112,7 @@ def test_two_sweeps_at_once_queue_a_due_retry_once(
         second = lifecycle.lifecycle_tick(now=clock.now)
 
     assert (first["retried"], second["retried"], second["resumed"]) == (1, 0, 0)
-    executions = [callback for callback in queued if _queues(callback, "provisioning.execute_run")]
-    assert [execution.args for execution in executions] == [(run.pk,)]  # one execution of the run
+    assert _queued(queued, "provisioning.execute_run") == [(run.pk,)]  # one execution of the run
     run.refresh_from_db()
     assert run.attempts == 2 and order.provisioning_runs.filter(kind=ProvisioningRun.Kind.TEARDOWN).count() == 1
 

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from booking.models import Allocation, Order, OrderAccessToken, OrderEvent, OrderStatus
+from tests.builders.broker import broker_down
 from tests.builders.orders import order_url, place, place_in_french
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +92,21 @@ def test_placing_an_order_holds_specific_lots_and_opens_the_order_page(client, c
     assert order.public_id in page.content.decode()
     assert "no-store" in page["Cache-Control"]
     assert page["Referrer-Policy"] == "same-origin"
+
+
+@pytest.mark.django_db(transaction=True)  # the link is queued once the booking commits
+def test_a_booking_while_the_broker_is_down_lands_and_the_operators_are_told_its_link_was_not_queued(
+    client, catalog, booking_data, caplog
+):
+    """The order is committed before its link e-mail is queued: a broker that does not answer then must not turn the
+    booking into an error page saying nothing was booked (the researcher would book again, the lots stay held). The
+    order page opens, and the lost e-mail is logged as an error (mailed to ADMINS in production)."""
+    with broker_down(), caplog.at_level("ERROR"):
+        order, _token = place(client, booking_data(lots="1"))  # 302 to the order page, which opens
+
+    assert order.status == OrderStatus.AWAITING_PAYMENT and Order.objects.count() == 1
+    assert not mail.outbox
+    assert any("booking.send_order_link" in record.getMessage() for record in caplog.records), caplog.text
 
 
 def test_the_order_link_is_emailed_in_the_customer_language_and_opens_the_order(

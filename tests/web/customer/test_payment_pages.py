@@ -14,7 +14,7 @@ from payments.addresses import DEMO_ACCOUNT_XPUB, deposit_address
 from payments.demo import pay_invoice
 from payments.models import Invoice
 from payments.selectors import current_invoice
-from portal.celery import app as celery_app
+from tests.builders.broker import broker_down
 from tests.builders.orders import place
 
 CHAIN_ID = 31337
@@ -42,25 +42,11 @@ def test_ive_paid_records_the_click_and_a_check_finds_the_transfer(client, chain
     assert any(event.reason == "customer says they paid" for event in order.events.all())
 
 
-def _drop_connection_pool() -> None:
-    # As Celery itself does after a fork: the next publish builds a pool for the current broker URL.
-    celery_app._pool = None
-    celery_app.amqp._producer_pool = None
-
-
 def test_ive_paid_with_the_broker_down_keeps_the_click_and_says_the_check_is_delayed(client, chain, booking_data):
     order, token = place(client, booking_data(lots="1"))
     invoice = current_invoice(order)
-    original = celery_app.conf.broker_url
-    celery_app.conf.task_always_eager = False
-    celery_app.conf.broker_url = "redis://127.0.0.1:1/0"  # a stopped Redis: nothing listens there
-    _drop_connection_pool()  # connections opened earlier in this process would still reach the real one
-    try:
+    with broker_down():
         response = client.post(urls(order, token)["order-paid"], {"tx_hint": ""})
-    finally:
-        celery_app.conf.broker_url = original
-        celery_app.conf.task_always_eager = True
-        _drop_connection_pool()
 
     assert response.status_code == 302
     invoice.refresh_from_db()
