@@ -3,9 +3,12 @@
 import threading
 import time
 
+from django.conf import settings
 from django.core.cache import cache
-from django.db import connection
+from django.db import DatabaseError, connection
+from django.utils import timezone
 
+from portal.celery import WATCHED_TASKS
 from portal.celery import app as celery_app
 
 
@@ -62,3 +65,26 @@ def _connect_to_broker() -> tuple[bool, str]:
 
 
 CHECKS = {"database": check_database, "cache": check_cache, "broker": check_broker}
+
+
+# A watched task is late when its last run is older than three of its periods and half a minute: beat stopped, or
+# no worker takes its tasks. It does not make /healthz answer 503 (the pages are served all the same, and a load
+# balancer taking every web process out for it would stop the site too); the body says it, for monitoring.
+LATE_PERIODS, LATE_MARGIN_SECONDS = 3, 30
+
+
+def check_schedule() -> tuple[bool, str]:
+    from portal.models import ScheduledRun
+
+    try:
+        last = dict(ScheduledRun.objects.filter(task__in=WATCHED_TASKS).values_list("task", "finished_at"))
+    except DatabaseError as exc:
+        return False, type(exc).__name__
+    now, late = timezone.now(), []
+    for name in WATCHED_TASKS:
+        period = float(settings.CELERY_BEAT_SCHEDULE[name]["schedule"])
+        if name not in last:
+            late.append(f"{name} never ran")
+        elif (age := (now - last[name]).total_seconds()) > LATE_PERIODS * period + LATE_MARGIN_SECONDS:
+            late.append(f"{name} last ran {age:.0f} s ago, every {period:g} s")
+    return not late, "; ".join(late) or "on time"

@@ -7,7 +7,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from infrastructure.client import client_address
-from portal.health import CHECKS
+from portal.health import CHECKS, check_schedule
 
 
 @require_GET
@@ -16,7 +16,8 @@ def healthz(request: HttpRequest) -> HttpResponse:
     """200 when every dependency answers, 503 when one does not, so a load balancer can act on the status alone.
     Which one, and what it runs on, only to operators (a staff session) and to the machine itself (a probe on
     loopback, not through a proxy): to anyone else the body is one word. The broker is asked at most every few
-    seconds (portal/health.py), however often this is called."""
+    seconds (portal/health.py), however often this is called. The details also say whether beat's chain scan and
+    lifecycle sweep ran on time (`schedule`), which does not change the status."""
     results = {}
     for name, check in CHECKS.items():
         ok, detail = check()
@@ -25,7 +26,9 @@ def healthz(request: HttpRequest) -> HttpResponse:
     status = 200 if healthy else 503
     if not _may_see_health_details(request):
         return HttpResponse("ok" if healthy else "unavailable", content_type="text/plain", status=status)
-    return JsonResponse({"status": "ok" if healthy else "degraded", "checks": results}, status=status)
+    on_time, detail = check_schedule()  # beat and the workers: said, not a 503 (portal/health.py)
+    body = {"status": "ok" if healthy else "degraded", "checks": results, "schedule": {"ok": on_time, "detail": detail}}
+    return JsonResponse(body, status=status)
 
 
 def _may_see_health_details(request: HttpRequest) -> bool:

@@ -10,6 +10,7 @@ own PostgreSQL and Redis on the usual ones), and nginx runs deploy/nginx.conf wi
 e-mail goes to an SMTP server of the test's own (the only outside part).
 """
 
+import json
 import re
 import secrets
 import socket
@@ -122,7 +123,9 @@ def host_stack(tmp_path_factory):
         ports = {name: _free_port() for name in ("db", "broker", "cache", "web", "proxy")}
     stack = Stack(directory, project=PROJECT, port=ports["proxy"])
     stack.compose_files = ["-f", str(_on_the_hosts_network(directory, ports))]
-    with prepared_stack(stack, directory, email_url=f"smtp://mail:{mailbox.server_address[1]}"):
+    # beat's scan and sweep every 2 s: /healthz calls them late 36 s after they stop (portal/health.py)
+    sooner = {"PAYMENTS_SCAN_SECONDS": "2", "LIFECYCLE_EVERY_SECONDS": "2"}
+    with prepared_stack(stack, directory, email_url=f"smtp://mail:{mailbox.server_address[1]}", settings=sooner):
         stack.compose("up", "-d", "--no-deps", "db", "broker", "cache")
         for service in ("db", "broker", "cache"):
             stack.healthy(service)
@@ -255,6 +258,50 @@ def test_the_app_s_processes_cannot_alter_a_table_nor_drop_the_invoice_trigger(h
     owner = stack.compose("exec", "-T", "db", "psql", "-U", "binome", "-d", "binome", "-tAc",
                           "select tableowner from pg_tables where tablename = 'payments_fiscalinvoice'")  # fmt: skip
     assert owner.stdout.strip() == "binome"
+
+
+HEALTH = """
+import json, os, urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:" + os.environ["PORT"] + "/healthz", timeout=10).read().decode())
+"""
+
+
+def _schedule(stack: Stack) -> dict:
+    """What /healthz says of beat's watched tasks, asked as a probe on the web container's loopback."""
+    said = stack.compose("exec", "-T", "web", "python", "-c", HEALTH).stdout
+    return json.loads(said)["schedule"]
+
+
+def _until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(3)
+    return condition()
+
+
+def test_healthz_and_beat_s_healthcheck_say_when_beat_has_stopped(host_stack):
+    stack, _mailbox = host_stack
+    beat_check = ["podman", "healthcheck", "run", stack.container("beat")]
+    assert _until(lambda: _schedule(stack)["ok"], 60), _schedule(stack)
+    assert stack.run(*beat_check, check=False).returncode == 0
+    assert stack.run("podman", "healthcheck", "run", stack.container("worker"), check=False).returncode == 0
+
+    stack.compose("stop", "-t", "5", "beat")
+    try:
+        assert _until(lambda: not _schedule(stack)["ok"], 90)
+        late = _schedule(stack)["detail"]
+        assert "payments.scan_chains last ran" in late and "provisioning.lifecycle_tick last ran" in late, late
+        assert Browser(stack).request("/healthz")[0] == 200  # the pages are served all the same
+        # beat's healthcheck command says it too (run in web: beat's own container is stopped)
+        checked = stack.compose("exec", "-T", "web", "python", "manage.py", "check_schedule", check=False)
+        assert checked.returncode != 0 and "late: payments.scan_chains last ran" in checked.stderr
+        stack.compose("start", "beat")
+        assert _until(lambda: _schedule(stack)["ok"], 60)
+        assert _until(lambda: stack.run(*beat_check, check=False).returncode == 0, 30)
+    finally:
+        stack.compose("start", "beat", check=False)
 
 
 MARK_PAID = """

@@ -1,7 +1,9 @@
 """/healthz tells a load balancer what is down; /livez only that the process answers."""
 
+import re
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
 import redis
@@ -154,3 +156,52 @@ def test_a_flood_of_health_probes_asks_the_broker_once_every_few_seconds(own_red
     monkeypatch.setattr(health, "BROKER_CHECK_SECONDS", 0.0)  # once that time has passed, it asks again
     stranger.get("/healthz")
     assert _connections_received(own_redis) - before == 2
+
+
+# --- beat and the workers: the watched tasks' last runs ----------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_worker_s_runs_of_the_scan_and_the_sweep_make_the_schedule_on_time(client, celery_worker_process):
+    from portal.models import ScheduledRun
+
+    before = client.get("/healthz").json()
+    assert before["schedule"] == {
+        "ok": False,
+        "detail": "payments.scan_chains never ran; provisioning.lifecycle_tick never ran",
+    }
+    for name in ("payments.scan_chains", "provisioning.lifecycle_tick"):
+        celery_app.send_task(name)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and ScheduledRun.objects.count() < 2:
+        time.sleep(0.2)
+
+    after = client.get("/healthz")
+    assert after.status_code == 200 and after.json()["schedule"] == {"ok": True, "detail": "on time"}
+
+
+@pytest.mark.django_db
+def test_a_late_sweep_is_said_without_a_503_and_an_in_process_run_is_not_counted(client, settings):
+    from django.utils import timezone
+
+    from portal.models import ScheduledRun
+    from provisioning.tasks import lifecycle_tick
+
+    settings.CELERY_BEAT_SCHEDULE = {
+        **settings.CELERY_BEAT_SCHEDULE,
+        "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 30.0},
+    }
+    now = timezone.now()
+    ScheduledRun.objects.create(task="payments.scan_chains", finished_at=now)
+    ScheduledRun.objects.create(task="provisioning.lifecycle_tick", finished_at=now - timedelta(seconds=600))
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 200 and response.json()["status"] == "ok"  # the pages are served all the same
+    schedule = response.json()["schedule"]
+    assert not schedule["ok"] and re.fullmatch(
+        r"provisioning\.lifecycle_tick last ran 60\d s ago, every 30 s", schedule["detail"]
+    )
+    lifecycle_tick.delay()  # eager, in this process: not a worker's run
+    assert ScheduledRun.objects.get(task="provisioning.lifecycle_tick").finished_at < now
+    assert Client(REMOTE_ADDR=PUBLIC).get("/healthz").content == b"ok"  # a stranger learns nothing of it
