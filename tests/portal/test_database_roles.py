@@ -83,6 +83,12 @@ def test_the_app_role_writes_rows_and_cannot_alter_a_table_nor_drop_or_disable_t
         assert "permission denied for schema public" in _refused(app, "CREATE TABLE planted (id integer)")
         assert "must be owner" in _refused(app, "DROP TABLE payments_fiscalinvoice")
         assert "permission denied" in _refused(app, "TRUNCATE payments_fiscalinvoice")
+        # the migrations' record: read (Django's checks), never changed (the next `migrate` would fail or skip one)
+        assert app.execute("SELECT count(*) FROM django_migrations").fetchone()[0] > 0
+        assert "permission denied" in _refused(app, "DELETE FROM django_migrations WHERE app = 'payments'")
+        assert "permission denied" in _refused(
+            app, "INSERT INTO django_migrations (app, name, applied) VALUES ('payments', '9999_planted', now())"
+        )
 
 
 def test_a_table_a_later_migration_makes_is_the_app_s_to_write_too(app_role):
@@ -111,6 +117,7 @@ def test_run_again_it_takes_the_new_password_and_refuses_a_role_that_is_not_the_
     for wrong, reason in [
         (owner, "the owner's"),
         (url.replace(role, "Robert-Tables"), "lower-case role name"),
+        (url.replace(role, "pg_monitor"), "lower-case role name"),
         (url.replace(f":{_password}@", "@"), "no password"),
         (url.rsplit("/", 1)[0] + "/postgres", "another database"),
         ("postgres://app:pw@[::1/x", "not a database URL"),

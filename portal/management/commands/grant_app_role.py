@@ -38,7 +38,7 @@ class Command(BaseCommand):
         except Exception as exc:  # django-environ raises several kinds on a malformed URL
             raise CommandError(f"APP_DATABASE_URL is not a database URL: {type(exc).__name__}") from exc
         role, password = config.get("USER") or "", config.get("PASSWORD") or ""
-        if not ROLE_NAME.fullmatch(role):
+        if not ROLE_NAME.fullmatch(role) or role.startswith("pg_") or role == "public":
             raise CommandError("APP_DATABASE_URL's user must be a lower-case role name (letters, digits, _).")
         if not password:
             raise CommandError("APP_DATABASE_URL has no password: the app's role logs in with one.")
@@ -70,6 +70,9 @@ class Command(BaseCommand):
             sql.SQL("GRANT USAGE ON SCHEMA public TO {role}").format(**names),
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}").format(**names),
             sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {role}").format(**names),
+            # The migrations' record is the owner's: a row deleted or planted there would make the next `migrate`
+            # fail (the stack stays down) or skip a migration. The app only reads it (Django's checks).
+            sql.SQL("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON django_migrations FROM {role}").format(**names),
             sql.SQL(
                 "ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public "
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role}"
