@@ -453,6 +453,10 @@ LOGGING = {
         # Django's own default sends these to its unfiltered handlers: here they go through the redacting ones.
         "django": {"handlers": ["mail_admins"], "level": "INFO"},
         "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Operators hear of work lost after a commit (a broker that did not answer) and of a task that failed in a
+        # worker: both also reach the console through the root logger.
+        "infrastructure.queues": {"handlers": ["mail_admins"]},
+        "celery.app.trace": {"handlers": ["mail_admins"]},
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
