@@ -209,7 +209,7 @@ def test_the_production_env_example_names_every_variable_of_the_readme_and_compo
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     for name in ("migrate", "web", "worker", "beat"):
         (env_file,) = compose["services"][name]["env_file"]
-        assert env_file == {"path": "${BINOME_ENV_FILE:-deploy/production.env}", "required": False}, name
+        assert env_file == {"path": "${BINOME_ENV_FILE:-deploy/production.env}", "required": True}, name
 
 
 def test_the_variable_checks_see_a_planted_one():
