@@ -29,14 +29,13 @@ RUN groupadd --system --gid 10001 binome \
 
 WORKDIR /app
 
-# Runtime dependencies first (cached while pyproject.toml is unchanged), then the project itself. Only
-# `project.dependencies`: the extras (`embedded`: SQLAlchemy and honcho for `make run`; `dev`: the tests; `trial`:
-# PyTorch for the GPU-node tools) stay out of the image (tests/portal/test_dependencies.py runs the portal so).
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install --no-cache-dir -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+# Runtime dependencies first (cached while the lock is unchanged), then the project itself. requirements.lock pins
+# `project.dependencies` and everything they need, each file by its SHA-256 (`make lock` writes it): the same
+# packages on every build, and a file that changed on the index is refused. Only `project.dependencies`: the extras
+# (`embedded`: SQLAlchemy and honcho for `make run`; `dev`: the tests; `trial`: PyTorch for the GPU-node tools) stay
+# out of the image (tests/portal/test_dependencies.py runs the portal so).
+COPY pyproject.toml requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock
 
 # .dockerignore is an allow-list: the project's code, templates, static files and translations only. No `.env`, no
 # key, no chains file (RPC URLs carry API keys: docker-compose.yml mounts it as a secret) ever enters a layer.

@@ -18,7 +18,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 # PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: run test test-image setup setup-run run-deps system-deps messages translations contracts screenshots lint format bench clean
+.PHONY: run test test-image setup setup-run run-deps system-deps lock messages translations contracts screenshots lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -148,6 +148,12 @@ bench: setup
 	$(BIN)/python bench/provisioning.py
 	$(BIN)/python bench/ssh_round_trips.py
 	$(BIN)/python bench/load.py
+
+# The production image's packages, pinned with their hashes (Dockerfile: pip --require-hashes), from pyproject.toml's
+# `dependencies` and their bounds: run after changing them, or to take updates (docs/operations.md, "Updates").
+lock: setup
+	$(BIN)/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_36 --custom-compile-command "make lock" --annotation-style line -o requirements.lock
 
 contracts: node_modules/.installed
 	npm run --silent build:contracts

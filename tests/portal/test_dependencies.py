@@ -223,3 +223,46 @@ def test_the_embedded_default_without_its_extra_says_what_to_install():
     result = _without_extras("check", DEBUG="1", REDIS_URL="", CELERY_BROKER_URL=None, CELERY_RESULT_BACKEND=None)
     assert result.returncode != 0
     assert "needs the `embedded` extra" in result.stderr and "set REDIS_URL" in result.stderr
+
+
+# --- the image's packages: bounded in pyproject.toml, pinned with their hashes in requirements.lock --------------
+
+
+def _locked() -> dict[str, tuple[str, int]]:
+    """requirements.lock's pins: normalised name → (version, how many file hashes it lists)."""
+    pins: dict[str, tuple[str, int]] = {}
+    name = None
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if match := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^ ;\\]+)", line):
+            name = _normalised(match[1])
+            pins[name] = (match[2], 0)
+        elif name and line.strip().startswith("--hash=sha256:"):
+            pins[name] = (pins[name][0], pins[name][1] + 1)
+    return pins
+
+
+def test_every_dependency_of_the_portal_has_an_upper_bound_below_its_next_major():
+    from packaging.requirements import Requirement
+
+    unbounded = [
+        text
+        for text in PYPROJECT["project"]["dependencies"]
+        if not any(spec.operator in ("<", "<=", "==", "~=") for spec in Requirement(text).specifier)
+    ]
+    assert not unbounded, f"no upper bound (a new major would arrive unread): {unbounded}"
+
+
+def test_the_lock_pins_every_dependency_in_its_bounds_with_the_files_hashes_and_the_image_installs_it_so():
+    from packaging.requirements import Requirement
+
+    locked = _locked()
+    for text in PYPROJECT["project"]["dependencies"]:
+        requirement = Requirement(text)
+        name = _normalised(requirement.name)
+        assert name in locked, f"{name} is not in requirements.lock: run `make lock`"
+        assert requirement.specifier.contains(locked[name][0]), f"{name}=={locked[name][0]} is outside {text}"
+    assert all(hashes for _version, hashes in locked.values()), [name for name, (_v, h) in locked.items() if not h]
+    assert len(locked) > len(PYPROJECT["project"]["dependencies"])  # and what they need, pinned too
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock" in dockerfile
+    assert "!requirements.lock" in (ROOT / ".dockerignore").read_text().splitlines()
