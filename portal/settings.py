@@ -420,6 +420,11 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
+# The probes on the machine itself reach gunicorn over plain http without the proxy (the web container's
+# healthcheck, `curl http://127.0.0.1:8000/healthz` inside it, a load balancer's check): the two health pages answer
+# them there instead of redirecting to an https address gunicorn does not serve. They set no cookie and carry no
+# secret; every other page is redirected.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$"]
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=SERVED_OVER_HTTPS)

@@ -114,6 +114,17 @@ def test_a_probe_on_the_machine_itself_sees_the_details():
     assert response.status_code == 200 and response.json()["checks"]["database"]["detail"] == "postgresql"
 
 
+@pytest.mark.django_db
+def test_with_the_https_redirect_on_a_plain_http_probe_still_gets_the_health_pages_and_nothing_else(settings):
+    settings.SECURE_SSL_REDIRECT = True  # production with an https SITE_URL
+    probe = Client(REMOTE_ADDR="127.0.0.1")  # gunicorn's own port, no proxy: plain http
+
+    assert probe.get("/healthz").json()["checks"]["database"]["ok"] is True
+    assert probe.get("/livez").status_code == 200
+    assert probe.get("/healthz/x").status_code == 301  # the exemption is the two pages, not a prefix
+    assert probe.get("/").status_code == 301
+
+
 @pytest.fixture
 def own_redis(tmp_path):
     """A Redis of this test's own as the broker, to count the connections made to it."""
