@@ -47,8 +47,8 @@ node_modules/.installed: package.json package-lock.json
 # podman with runc (crun fails on this kernel's cgroup layout), mmdebstrap (bin/test-image builds the
 # containers' test image from Debian packages: no registry is reachable), e2fsprogs (each order's data volume is an
 # ext4 file system), curl (the forward tests), nginx (tests/portal/test_nginx.py runs deploy/nginx.conf; its
-# service is never started), a docker client (its own parser checks the docker commands; the machine image may
-# ship one, else Debian's docker.io, whose daemon the tests never start), Pango and the DejaVu fonts (WeasyPrint
+# service is never started), openssl (the proxy's tests make a local CA), a docker client (its own parser checks the
+# docker commands; the machine image may ship one, else Debian's docker.io, whose daemon the tests never start), Pango and the DejaVu fonts (WeasyPrint
 # prints the fiscal invoices to PDF/A-3 with them, fonts embedded), shellcheck (a test runs it on every shell script,
 # on disk and sent to the hosts).
 # What `make run` needs of Debian: gettext (compilemessages), Pango and the DejaVu fonts (the invoices' PDFs).
@@ -74,6 +74,7 @@ system-deps: run-deps
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	command -v mkfs.ext4 >/dev/null || missing="$$missing e2fsprogs"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v docker >/dev/null || missing="$$missing docker.io"; \

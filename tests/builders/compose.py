@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.builders.production import NOT_DEMO_XPUB, PRODUCTION_CHAINS
+from tests.builders.tls import local_ca
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,10 +67,14 @@ def _free_port() -> int:
 
 
 class Stack:
-    def __init__(self, directory: Path, *, project: str = PROJECT, port: int | None = None):
+    def __init__(
+        self, directory: Path, *, project: str = PROJECT, port: int | None = None, tls_port: int | None = None
+    ):
         self.directory = directory
         self.project = project
-        self.port = port or _free_port()
+        self.port = port or _free_port()  # the proxy's plain http (PROXY_PORT)
+        self.tls_port = tls_port or _free_port()  # its HTTPS (PROXY_TLS_PORT)
+        self.ca: Path | None = None  # the CA that signed the proxy's certificate, when it serves HTTPS
         conf = directory / "containers.conf"
         conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
         self.env = {**_deployers_shell(), "CONTAINERS_CONF": str(conf)}
@@ -108,8 +113,13 @@ class Stack:
         result = self.run("podman", "logs", self.container(service), check=False)
         return result.stdout + result.stderr
 
+    @property
+    def site(self) -> str:
+        """Where a visitor reaches the portal: SITE_URL."""
+        return self.settings["SITE_URL"]
+
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return self.site + path
 
 
 def _build_context(directory: Path) -> Path:
@@ -137,11 +147,18 @@ def _build_context(directory: Path) -> Path:
 
 @contextmanager
 def prepared_stack(
-    stack: Stack, directory: Path, *, email_url: str = "smtp://mail:1025", settings: dict[str, str] | None = None
+    stack: Stack,
+    directory: Path,
+    *,
+    email_url: str = "smtp://mail:1025",
+    settings: dict[str, str] | None = None,
+    https: bool = False,
 ) -> Iterator[Stack]:
     """The compose file's images built (the app's from a deployer's checkout with secrets planted in it), the
     secrets a deployer gives and their deploy/production.env (the required values, then `settings`), given to
-    compose as the documentation says; the stack taken down, with its volumes, before and after."""
+    compose as the documentation says; the stack taken down, with its volumes, before and after. `https`: the proxy
+    serves the portal over HTTPS with a certificate of a local CA (`stack.ca`) for localhost, in TLS_DIR; else on
+    plain http, as a lab on its own network may (PROXY_PLAIN_HTTP=1)."""
     images = dict(
         line.split("=", 1) for line in stack.run(str(ROOT / "bin" / "stack-images"), timeout=1200).stdout.split()
     )
@@ -168,17 +185,26 @@ def prepared_stack(
         PAYMENTS_XPUB=NOT_DEMO_XPUB,
         CHAINS_FILE=str(chains),
         PROVISIONING_SSH_KEY=str(key),
-        # A lab's portal on its own network, without TLS (docs/operations.md, "Site address and e-mail").
-        SITE_URL=f"http://localhost:{stack.port}",
+        # A lab's portal on its own network (docs/operations.md, "Site address and e-mail"): localhost.
         SITE_URL_PRIVATE_NETWORK="1",
-        SECURE_SSL_REDIRECT="0",
         ALLOWED_HOSTS="localhost,127.0.0.1",
-        CSRF_TRUSTED_ORIGINS=f"http://127.0.0.1:{stack.port},http://localhost:{stack.port}",
         EMAIL_URL=email_url,
         DEFAULT_FROM_EMAIL="Binôme <bookings@binome.lab.internal>",
         PROXY_PORT=str(stack.port),
+        PROXY_TLS_PORT=str(stack.tls_port),
         BACKUP_DIR=str(directory / "backups"),
     )
+    (directory / "acme").mkdir(exist_ok=True)
+    required["ACME_DIR"] = str(directory / "acme")
+    if https:
+        stack.ca = local_ca(directory)
+        site = f"https://localhost:{stack.tls_port}"
+        required.update(SITE_URL=site, CSRF_TRUSTED_ORIGINS=site, TLS_DIR=str(directory / "tls"))
+    else:
+        (directory / "no-certificate").mkdir(exist_ok=True)
+        site = f"http://localhost:{stack.port}"
+        required.update(SITE_URL=site, CSRF_TRUSTED_ORIGINS=site, TLS_DIR=str(directory / "no-certificate"))
+        required.update(PROXY_PLAIN_HTTP="1", SECURE_SSL_REDIRECT="0")
     (directory / "backups").mkdir(exist_ok=True)
     stack.settings = {**(settings or {}), **required}
     stack.env_file.write_text(env_file_text(stack.settings))

@@ -1,20 +1,21 @@
 """The whole production stack as one, here: docker-compose.yml's own services (PostgreSQL, the broker and cache
 Redis servers, the migration, web behind nginx, worker, beat) from its own images, with the deployer's variables,
-and a booking made through nginx that the worker turns into the e-mail with the order link.
+and a booking made through nginx over HTTPS (the operator's certificate: a local CA's) that the worker turns into
+the e-mail with the order link.
 
 Why the host's network: this sandbox's bridges pass no packet between two containers (tests/portal/
 test_compose_stack.py), but containers on the host's network reach each other on loopback. So the test hands
 podman-compose the compose file with every service moved there, and nothing else changed: the service names
 resolve to 127.0.0.1 (extra_hosts), each server listens on a port of its own on 127.0.0.1 (this machine runs its
-own PostgreSQL and Redis on the usual ones), and nginx runs deploy/nginx.conf with those two ports moved. The
-e-mail goes to an SMTP server of the test's own (the only outside part).
+own PostgreSQL and Redis on the usual ones), and nginx is given those addresses through deploy/proxy's variables.
+The e-mail goes to an SMTP server of the test's own (the only outside part).
 """
 
 import json
 import re
 import secrets
-import socket
 import socketserver
+import ssl
 import subprocess
 import threading
 import time
@@ -70,12 +71,13 @@ def _on_the_hosts_network(directory: Path, ports: dict[str, int]) -> Path:
             command[-1] = command[-1].replace("exec redis-server", f"exec redis-server {listen}")
             test = service["healthcheck"]["test"]
             test[-1] = test[-1].replace("redis-cli ping", f"redis-cli -p {ports[name]} ping")
-    nginx = (ROOT / "deploy" / "nginx.conf").read_text()
-    nginx = nginx.replace("listen 8000;", f"listen 127.0.0.1:{ports['proxy']};")
-    nginx = nginx.replace("proxy_pass http://web:8000;", f"proxy_pass http://web:{ports['web']};")
-    assert f":{ports['proxy']};" in nginx and f"web:{ports['web']};" in nginx, "deploy/nginx.conf changed: update this"
-    (directory / "nginx.conf").write_text(nginx)
-    services["proxy"]["volumes"] = [f"{directory / 'nginx.conf'}:/etc/nginx/conf.d/default.conf:ro"]
+    # nginx: its listening addresses and gunicorn's, as deploy/proxy takes them (`web` by address: nginx's resolver
+    # does not read /etc/hosts, where the service names are here)
+    services["proxy"]["environment"].update(
+        PROXY_LISTEN_HTTP=f"127.0.0.1:{ports['proxy']}",
+        PROXY_LISTEN_HTTPS=f"127.0.0.1:{ports['proxy_tls']}",
+        PROXY_UPSTREAM=f"127.0.0.1:{ports['web']}",
+    )
     path = directory / "docker-compose.host.yml"
     path.write_text(yaml.safe_dump(compose, sort_keys=False))
     return path
@@ -119,13 +121,14 @@ def host_stack(tmp_path_factory):
     mailbox = Mailbox()
     threading.Thread(target=mailbox.serve_forever, daemon=True).start()
     ports: dict[str, int] = {}
-    while len(set(ports.values())) < 5:  # five servers, five ports
-        ports = {name: _free_port() for name in ("db", "broker", "cache", "web", "proxy")}
-    stack = Stack(directory, project=PROJECT, port=ports["proxy"])
+    while len(set(ports.values())) < 6:  # five servers, six ports
+        ports = {name: _free_port() for name in ("db", "broker", "cache", "web", "proxy", "proxy_tls")}
+    stack = Stack(directory, project=PROJECT, port=ports["proxy"], tls_port=ports["proxy_tls"])
     stack.compose_files = ["-f", str(_on_the_hosts_network(directory, ports))]
     # beat's scan and sweep every 2 s: /healthz calls them late 36 s after they stop (portal/health.py)
     sooner = {"PAYMENTS_SCAN_SECONDS": "2", "LIFECYCLE_EVERY_SECONDS": "2"}
-    with prepared_stack(stack, directory, email_url=f"smtp://mail:{mailbox.server_address[1]}", settings=sooner):
+    email_url = f"smtp://mail:{mailbox.server_address[1]}"
+    with prepared_stack(stack, directory, email_url=email_url, settings=sooner, https=True):
         stack.compose("up", "-d", "--no-deps", "db", "broker", "cache")
         for service in ("db", "broker", "cache"):
             stack.healthy(service)
@@ -139,7 +142,8 @@ def host_stack(tmp_path_factory):
 
 
 class Browser:
-    """A visitor through nginx: cookies kept, redirects not followed (the test reads them)."""
+    """A visitor through nginx over HTTPS, trusting only the local CA that signed the proxy's certificate: cookies
+    kept, redirects not followed (the test reads them)."""
 
     class _NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args, **kwargs):
@@ -148,14 +152,17 @@ class Browser:
     def __init__(self, stack: Stack):
         self.stack = stack
         self.cookies = CookieJar()
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.cookies), self._NoRedirect)
+        tls = urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(stack.ca)))
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(self.cookies), self._NoRedirect, tls
+        )
 
     def request(self, path: str, data: dict | None = None) -> tuple[int, dict, str]:
         body = urllib.parse.urlencode(data).encode() if data is not None else None
-        request = urllib.request.Request(self.stack.url(path), data=body, headers={"Host": "localhost"})
+        request = urllib.request.Request(self.stack.url(path), data=body)
         if data is not None:
-            request.add_header("Origin", f"http://localhost:{self.stack.port}")
-            request.add_header("Referer", f"http://localhost:{self.stack.port}{path}")
+            request.add_header("Origin", self.stack.site)
+            request.add_header("Referer", self.stack.url(path))
         try:
             with self.opener.open(request, timeout=30) as response:
                 return response.status, dict(response.headers), response.read().decode()
@@ -213,7 +220,7 @@ def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_s
         time.sleep(1)
     mailed = [message for message in mailbox.messages if email in message]
     assert mailed, f"no e-mail to {email}; worker said:\n{stack.logs('worker')[-3000:]}"
-    assert f"http://localhost:{stack.port}{order_path.rsplit('/', 2)[0]}" in mailed[0].replace("=\n", "")
+    assert f"{stack.site}{order_path.rsplit('/', 2)[0]}" in mailed[0].replace("=\n", "")
 
     # and: beat's schedule reaches the worker too (the chain scan runs, finding the unreachable node unavailable)
     # (every PAYMENTS_SCAN_SECONDS, 10 s in production, the first one period after beat starts)
@@ -224,15 +231,24 @@ def test_a_booking_made_through_nginx_lands_and_the_worker_mails_its_link(host_s
     assert re.search(scanned, stack.logs("worker")), stack.logs("beat")[-2000:] + stack.logs("worker")[-2000:]
 
 
-def test_nginx_answers_for_web_and_the_web_process_cannot_read_the_ssh_key(host_stack):
+def test_nginx_serves_https_with_the_operator_s_certificate_and_the_web_process_cannot_read_the_ssh_key(host_stack):
     stack, _mailbox = host_stack
     status, headers, _page = Browser(stack).request("/livez")
     assert status == 200 and "nginx" in headers.get("Server", "")
+    assert headers["Strict-Transport-Security"].startswith("max-age=31536000")  # the portal saw https
+    # the operator's check of docs/operations.md ("HTTPS"), trusting only their CA
+    checked = stack.run(
+        "curl", "-sS", "--cacert", str(stack.ca), "-o", "/dev/null", "-w", "%{http_code}",
+        "--resolve", f"localhost:{stack.tls_port}:127.0.0.1", stack.url("/livez"),
+    )  # fmt: skip
+    assert checked.stdout == "200"
+    # plain http sends the visitor to the same page over HTTPS
+    plain = stack.run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{redirect_url}",
+                      "-H", "Host: localhost", f"http://127.0.0.1:{stack.port}/book/?lots=2")  # fmt: skip
+    assert plain.stdout == f"308 {stack.site}/book/?lots=2"
     key = stack.compose("exec", "-T", "web", "test", "-e", "/run/secrets/provisioning_ssh_key", check=False)
     assert key.returncode != 0
     assert stack.compose("exec", "-T", "worker", "test", "-r", "/run/secrets/provisioning_ssh_key").returncode == 0
-    with socket.create_connection(("127.0.0.1", stack.port), timeout=5):
-        pass
 
 
 DDL_ATTEMPT = """

@@ -416,7 +416,7 @@ def test_the_web_process_refuses_to_start_when_it_can_read_the_provisioning_key(
 
 def test_docker_compose_has_no_default_password_and_serves_gunicorn_through_the_proxy():
     compose = (ROOT / "docker-compose.yml").read_text()
-    nginx = (ROOT / "deploy" / "nginx.conf").read_text()
+    nginx = (ROOT / "deploy" / "nginx" / "site.conf").read_text()
     services = dict(re.findall(r"(?m)^  ([a-z-]+):\n((?:    .*\n|\n)+)", compose.split("\nservices:\n", 1)[1]))
 
     assert "POSTGRES_PASSWORD:-" not in compose and "${POSTGRES_PASSWORD:?" in compose
