@@ -15,6 +15,7 @@ The build sees the host's certificate store (this network's TLS proxy signs PyPI
 limit is lowered for every container (runc cannot raise it here): both are this machine's, not the stack's.
 """
 
+import json
 import subprocess
 
 import pytest
@@ -54,6 +55,23 @@ def test_postgres_and_both_redis_servers_start_healthy_and_refuse_a_client_witho
     assert (setting(broker, "appendonly"), setting(broker, "maxmemory-policy")) == ("yes", "noeviction")
     assert (setting(cache, "appendonly"), setting(cache, "maxmemory-policy")) == ("no", "allkeys-lru")
     assert setting(cache, "maxmemory") == str(256 * 2**20)
+
+
+def test_a_container_s_log_is_cut_at_the_operator_s_size_however_much_it_writes(stack):
+    # the example's LOG_MAX_SIZE=20m, on every service
+    for service in ("db", "broker", "cache"):
+        config = json.loads(
+            stack.run(
+                "podman", "inspect", "--format", "{{json .HostConfig.LogConfig}}", stack.container(service)
+            ).stdout
+        )
+        assert (config["Type"], config["Size"]) == ("json-file", "20MB"), service
+    # when: the cache server's output grows by 30 MB (as a year of warnings would)
+    flood = "head -c 30000000 /dev/zero | tr '\\0' x | fold -w 99 > /proc/1/fd/1"
+    assert _in(stack, "cache", "sh", "-c", flood).returncode == 0
+    # then: its log file stays within the limit
+    size = stack.run("stat", "-c", "%s", config["Path"]).stdout.strip()
+    assert 0 < int(size) <= 20 * 10**6, size
 
 
 def test_every_setting_of_the_operator_s_file_reaches_the_app_s_services(stack):
