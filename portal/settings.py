@@ -16,6 +16,7 @@ from csp.constants import SELF as CSP_SELF
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
+from portal.environment import SecretFileEnv
 from portal.production import (
     email_backend_refusal,
     sender_refusal,
@@ -27,7 +28,8 @@ from portal.production import (
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+# Every variable X may be given as X_FILE=/path instead, the file holding the value (portal/environment.py).
+env = SecretFileEnv()
 # A local .env file is read when present (never committed); real environment variables win.
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
