@@ -468,3 +468,33 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
 DEFAULT_EXCEPTION_REPORTER = "infrastructure.redaction.RedactingExceptionReporter"
+
+# --- Error tracking ---------------------------------------------------------------------------------------------
+# Sentry (or a server speaking its protocol) when SENTRY_DSN is set; nothing is loaded without it. Every event and
+# breadcrumb goes through the same token redaction as the logs (infrastructure.redaction.redact_event). Frame
+# variables and request bodies are never sent: a frame's `token`, a minted link, a customer's e-mail, SSH key or
+# billing details sit there with no shape a filter could recognise. No personal data either (send_default_pii off:
+# no cookies, user, client address).
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+if SENTRY_DSN:
+    import sentry_sdk
+    from sentry_sdk.integrations.celery import CeleryIntegration
+    from sentry_sdk.integrations.django import DjangoIntegration
+
+    from infrastructure.redaction import redact_event
+
+    _SENTRY_TRACES_SAMPLE_RATE = env.float("SENTRY_TRACES_SAMPLE_RATE", default=0.0)
+    if not 0 <= _SENTRY_TRACES_SAMPLE_RATE <= 1:
+        raise ImproperlyConfigured("SENTRY_TRACES_SAMPLE_RATE must be between 0 (no traces) and 1 (every request).")
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        environment=env.str("SENTRY_ENVIRONMENT", default="development" if DEBUG else "production"),
+        traces_sample_rate=_SENTRY_TRACES_SAMPLE_RATE,
+        integrations=[DjangoIntegration(), CeleryIntegration()],
+        send_default_pii=False,
+        include_local_variables=False,
+        max_request_body_size="never",
+        before_send=redact_event,
+        before_send_transaction=redact_event,
+        before_breadcrumb=redact_event,
+    )

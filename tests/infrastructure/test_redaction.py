@@ -180,3 +180,36 @@ def test_a_worker_s_log_carries_no_token_of_a_task_s_message_or_its_traceback(st
     assert "sending the order's link https://book.example.org/orders/BN-ABCD2345/[token]/" in output, output[-3000:]
     assert "RuntimeError: could not reach https://book.example.org/orders/BN-ABCD2345/[token]/" in output
     assert "tha4GKbFxVoYDk3Tp" not in output
+
+
+def test_a_sentry_event_loses_every_token_of_a_link_it_holds_wherever_it_stands():
+    from infrastructure.redaction import redact_event
+
+    link = f"/orders/BN-ABCD2345/{TOKEN}/"
+    event = {
+        "request": {
+            "url": f"https://book.example.org{link}",
+            "query_string": f"next=%2Forders%2FBN-ABCD2345%2F{TOKEN.replace('-', '%2D')}%2F",
+            "headers": {"Referer": f"https://book.example.org{link}events/"},
+        },
+        "exception": {"values": [{"type": "RuntimeError", "value": f"no order for {TOKEN}"}]},
+        "logentry": {"message": "opened %s", "params": [link]},
+        "breadcrumbs": {"values": [{"message": f"GET {link}", "data": {link: ("kept", 3, None)}}]},
+        "level": "error",
+    }
+
+    redacted = redact_event(event, {})
+
+    assert TOKEN not in repr(redacted) and TOKEN.replace("-", "%2D") not in repr(redacted)
+    assert redacted["request"]["url"] == "https://book.example.org/orders/BN-ABCD2345/[token]/"
+    assert redacted["exception"]["values"][0]["value"] == "no order for [token]"  # seen in a link elsewhere
+    assert redacted["breadcrumbs"]["values"][0]["data"] == {"/orders/BN-ABCD2345/[token]/": ("kept", 3, None)}
+    assert redacted["level"] == "error"
+
+
+def test_an_event_without_an_order_link_is_left_as_it_is():
+    from infrastructure.redaction import redact_event
+
+    event = {"message": "worker lost", "extra": {"attempt": 3, "ids": [1, 2]}, "tags": {"queue": "chain"}}
+
+    assert redact_event(event) == event
