@@ -360,7 +360,16 @@ def _ports_line(connection: Connection, customer_ports: set[int]) -> str:
             f"customer ports: {ports.port_ranges(state.unreserved)} in the ephemeral ports and not reserved: an "
             "outgoing connection may hold one when a container starts (the next provisioning reserves them)"
         )
-    return f"customer ports: {ports.port_ranges(state.exposed)} reserved from the ephemeral ports"
+    if state.lost_at_boot:
+        return (
+            f"customer ports: {ports.port_ranges(state.exposed)} reserved from the ephemeral ports until the next "
+            f"reboot: {ports.PERSISTED_RESERVATION} does not reserve {ports.port_ranges(state.lost_at_boot)} (the next "
+            "provisioning writes it; a sysctl file of yours that sorts after it and sets the same key must list them)"
+        )
+    return (
+        f"customer ports: {ports.port_ranges(state.exposed)} reserved from the ephemeral ports, at boot too "
+        f"({ports.PERSISTED_RESERVATION})"
+    )
 
 
 def _first_line(text: str) -> str:

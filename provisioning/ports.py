@@ -4,16 +4,24 @@ Each window's sshd is published on the host's first customer port plus its lot's
 window on the first free port from the first customer port + 1000. Linux hands its own outgoing connections (a
 pull, a resolver, the portal's SSH session) their local port from the ephemeral ports (32768-60999), where the
 default first customer port (42000) falls, and a port so held cannot be published: provisioning reserves the
-customer ports there (host_steps.reserve_customer_ports), the host check says whether they are.
+customer ports there (host_steps.reserve_customer_ports), the host check says whether they are. The kernel forgets
+the list at a reboot: provisioning also writes it to a sysctl file of the project's own, which the boot applies
+(systemd-sysctl, or `sysctl --system`), so the ports are kept from the first outgoing connections on.
 """
 
 import re
 from dataclasses import dataclass
 
-from provisioning.drivers.base import Connection
+from provisioning.drivers.base import CommandResult, Connection
 
 EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
 RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+# The reservation as the boot applies it: the kernel's whole list when it was written (the operator's own ports
+# with the customers'), since a later sysctl file setting the same key replaces it rather than adds to it. A file of
+# the operator's that sorts after this one (/etc/sysctl.conf is 99-sysctl.conf) wins at boot: the host check says
+# so, and the next provisioning run reserves the customer ports again.
+PERSISTED_RESERVATION = "/etc/sysctl.d/90-binome-customer-ports.conf"
+SYSCTL_KEY = "net.ipv4.ip_local_reserved_ports"
 DOWNLOAD_PORT_OFFSET = 1000
 DOWNLOAD_PORTS = 1000
 DOWNLOAD_PORTS_RESERVED = 64  # the first download ports, reserved with the windows' own
@@ -87,10 +95,15 @@ class PortState:
     exposed: set[int]  # the customer ports that fall in the host's ephemeral ports
     reserved: set[int]  # every port the host reserves from them
     known: bool = True  # whether the reserved list was read whole: only then may it be written back, widened
+    persisted: frozenset[int] = frozenset()  # what the sysctl file of the project's reserves at boot
 
     @property
     def unreserved(self) -> set[int]:
         return self.exposed - self.reserved
+
+    @property
+    def lost_at_boot(self) -> set[int]:
+        return self.exposed - self.persisted
 
 
 def port_state(conn: Connection, ports: set[int]) -> PortState:
@@ -105,15 +118,44 @@ def port_state(conn: Connection, ports: set[int]) -> PortState:
     # Read whole: the command answered, the kernel's closing newline came (a cut read would lose the rest of the
     # list on writing back), and every part is a port or a range of ports.
     known = listed.ok and listed.stdout.endswith("\n") and _parts(listed.stdout) is not None
-    return PortState(exposed=exposed, reserved=port_set(listed.stdout), known=known)
+    persisted = conn.run(["cat", PERSISTED_RESERVATION], check=False)
+    return PortState(
+        exposed=exposed, reserved=port_set(listed.stdout), known=known, persisted=frozenset(_boot_list(persisted))
+    )
+
+
+def _boot_list(read: CommandResult) -> set[int]:
+    """The ports the sysctl file reserves: its one `key = list` line, read as the kernel's list; none when the file
+    is missing or holds anything else (root's file, but read as any file of a host is)."""
+    if not read.ok:
+        return set()
+    lines = [line.strip() for line in read.stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if len(lines) != 1:
+        return set()
+    key, equals, value = lines[0].partition("=")
+    return port_set(value) if equals and key.strip() == SYSCTL_KEY else set()
+
+
+# $1 the list, $2 the file: written aside, then renamed (a reboot mid-write finds the old file or the new one)
+_PERSIST = (
+    'install -d -m 755 "${2%/*}" && printf "%s\\n%s = %s\\n" "# Written by provisioning (Binome): the customer ports '
+    'kept from outgoing connections, with what the host reserved besides (docs/operations.md, Provisioning)." '
+    f'"{SYSCTL_KEY}" "$1" > "$2.part" && mv -f "$2.part" "$2"'
+)
 
 
 def reserve(conn: Connection, ports: set[int]) -> PortState:
     """Add the exposed ones of `ports` to what the host reserves, never narrowing it: a list that could not be read
-    whole is left as it is. The state read back."""
+    whole is left as it is; then the kernel's whole list written where the boot applies it, unless it says so
+    already. The state read back."""
     state = port_state(conn, ports)
     if state.unreserved and state.known:
         value = port_ranges(state.reserved | state.exposed)
         conn.run(["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "reserve_ports", value, RESERVED_PORTS], check=False)
         state = port_state(conn, ports)
+    if state.exposed and state.known and not state.unreserved and state.persisted != state.reserved:
+        value = port_ranges(state.reserved)
+        conn.run(["sh", "-c", _PERSIST, "persist_ports", value, PERSISTED_RESERVATION], check=False)
+        state = port_state(conn, ports)
     return state
+

@@ -6,6 +6,7 @@ the host (its reserved ports are given back after the session, tests/provisionin
 
 import secrets
 import socket
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,12 +29,20 @@ def _context(port_base: int, **values) -> StepContext:
     )  # fmt: skip
 
 
+PERSISTED = Path(ports.PERSISTED_RESERVATION)
+
+
 @pytest.fixture
 def reserved_ports():
-    """The host's reserved ports as they were, set back after the test."""
+    """The host's reserved ports as they were, set back after the test, and the boot's file as it was."""
     before = RESERVED_PORTS.read_text()
+    persisted = PERSISTED.read_text() if PERSISTED.exists() else None
+    PERSISTED.unlink(missing_ok=True)
     yield before
     RESERVED_PORTS.write_text(before)
+    PERSISTED.unlink(missing_ok=True)
+    if persisted is not None:
+        PERSISTED.write_text(persisted)
 
 
 def _ephemeral() -> range:
@@ -90,6 +99,57 @@ def test_provisioning_reserves_the_window_and_download_ports_that_fall_in_the_ep
     # and: a second provisioning changes nothing
     again = host_steps.reserve_customer_ports(admin, _context(base, host_port_span=8))
     assert ports.port_set(RESERVED_PORTS.read_text()) == reserved and "reserved" in again
+
+
+def test_the_reservation_is_kept_where_the_boot_applies_it_and_a_reboot_keeps_the_ports(admin, reserved_ports):
+    # given: a host whose first customer port is in the ephemeral ports, and a range its operator reserved
+    base = _first_port_in_the_ephemeral_ports()
+    operators_own = _ephemeral().stop - 5
+    RESERVED_PORTS.write_text(f"{operators_own}\n")
+
+    # when: provisioning reserves the customer ports
+    host_steps.reserve_customer_ports(admin, _context(base, host_port_span=8))
+
+    # then: the sysctl file of the project's own holds the kernel's whole list, the operator's port with them
+    reserved = ports.port_set(RESERVED_PORTS.read_text())
+    (line,) = [line for line in PERSISTED.read_text().splitlines() if not line.startswith("#")]
+    key, value = (part.strip() for part in line.split("="))
+    assert key == "net.ipv4.ip_local_reserved_ports" and ports.port_set(value) == reserved
+    assert set(range(base, base + 8)) | {operators_own} <= reserved
+
+    # when: the host reboots (the kernel's list empty), and the boot applies the sysctl files
+    RESERVED_PORTS.write_text("\n")
+    applied = subprocess.run(["sysctl", "-p", str(PERSISTED)], capture_output=True, text=True, check=False)
+
+    # then: the customer ports are kept from outgoing connections before any provisioning runs again
+    assert applied.returncode == 0, applied.stderr
+    assert ports.port_set(RESERVED_PORTS.read_text()) == reserved
+
+    # and: a run that finds it all in place leaves the file alone
+    written = PERSISTED.stat().st_mtime_ns
+    host_steps.reserve_customer_ports(admin, _context(base, host_port_span=8))
+    assert PERSISTED.stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "net.ipv4.ip_local_reserved_ports = 42000-42001,x\n",  # not the kernel's list
+        "net.ipv4.ip_local_port_range = 42000 42001\n",  # another key
+        "net.ipv4.ip_local_reserved_ports = 42000\nnet.ipv4.ip_local_reserved_ports = 42001\n",  # two settings
+        "",
+    ],
+)
+def test_a_boot_file_that_is_not_one_list_of_the_key_reserves_nothing_at_boot(text):
+    host = RefusingHost(
+        {
+            ports.EPHEMERAL_PORTS: "32768 60999\n",
+            ports.RESERVED_PORTS: "42000-42001\n",
+            ports.PERSISTED_RESERVATION: text,
+        }
+    )
+    state = ports.port_state(host, {42000, 42001})
+    assert state.unreserved == set() and state.lost_at_boot == {42000, 42001}
 
 
 def test_ports_below_the_ephemeral_ports_reserve_nothing(admin, reserved_ports):
@@ -205,7 +265,13 @@ def test_the_host_check_says_whether_the_customer_ports_are_kept_from_outgoing_c
     host_steps.reserve_customer_ports(admin, _context(base, host_port_span=2))
     host_check(host=host)
     host.refresh_from_db()
-    assert f"customer ports: {exposed} reserved from the ephemeral ports" in host.isolation_report
+    assert f"customer ports: {exposed} reserved from the ephemeral ports, at boot too" in host.isolation_report
+
+    # and: without the boot's file, the check says the next reboot gives them back
+    PERSISTED.unlink()
+    host_check(host=host)
+    host.refresh_from_db()
+    assert f"customer ports: {exposed} reserved from the ephemeral ports until the next reboot" in host.isolation_report
 
 
 @pytest.mark.parametrize(
