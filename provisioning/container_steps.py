@@ -8,7 +8,7 @@ import re
 
 from inventory.rules import RUNTIME_PATTERN
 from nodekit.bundle import host_file_bytes, script_bytes
-from provisioning import cards, containers, host_probe, shares
+from provisioning import cards, containers, host_probe, ports, shares
 from provisioning.drivers.base import Connection
 from provisioning.preflight_report import DRY_RUN_REPORT, parse_preflight_report
 from provisioning.step_context import (
@@ -358,8 +358,11 @@ def start_container(conn: Connection, ctx: StepContext) -> StepOutput:
         if not state[1]:
             _check_cards_free(conn, ctx)
             release_volume(conn, runtime, spec.volume)
-            conn.run(runtime.command("start", spec.name), timeout=120)
-        replaced = " (kept)"
+            replaced = _clear_port(conn, ctx, spec.ssh_port)
+            started = conn.run(runtime.command("start", spec.name), check=False, timeout=120)
+            if not started.ok and not is_dry_run(conn):
+                raise StepFailed(_did_not_start(conn, spec.ssh_port, started.stderr))
+        replaced = " (kept)" + replaced
     else:
         # before the old container goes: a move whose new cards are not free leaves the customer where they work
         _check_cards_free(conn, ctx)
@@ -367,9 +370,10 @@ def start_container(conn: Connection, ctx: StepContext) -> StepOutput:
             remove_checked(conn, runtime, spec.name)
             replaced = " (the previous one, made for another lot, image or share, was removed)"
         release_volume(conn, runtime, spec.volume)
+        replaced += _clear_port(conn, ctx, spec.ssh_port)
         started = conn.run(containers.run_argv(spec, runtime), check=False, timeout=600)
         if started.exit_status != 0 and not is_dry_run(conn):
-            raise StepFailed(f"the container did not start: {started.stderr.strip()[-500:]}")
+            raise StepFailed(_did_not_start(conn, spec.ssh_port, started.stderr))
         _check_started_alone(conn, ctx)
     state = _container_state(conn, ctx)
     if not is_dry_run(conn) and not (state and state[1]):
@@ -397,6 +401,27 @@ def start_container(conn: Connection, ctx: StepContext) -> StepOutput:
             "shares": share.as_access(),
         },
     )
+
+
+def _clear_port(conn: Connection, ctx: StepContext, port: int) -> str:
+    """Before the window's port is published: netavark's forwards of it left by containers podman no longer has
+    are dropped (the first rule wins: a stale one would send the customer's SSH elsewhere). What was done, said."""
+    runtime = runtime_of(ctx)
+    if is_dry_run(conn) or not runtime.is_podman:
+        return ""
+    listing = runtime.command("ps", "--all", "--no-trunc", "--format", "{{.ID}}")
+    dropped = ports.drop_stale_forwards(conn, listing, port)
+    return f" (a stale forward of port {port}, of a removed container, dropped)" if dropped else ""
+
+
+def _did_not_start(conn: Connection, port: int, stderr: str) -> str:
+    """Why the container did not start, with what holds its port when the runtime says it is taken."""
+    said = stderr.strip()[-500:]
+    if not any(words in stderr.lower() for words in ports.PORTS_TAKEN):
+        return f"the container did not start: {said}"
+    held = ports.holders(conn, port)
+    by = "; ".join(held) if held else "nothing any more (it was released since: retry the run)"
+    return f"the container did not start: port {port} is held on the host by {by}. The runtime said: {said}"
 
 
 # $1 the runtime, $2 the order's network, $3 the cap: written in root's file for the network's bridge (podman's

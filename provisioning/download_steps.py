@@ -19,6 +19,7 @@ from provisioning import containers
 from provisioning.container_steps import download_container_name, release_volume, remove_checked
 from provisioning.drivers.base import Connection, DriverError
 from provisioning.host_steps import authorized_keys_lines
+from provisioning.ports import PORTS_TAKEN
 from provisioning.step_context import (
     StepContext,
     StepFailed,
@@ -30,9 +31,6 @@ from provisioning.step_context import (
 )
 
 DOWNLOAD_START_ATTEMPTS = 4
-# The runtimes' words when the published port is held already: by a socket of the host's (podman, docker), by
-# another container (docker)
-PORTS_TAKEN = ("address already in use", "port is already allocated")
 DOWNLOAD_CONFIG, DOWNLOAD_KEYS = "download_config", "download_keys"
 # Every key of the window, restricted to nothing but the SFTP session sshd forces (no pty, no forwarding).
 DOWNLOAD_KEY_OPTIONS = "restrict"

@@ -218,6 +218,8 @@ def probe(
     lines.append(f"firewall guard around the customers' networks: {'in place' if guard else 'missing'}")
     if customer_ports:
         lines.append(_ports_line(connection, customer_ports))
+        if runtime_found and Runtime(runtime_found).is_podman:
+            lines += _stale_forward_lines(connection, Runtime(runtime_found), customer_ports)
     shared_ids = []
     if runtime_found:  # each container's shares read back, the ids of its user namespace, the runtime's escapes
         share_lines, shared_ids = shares.shares_report(connection, Runtime(runtime_found), VOLUME_ROOT)
@@ -370,6 +372,19 @@ def _ports_line(connection: Connection, customer_ports: set[int]) -> str:
         f"customer ports: {ports.port_ranges(state.exposed)} reserved from the ephemeral ports, at boot too "
         f"({ports.PERSISTED_RESERVATION})"
     )
+
+
+def _stale_forward_lines(connection: Connection, runtime: Runtime, customer_ports: set[int]) -> list[str]:
+    """netavark's forwards of a customer port whose container podman no longer has: the first rule wins, so one
+    would send that port's SSH elsewhere; provisioning drops it before it publishes the port again."""
+    listing = runtime.command("ps", "--all", "--no-trunc", "--format", "{{.ID}}")
+    stale = sorted({forward.port for forward in ports.stale_forwards(connection, listing)} & customer_ports)
+    if not stale:
+        return []
+    return [
+        f"customer ports: {ports.port_ranges(set(stale))} still forwarded for a container podman no longer has "
+        "(a command interrupted mid-removal): the next provisioning on that port drops the forward"
+    ]
 
 
 def _first_line(text: str) -> str:

@@ -10,6 +10,7 @@ the list at a reboot: provisioning also writes it to a sysctl file of the projec
 """
 
 import re
+import shlex
 from dataclasses import dataclass
 
 from provisioning.drivers.base import CommandResult, Connection
@@ -159,3 +160,73 @@ def reserve(conn: Connection, ports: set[int]) -> PortState:
         state = port_state(conn, ports)
     return state
 
+
+# --- a window port held anyway -------------------------------------------------------------------------------------
+
+# The runtimes' words when the published port is held already: by a socket of the host's (podman, docker), by
+# another container (docker)
+PORTS_TAKEN = ("address already in use", "port is already allocated")
+
+# netavark's forwards of published ports (podman's iptables rules): one jump per container and port, its comment
+# naming the network and the container's id. A container removed while podman was interrupted (a killed command, a
+# worker stopped mid-step) can leave its rule: netavark appends the next container's after it, so the stale one
+# still wins and sends the port to whatever later holds that address.
+NETAVARK_FORWARDS = "NETAVARK-HOSTPORT-DNAT"
+_FORWARD = re.compile(
+    r"-A NETAVARK-HOSTPORT-DNAT .*?--dport (?P<port>\d{1,5}) .*?"
+    r'--comment "dnat name: (?P<network>[A-Za-z0-9_.-]{1,128}) id: (?P<id>[0-9a-f]{64})" .*',
+    re.ASCII,
+)
+MAX_FORWARD_RULES = 20_000  # more than a host's containers ever publish: the rest of an answer is not read
+_ID = re.compile(r"[0-9a-f]{64}", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Forward:
+    port: int
+    network: str
+    container: str  # the id netavark wrote
+    rule: str  # as `iptables -S` prints it: what deletes it, with -D for -A
+
+
+def stale_forwards(conn: Connection, list_containers: list[str]) -> list[Forward]:
+    """netavark's forwards whose container the runtime no longer has. The rules are read before the containers, so a
+    container being started meanwhile is listed with its rule; when either answer is not whole, none is stale."""
+    rules = conn.run(["iptables", "-w", "10", "-t", "nat", "-S", NETAVARK_FORWARDS], check=False)
+    if not rules.ok:
+        return []
+    forwards = []
+    for line in rules.stdout.splitlines()[:MAX_FORWARD_RULES]:
+        found = _FORWARD.fullmatch(line.strip())
+        if found and int(found["port"]) <= LAST_PORT:
+            forwards.append(Forward(int(found["port"]), found["network"], found["id"], line.strip()))
+    if not forwards:
+        return []
+    listed = conn.run(list_containers, check=False)
+    known = listed.stdout.split()
+    if not listed.ok or not all(_ID.fullmatch(container) for container in known):
+        return []
+    return [forward for forward in forwards if forward.container not in set(known)]
+
+
+def drop_stale_forwards(conn: Connection, list_containers: list[str], port: int) -> list[Forward]:
+    """Delete the stale forwards of `port` (before a container publishes it): those dropped."""
+    dropped = []
+    for forward in stale_forwards(conn, list_containers):
+        if forward.port == port:
+            rule = shlex.split(forward.rule)
+            deleted = conn.run(["iptables", "-w", "10", "-t", "nat", "-D", *rule[1:]], check=False)
+            if deleted.ok:
+                dropped.append(forward)
+    return dropped
+
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
+
+
+def holders(conn: Connection, port: int) -> list[str]:
+    """What holds `port` on the host now, as `ss` says it: a server listening there or a connection whose local
+    port it is, with the process (name, pid). At most five lines, printable ASCII, each cut at 200 characters."""
+    found = conn.run(["ss", "-Htanp", "sport", "=", f":{port}"], check=False)
+    lines = [" ".join(_UNPRINTABLE.sub("?", line).split()) for line in found.stdout.splitlines()[:5]]
+    return [line[:200] for line in lines if line]
