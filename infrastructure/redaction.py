@@ -1,4 +1,5 @@
-"""Order tokens stay out of logs, error reports and the events sent to Sentry.
+"""Order tokens stay out of logs, error reports and the events sent to Sentry; and from Sentry's events, the
+customers' e-mail addresses and the paths and queries of the URLs the portal calls (an RPC provider's API key).
 
 An order's secret link is /orders/<number>/<token>/…, and its status poll is the same path with `?v=`. Whatever
 writes a request's path somewhere (gunicorn's access log, Django's "Not Found: /…" and "Internal Server Error:
@@ -8,7 +9,7 @@ writes a request's path somewhere (gunicorn's access log, Django's "Not Found: /
 import logging
 import re
 from collections.abc import Iterator
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from django.views.debug import ExceptionReporter
 from gunicorn.glogging import Logger
@@ -49,13 +50,46 @@ def _strings(value) -> Iterator[str]:
             yield from _strings(item)
 
 
+# An e-mail address, as an SMTP refusal or a log line quotes a customer's (send_default_pii is off, but an
+# exception's message is the exception's): replaced in what Sentry is sent.
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+", re.ASCII)
+EMAIL_REDACTED = "[email]"
+
+
+def _origin(url: str) -> str:
+    """A URL's scheme, host and port only: an RPC provider's API key is in its path or its query, a password in
+    its user part."""
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "[url]"
+    return f"{parts.scheme}://{parts.hostname or ''}{port}" if parts.scheme else "[url]"
+
+
+def _outgoing_request(item: dict) -> dict:
+    """Sentry's breadcrumb (`type` http) or span (`op` http.client) of a request the portal made, down to the
+    server it went to: the SDK writes its whole URL, query apart."""
+    data = dict(item.get("data") or {})
+    origin = _origin(str(data.get("url", "")))
+    data["url"] = origin
+    for name in ("http.query", "http.fragment"):
+        data.pop(name, None)
+    item = {**item, "data": data}
+    if "description" in item:
+        item["description"] = f"{data.get('http.method', data.get('method', ''))} {origin}".strip()
+    return item
+
+
 def _replaced(value, tokens: set[str]):
     if isinstance(value, str):
-        value = redact(value)
+        value = _EMAIL.sub(EMAIL_REDACTED, redact(value))
         for token in tokens:
             value = value.replace(token, REDACTED)
         return value
     if isinstance(value, dict):
+        if value.get("type") == "http" or str(value.get("op", "")).startswith("http.client"):
+            value = _outgoing_request(value)
         return {_replaced(key, tokens): _replaced(item, tokens) for key, item in value.items()}
     if isinstance(value, list | tuple):
         replaced = [_replaced(item, tokens) for item in value]
@@ -69,7 +103,8 @@ def redact_event(event: dict, hint: dict | None = None) -> dict:
     values, log messages and their arguments, breadcrumbs, a task's arguments), and each token seen in a link also
     replaced where it stands alone (an exception's message, a span's data), as RedactingExceptionReporter does with
     the request's. A token never written in a link anywhere in the event has no shape to be found by: the settings
-    keep frame variables and request bodies out of the events altogether."""
+    keep frame variables and request bodies out of the events altogether. E-mail addresses are replaced too, and
+    the requests the portal made (to RPC providers, whose URLs hold API keys) keep only the server's address."""
     tokens = set()
     for text in _strings(event):
         for link in _ORDER_LINK.finditer(text):

@@ -426,7 +426,7 @@ SESSION_COOKIE_HTTPONLY = True
 # healthcheck, `curl http://127.0.0.1:8000/healthz` inside it, a load balancer's check): the two health pages answer
 # them there instead of redirecting to an https address gunicorn does not serve. They set no cookie and carry no
 # secret; every other page is redirected.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz\Z", r"^livez\Z"]
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=SERVED_OVER_HTTPS)
@@ -460,6 +460,9 @@ LOGGING = {
         # Django's own default sends these to its unfiltered handlers: here they go through the redacting ones.
         "django": {"handlers": ["mail_admins"], "level": "INFO"},
         "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # A Host header the portal does not serve (anyone's to send, from as many addresses as they have): said in
+        # the console, never mailed to ADMINS one e-mail per request.
+        "django.security.DisallowedHost": {"handlers": ["console"], "propagate": False},
         # Operators hear of work lost after a commit (a broker that did not answer) and of a task that failed in a
         # worker: both also reach the console through the root logger.
         "infrastructure.queues": {"handlers": ["mail_admins"]},
@@ -480,6 +483,7 @@ if SENTRY_DSN:
     import sentry_sdk
     from sentry_sdk.integrations.celery import CeleryIntegration
     from sentry_sdk.integrations.django import DjangoIntegration
+    from sentry_sdk.integrations.logging import ignore_logger
 
     from infrastructure.redaction import redact_event
 
@@ -497,4 +501,9 @@ if SENTRY_DSN:
         before_send=redact_event,
         before_send_transaction=redact_event,
         before_breadcrumb=redact_event,
+        # No trace headers on the portal's own requests: they would tell RPC providers the DSN's key and the task.
+        trace_propagation_targets=[],
     )
+    # A request for a host the portal does not serve is anyone's to send, as often as they like: not an error
+    # anyone acts on, and each one an event (the project's quota) and, below, no e-mail either.
+    ignore_logger("django.security.DisallowedHost")

@@ -4,6 +4,7 @@ SDK is never started. Sentry starts in real processes only: once started, it sta
 
 import gzip
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,6 +57,65 @@ with mock.patch.object(selectors, "order_for_link", order_for_link):
     except urllib.error.HTTPError as error:
         print("status", error.code)
 sentry_sdk.flush(timeout=10)
+"""
+
+# What the portal does besides its pages: a request to an RPC provider whose URL holds its API key (as a chains
+# file's may), three requests for a host the portal does not serve (anyone can send them, as often as they like),
+# then a customer's address refused by the mail server, the mail task's error once its retries run out.
+PORTAL_CALLS = """
+import smtplib
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import requests
+import sentry_sdk
+from django.conf import settings
+from django.core import mail
+
+from portal.wsgi import application
+
+settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+mail.outbox = []
+seen = []
+
+class Provider(BaseHTTPRequestHandler):
+    def do_GET(self):
+        seen.append(sorted(name.lower() for name in self.headers))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+class Quiet(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+provider = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+threading.Thread(target=provider.serve_forever, daemon=True).start()
+# the secrets spelled apart: the process's command line, which holds this script, is in every event (sys.argv)
+rpc = f"http://127.0.0.1:{provider.server_address[1]}/v2/" + "SUPERSECRET" "APIKEY123?apikey=" + "QUERY" "KEY456"
+print("rpc", requests.get(rpc, timeout=10).status_code)
+server = make_server("127.0.0.1", 0, application, handler_class=Quiet)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+for _ in range(3):
+    request = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/", headers={"Host": "evil" ".example"})
+    try:
+        urllib.request.urlopen(request, timeout=30)
+    except urllib.error.HTTPError as error:
+        print("bad host", error.code)
+try:
+    raise smtplib.SMTPRecipientsRefused({"ada.lovelace" "@lab.example.org": (550, b"5.1.1 no such user")})
+except smtplib.SMTPRecipientsRefused:
+    sentry_sdk.capture_exception()
+sentry_sdk.flush(timeout=10)
+print("mails", len(mail.outbox))
+print("provider saw", seen[0])
 """
 
 PRINT_SENTRY = (
@@ -162,6 +222,38 @@ def test_a_task_failing_with_an_order_link_reaches_sentry_without_its_token(sent
     assert event["environment"] == "development"  # the tests' DEBUG=1
     for _path, body in received:
         assert TOKEN.encode() not in body
+
+
+def test_sentry_is_sent_no_api_key_of_a_called_url_no_customer_address_and_no_flood_of_foreign_hosts(
+    sentry_server, production_chains
+):
+    port, received = sentry_server
+
+    result = _production(
+        "shell",
+        "-c",
+        PORTAL_CALLS,
+        **_production_settings(
+            production_chains, SENTRY_DSN=f"http://publickey@127.0.0.1:{port}/1", ADMINS="ops@lab.example.org"
+        ),
+    )
+
+    assert result.returncode == 0 and "rpc 200" in result.stdout, result.stderr[-3000:]
+    # the foreign hosts are refused, and neither an event nor an e-mail each
+    assert result.stdout.count("bad host 400") == 3 and "mails 0" in result.stdout
+    events = [event for _path, body in received for event in _events(body)]
+    assert [event["exception"]["values"][-1]["type"] for event in events] == ["SMTPRecipientsRefused"], events
+    (event,) = events
+    assert event["exception"]["values"][-1]["value"] == "{'[email]': (550, b'5.1.1 no such user')}"
+    # the requests made (to the provider, and the three to the portal) are in the breadcrumbs by their server only
+    calls = [crumb["data"] for crumb in event["breadcrumbs"]["values"] if crumb.get("type") == "http"]
+    assert len(calls) == 4 and all(re.fullmatch(r"http://127\.0\.0\.1:\d+", call["url"]) for call in calls), calls
+    assert not any("http.query" in call for call in calls)
+    # and the provider was not told the DSN's key or the task (no trace headers)
+    assert "sentry-trace" not in result.stdout and "baggage" not in result.stdout
+    for _path, body in received:
+        for secret in (b"SUPERSECRETAPIKEY123", b"QUERYKEY456", b"ada.lovelace@", b"evil.example"):
+            assert secret not in body, secret
 
 
 def test_without_a_dsn_sentry_is_not_started(production_chains):
