@@ -42,6 +42,11 @@ if not DEBUG and (SECRET_KEY == _DEVELOPMENT_SECRET_KEY or len(SECRET_KEY) < 50)
         "SECRET_KEY must be set to a long random value when DEBUG is off "
         "(python -c 'import secrets; print(secrets.token_urlsafe(64))')."
     )
+# The keys SECRET_KEY replaced, still accepted for what they signed (sessions, the links of the address
+# confirmation, password resets) while those expire: docs/operations.md, "Rotating a secret".
+SECRET_KEY_FALLBACKS = env.list("SECRET_KEY_FALLBACKS", default=[])
+if not DEBUG and any(key == _DEVELOPMENT_SECRET_KEY or len(key) < 50 for key in SECRET_KEY_FALLBACKS):
+    raise ImproperlyConfigured("SECRET_KEY_FALLBACKS holds a short or development key: only former SECRET_KEYs.")
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])

@@ -136,3 +136,22 @@ def test_no_setting_has_a_file_twin_that_already_means_a_path():
 
     assert {"PAYMENTS_CHAINS_FILE", "PROVISIONING_SSH_KEY_FILE", "CACHE_FILE", "CHAINS_FILE"} <= paths
     assert not {f"{name}_FILE" for name in read} & paths
+
+
+SIGN = "from django.core import signing; print(signing.dumps({'confirmed': 'ada@lab.example.org'}))"
+NEW_SECRET_KEY = "n3w-" + "k" * 60
+
+
+def test_a_rotated_secret_key_keeps_what_the_former_one_signed_while_it_is_a_fallback(production_chains):
+    production = {"PAYMENTS_XPUB": NOT_DEMO_XPUB, "PAYMENTS_CHAINS_FILE": str(production_chains)}
+    signed = _production("shell", "-c", SIGN, SECRET_KEY=PRODUCTION_SECRET_KEY, **production).stdout.splitlines()[-1]
+    script = f"from django.core import signing; print(signing.loads({signed!r}))"
+
+    kept = _production("shell", "-c", script, SECRET_KEY=NEW_SECRET_KEY, SECRET_KEY_FALLBACKS=PRODUCTION_SECRET_KEY,
+                       **production)  # fmt: skip
+    dropped = _production("shell", "-c", script, SECRET_KEY=NEW_SECRET_KEY, **production)
+    weak = _production("check", SECRET_KEY=NEW_SECRET_KEY, SECRET_KEY_FALLBACKS="short", **production)
+
+    assert kept.returncode == 0 and "{'confirmed': 'ada@lab.example.org'}" in kept.stdout, kept.stderr[-2000:]
+    assert dropped.returncode != 0 and "BadSignature" in dropped.stderr
+    assert weak.returncode != 0 and "SECRET_KEY_FALLBACKS holds a short or development key" in weak.stderr
