@@ -257,6 +257,17 @@ def test_with_the_operator_s_certificate_the_portal_is_served_over_https_and_pla
     assert len(proxy.upstream.seen) == 2  # neither the redirect nor the challenges reached the portal
 
 
+def test_plain_http_redirects_to_the_portal_s_own_address_whatever_host_the_client_names(start_proxy, tmp_path):
+    local_ca(tmp_path)
+    proxy = start_proxy(PROXY_SITE_URL="https://book.example.org")
+
+    for host in ("evil.example", "book.example.org"):
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+        connection.request("GET", "/book/?lots=2", headers={"Host": host})
+        answer = connection.getresponse()
+        assert (answer.status, answer.headers["Location"]) == (308, "https://book.example.org/book/?lots=2"), host
+
+
 def test_without_a_certificate_plain_http_serves_challenges_only_unless_asked_to_serve_the_portal(
     start_proxy, tmp_path
 ):
@@ -285,6 +296,7 @@ def test_without_a_certificate_plain_http_serves_challenges_only_unless_asked_to
         ({"PROXY_TLS_PORT": "443$request_uri"}, [], "PROXY_TLS_PORT is not a port"),
         ({"PROXY_RELOAD_HOURS": "0"}, [], "PROXY_RELOAD_HOURS is not a whole number"),
         ({"PROXY_PLAIN_HTTP": "yes"}, [], "PROXY_PLAIN_HTTP is 0 or 1"),
+        ({"PROXY_SITE_URL": "https://x/; return 200 y"}, ["fullchain.pem", "privkey.pem"], "PROXY_SITE_URL is not"),
         ({"PROXY_RESOLVER": "127.0.0.1; include x", "PROXY_UPSTREAM": "web:1"}, [], "PROXY_RESOLVER holds more"),
     ],
 )
