@@ -189,12 +189,13 @@ class Forward:
     rule: str  # as `iptables -S` prints it: what deletes it, with -D for -A
 
 
-def stale_forwards(conn: Connection, list_containers: list[str]) -> list[Forward]:
+def stale_forwards(conn: Connection, list_containers: list[str]) -> list[Forward] | None:
     """netavark's forwards whose container the runtime no longer has. The rules are read before the containers, so a
-    container being started meanwhile is listed with its rule; when either answer is not whole, none is stale."""
+    container being started meanwhile is listed with its rule; when either answer is not whole, none is stale.
+    None when there are no iptables rules of netavark's to read (nothing published yet, or its nftables driver)."""
     rules = conn.run(["iptables", "-w", "10", "-t", "nat", "-S", NETAVARK_FORWARDS], check=False)
     if not rules.ok:
-        return []
+        return None
     forwards = []
     for line in rules.stdout.splitlines()[:MAX_FORWARD_RULES]:
         found = _FORWARD.fullmatch(line.strip())
@@ -212,7 +213,7 @@ def stale_forwards(conn: Connection, list_containers: list[str]) -> list[Forward
 def drop_stale_forwards(conn: Connection, list_containers: list[str], port: int) -> list[Forward]:
     """Delete the stale forwards of `port` (before a container publishes it): those dropped."""
     dropped = []
-    for forward in stale_forwards(conn, list_containers):
+    for forward in stale_forwards(conn, list_containers) or []:
         if forward.port == port:
             rule = shlex.split(forward.rule)
             deleted = conn.run(["iptables", "-w", "10", "-t", "nat", "-D", *rule[1:]], check=False)

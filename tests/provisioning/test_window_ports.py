@@ -128,3 +128,28 @@ def test_a_stale_forward_of_the_window_port_is_reported_then_dropped_before_the_
         assert "no longer has" not in container_host.isolation_report
     finally:
         remove_user(admin, username)
+
+
+class NftablesHost:
+    """A host whose netavark writes nftables rules: no NETAVARK-HOSTPORT-DNAT chain for iptables to list."""
+
+    is_dry_run = False
+
+    def run(self, argv, **_):
+        from provisioning.drivers.base import CommandResult
+
+        if argv[:4] == ["nft", "list", "table", "inet"]:
+            return CommandResult(" ".join(argv), 0, "table inet netavark {\n}\n", "", 0.0)
+        return CommandResult(" ".join(argv), 1, "", "iptables: No chain/target/match by that name.", 0.0)
+
+
+def test_a_host_whose_forwards_are_nftables_rules_is_told_they_are_not_looked_at():
+    from provisioning import host_probe
+    from provisioning.containers import Runtime
+
+    lines = host_probe._stale_forward_lines(NftablesHost(), Runtime("podman"), {42000})
+
+    assert lines == [
+        "customer ports: netavark forwards them with nftables here, which this check does not read: a forward left by "
+        "a removed container is neither looked for nor dropped (podman's iptables driver is)"
+    ]
