@@ -126,7 +126,7 @@ def host_stack(tmp_path_factory):
     stack = Stack(directory, project=PROJECT, port=ports["proxy"], tls_port=ports["proxy_tls"])
     stack.compose_files = ["-f", str(_on_the_hosts_network(directory, ports))]
     # beat's scan and sweep every 2 s: /healthz calls them late 36 s after they stop (portal/health.py)
-    sooner = {"PAYMENTS_SCAN_SECONDS": "2", "LIFECYCLE_EVERY_SECONDS": "2"}
+    sooner = {"PAYMENTS_SCAN_SECONDS": "2", "LIFECYCLE_EVERY_SECONDS": "2", "ADMINS": "ops@lab.example.org"}
     email_url = f"smtp://mail:{mailbox.server_address[1]}"
     with prepared_stack(stack, directory, email_url=email_url, settings=sooner, https=True):
         stack.compose("up", "-d", "--no-deps", "db", "broker", "cache")
@@ -249,6 +249,33 @@ def test_nginx_serves_https_with_the_operator_s_certificate_and_the_web_process_
     key = stack.compose("exec", "-T", "web", "test", "-e", "/run/secrets/provisioning_ssh_key", check=False)
     assert key.returncode != 0
     assert stack.compose("exec", "-T", "worker", "test", "-r", "/run/secrets/provisioning_ssh_key").returncode == 0
+
+
+def _as_owner(stack: Stack, statement: str) -> None:
+    stack.compose("exec", "-T", "db", "psql", "-U", "binome", "-d", "binome", "-v", "ON_ERROR_STOP=1", "-c", statement)
+
+
+def test_a_request_that_fails_is_mailed_to_admins_without_the_order_s_token(host_stack, tmp_path):
+    stack, mailbox = host_stack
+    order_path, _email = _book(stack, tmp_path)
+    token = order_path.strip("/").split("/")[2]
+    # given: the app's role can no longer read the orders (a grant lost by hand): the order page fails
+    _as_owner(stack, "REVOKE SELECT ON booking_order FROM binome_app")
+    try:
+        # when: the researcher opens their order page
+        status, _headers, page = Browser(stack).request(order_path)
+
+        # then: an error page, and the operators' address receives the error report, the link's token redacted
+        assert status == 500 and token not in page
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (reports := [m for m in mailbox.messages if "[Django] ERROR" in m]):
+            time.sleep(1)
+        assert reports, f"no error report mailed; web said:\n{stack.logs('web')[-3000:]}"
+        report = reports[-1].replace("=\n", "")
+        assert "To: ops@lab.example.org" in report and "permission denied for table booking_order" in report
+        assert f"{order_path.rsplit('/', 2)[0]}/[token]/" in report and token not in report
+    finally:
+        _as_owner(stack, "GRANT SELECT ON booking_order TO binome_app")
 
 
 DDL_ATTEMPT = """
