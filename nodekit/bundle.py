@@ -1,12 +1,12 @@
 """The files shipped to the nodes: each script with the nodekit modules it imports inlined, one self-contained file.
 
-A node runs a script as `python3 -I ~/.binome/preflight.py`, and a researcher downloads the split-trial kit as one
-`split_trial.py`: neither has this package. So each of the script's `from nodekit.<module> import …` lines
-(common.py for both; verdicts.py, gpu_arch.py, gpu_tools.py, preflight_checks.py, preflight_worker.py for the
-pre-flight) is replaced by the body of that module, each module once and after the ones it imports itself, and the
-result needs nothing but the standard library. A single .py file (rather than a zipapp) keeps what people know: it
-can be read, downloaded under its own name, and run by path, and multiprocessing's spawn children (the all-reduce
-ranks, the split-trial ranks) re-run it by that path.
+A container runs a script as `python3 -I /opt/binome/preflight.py` (the order's kit), and a researcher downloads the
+split-trial kit as one `split_trial.py`: neither has this package. So each of the script's `from nodekit.<module>
+import …` lines (common.py for both; verdicts.py, gpu_arch.py, gpu_tools.py, preflight_checks.py,
+preflight_worker.py for the pre-flight) is replaced by the body of that module, each module once and after the ones
+it imports itself, and the result needs nothing but the standard library. A single .py file (rather than a zipapp)
+keeps what people know: it can be read, downloaded under its own name, and run by path, and multiprocessing's spawn
+children (the all-reduce ranks, the split-trial ranks) re-run it by that path.
 
 The output depends only on the source files, never on the working directory or the machine. The build refuses what
 would make the inlined file mean something else than the package: an aliased or unknown name, a script that defines

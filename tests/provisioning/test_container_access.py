@@ -4,7 +4,9 @@ what they write is never read or run by the host; neither reaches the other's po
 no key works before the hand-over; after teardown nothing of theirs is left. Against the real sshd on loopback (the
 host's, which the customers never pass through), real podman with runc, mknod stand-ins for /dev/nvidia0..3."""
 
+import html
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -441,3 +443,28 @@ def test_the_order_page_gives_the_container_s_port_host_key_shares_and_disk_in_b
     french = client.get(url, HTTP_ACCEPT_LANGUAGE="fr").content.decode()
     assert f"Vous arrivez dans un conteneur {order.environment.name}" in french
     assert "Volume de données : 1 Gio." in french
+
+
+def test_the_split_trial_commands_of_the_guide_and_the_order_page_run_as_written_in_the_customer_s_container(
+    client,
+    two_customers,  # noqa: F811
+):
+    order, access, private_key = two_customers[0]
+    for language in ("en", "fr"):
+        # given: the guide in the researcher's language, and the command it tells them to type on the machine
+        client.cookies["django_language"] = language
+        guide = client.get(reverse("customer:guide")).content.decode()
+        commands = [html.unescape(code) for code in re.findall(r"<code>([^<]*split_trial\.py[^<]*)</code>", guide)]
+        assert commands == ["python3 /opt/binome/split_trial.py --help"], (language, commands)
+
+        # when: they type it, as written, in their container (their home as the working directory)
+        typed = _in(access, private_key, commands[0])
+
+        # then: the kit answers with its usage
+        assert typed.stdout.startswith("usage: split_trial.py"), (language, typed.stdout[:500])
+
+        # and: the order page's report line names the kit where the container has it, read-only
+        page = client.get(reverse("customer:order", kwargs={"public_id": order.public_id, "token": order.token}))
+        (kit,) = set(re.findall(r"python3 (\S+/split_trial\.py) --output report\.json", page.content.decode()))
+        checked = _in(access, private_key, f"test -r {kit} && test ! -w {kit} && echo readable")
+        assert checked.stdout.strip() == "readable", (language, kit)

@@ -468,7 +468,8 @@ def _fit_advice(form: FitForm, *, hypothesis: str, catalog: Catalog) -> dict | N
 
 @require_http_methods(["GET"])
 def split_trial_kit(request: HttpRequest) -> HttpResponse:
-    """The split-trial kit as one file (nodekit.bundle), also copied to each machine's ~/.binome/ at provisioning."""
+    """The split-trial kit as one file (nodekit.bundle), also in each order's container at /opt/binome/ (the kit
+    provisioning writes)."""
     response = HttpResponse(script_bytes("split_trial"), content_type="text/x-python; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="split_trial.py"'
     return response
