@@ -467,3 +467,20 @@ def _mailed_confirmation_link(mail_dir: Path, timeout: float = 30) -> str:
             return found[-1]
         time.sleep(0.2)
     raise AssertionError("no confirmation link was mailed")
+
+
+def test_the_fit_advice_follows_the_hypothesis_as_the_researcher_changes_it(researcher, live_server, catalog):
+    page = researcher
+    page.goto(live_server.url + "/")
+    # given: the advice for a 1B model, asked before any hypothesis is chosen
+    page.fill("input[name=fit-parameters_billion]", "1")
+    advice = page.locator("#fit-advice")
+    advice.get_by_text("How this was computed").wait_for(timeout=15000)
+    assert "independent" not in advice.inner_text()
+
+    # when: the researcher then says what they want to learn, and changes their mind
+    page.check("input[name=hypothesis][value='compare_hyperparameters']")
+    # then: the advice follows each answer without touching the advisor's fields
+    advice.get_by_text("run two independent single-card experiments").wait_for(timeout=15000)
+    page.check("input[name=hypothesis][value='bigger_batch']")
+    advice.get_by_text("For a bigger global batch or a shorter step, data parallelism fits").wait_for(timeout=15000)
