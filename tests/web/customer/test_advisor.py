@@ -104,7 +104,10 @@ def test_the_inputs_and_verdict_are_kept_with_the_order_and_shown_to_operators(
     operator.user_permissions.add(Permission.objects.get(codename="operate_orders"))
     client.force_login(operator)
     console = client.get(reverse("console:order", kwargs={"public_id": order.public_id})).content.decode()
-    assert "b200_pair_sharded" in console
+    # the operator reads the verdict in words, as the researcher did, not the advisor's codes
+    assert "The B200 pair with sharding (FSDP / ZeRO-3) is needed: it does not fit one card." in console
+    assert "For your hypothesis, shard the model over the two cards (FSDP / ZeRO-3)." in console
+    assert "b200_pair_sharded" not in console and "· shard ·" not in console
 
 
 def test_booking_without_the_advisor_stores_nothing(client, catalog, booking_data):
@@ -117,6 +120,8 @@ def test_the_booking_page_carries_the_advisor_wired_to_its_live_partial(client, 
     page = client.get(reverse("customer:book")).content.decode()
     assert 'hx-get="/fit/"' in page and 'hx-target="#fit-advice"' in page and 'name="fit-parameters_billion"' in page
     assert 'hx-include="[data-fit], [name=hypothesis]"' in page
+    # a new hypothesis asks again
+    assert 'hx-trigger="change, input delay:500ms, change from:[name=hypothesis]"' in page
 
 
 ONLY_MI300X_SHARDED = {  # 185B bf16 inference, no reserve: 185 GB per card sharded; only a 192 GB card holds it
