@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from booking.models import (
@@ -275,6 +275,13 @@ def order_events_page(
     newest_first = list(events.order_by("-created_at", "-pk")[: per_page + 1])
     older_than = newest_first[per_page - 1].pk if len(newest_first) > per_page else None
     return EventsPage(events=newest_first[:per_page][::-1], older_than=older_than)
+
+
+def with_status_since(orders: QuerySet[Order]) -> QuerySet[Order]:
+    """Each order with `status_since`: when it last entered its current status (its audit trail's latest transition
+    to it), for the console's queue to say how long each has waited."""
+    entered = OrderEvent.objects.filter(order=OuterRef("pk"), to_status=OuterRef("status")).order_by("-created_at")
+    return orders.annotate(status_since=Subquery(entered.values("created_at")[:1]))
 
 
 def order_rejection(order: Order) -> OrderEvent | None:

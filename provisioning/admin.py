@@ -96,7 +96,7 @@ class HostAdmin(admin.ModelAdmin):
 
 @admin.register(OperatorSettings)
 class OperatorSettingsAdmin(SingletonAdmin):
-    list_display = ["__str__", "auto_approve", "provision_lead_hours", "wipe_after_days"]
+    list_display = ["__str__", "auto_approve", "approval_response_hours", "provision_lead_hours", "wipe_after_days"]
 
 
 class StepInline(admin.TabularInline):

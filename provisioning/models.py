@@ -1,3 +1,4 @@
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -10,6 +11,15 @@ class OperatorSettings(SingletonRow, models.Model):
 
     auto_approve = models.BooleanField(
         _("approve paid orders automatically"), default=False, help_text=_("Off: an operator approves each order.")
+    )
+    approval_response_hours = models.PositiveSmallIntegerField(
+        _("approve paid orders within this many hours"),
+        default=24,
+        validators=[MinValueValidator(1), MaxValueValidator(720)],
+        help_text=_(
+            "When approval is not automatic: said to researchers on the order page and in the payment e-mail, and "
+            "the console marks the paid orders waiting longer."
+        ),
     )
     provision_lead_hours = models.PositiveSmallIntegerField(_("provision this many hours before the window"), default=6)
     key_grace_minutes = models.PositiveIntegerField(

@@ -208,6 +208,41 @@ def carried_volume_username(order: Order, *, host: Host) -> str:
     return source.username if source else ""
 
 
+@dataclass(frozen=True)
+class ApprovalOutlook:
+    """What a paid order waits for, as the operator set it: the order page and the payment e-mail say it."""
+
+    automatic: bool  # approved as soon as paid (OperatorSettings.auto_approve)
+    within_hours: int  # else the operator's stated response time
+    lead_hours: int  # the machines are prepared this long before the window
+    prepared_from: datetime  # the window's start less the lead: when preparation starts at the earliest
+
+
+def approval_outlook(order: Order) -> ApprovalOutlook:
+    current = OperatorSettings.current()
+    return ApprovalOutlook(
+        automatic=current.auto_approve,
+        within_hours=current.approval_response_hours,
+        lead_hours=current.provision_lead_hours,
+        prepared_from=order.starts_at - timedelta(hours=current.provision_lead_hours),
+    )
+
+
+def with_approval_late(orders: list[Order], *, now: datetime) -> list[Order]:
+    """Each order (annotated with `status_since`) with `approval_late`: paid, and waiting for approval longer than
+    the operator's stated response time; never when approval is automatic."""
+    for order in orders:
+        order.approval_late = False
+    paid = [order for order in orders if order.status == OrderStatus.PAID and order.status_since is not None]
+    if not paid:  # the settings are read only when some order waits for approval
+        return orders
+    current = OperatorSettings.objects.filter(pk=1).first() or OperatorSettings()  # a read makes no row
+    late_after = timedelta(hours=current.approval_response_hours)
+    for order in paid:
+        order.approval_late = not current.auto_approve and now - order.status_since > late_after
+    return orders
+
+
 def wipe_date(order: Order) -> datetime:
     """When the customer's files are deleted: announced in the end-of-window e-mails, and the last start of a
     window that carries them."""

@@ -4,12 +4,13 @@ the customer booked in."""
 from django.conf import settings
 from django.core.mail import EmailMessage, send_mail
 from django.template.loader import render_to_string
-from django.utils import translation
+from django.utils import timezone, translation
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 
 from booking.models import Order, OrderStatus
 from booking.notices import Notice
+from provisioning import selectors as provisioning_selectors
 
 
 def send_in_language(
@@ -93,7 +94,7 @@ def _payment_received(*, order: Order, invoice) -> None:
         order=order,
         subject=gettext_lazy("Payment received for your Binôme order %(number)s"),
         template="email/payment_received.txt",
-        context={"invoice": invoice},
+        context={"invoice": invoice, "approval": provisioning_selectors.approval_outlook(order), "now": timezone.now()},
     )
     if settings.PAYMENTS_NOTIFY_EMAIL:
         send_mail(f"[Binôme] {order.public_id} paid, awaiting approval", body, None, [settings.PAYMENTS_NOTIFY_EMAIL])

@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseClientRefresh
 from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Order, OrderStatus
 from booking.rules import BookingError
-from booking.selectors import free_lot_ids, order_events_page, utilisation_by_week, window_for
+from booking.selectors import free_lot_ids, order_events_page, utilisation_by_week, window_for, with_status_since
 from infrastructure.numbers import whole_number
 from inventory.models import Host, Lot
 from payments import checkout, unapplied
@@ -68,10 +68,15 @@ QUEUE = [
 @operator_required
 def queue(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    orders = list(
-        Order.objects.filter(status__in=[status for _key, _label, statuses in QUEUE for status in statuses])
-        .select_related("hardware_class")
-        .order_by("starts_at")[:500]
+    orders = selectors.with_approval_late(
+        list(
+            with_status_since(
+                Order.objects.filter(status__in=[status for _key, _label, statuses in QUEUE for status in statuses])
+            )
+            .select_related("hardware_class")
+            .order_by("starts_at")[:500]
+        ),
+        now=now,
     )
     sections = [
         {"key": key, "label": label, "orders": [order for order in orders if order.status in statuses]}

@@ -139,6 +139,12 @@ def _order_context(order: Order, token: str) -> dict:
         "now": now,
         "end_warning": order.status == OrderStatus.ACTIVE and order.ends_at - now < END_WARNING,
         "progress": _provisioning_progress(order),
+        # What a paid order waits for, as the operator set it (automatic or their response time, the lead).
+        "approval": (
+            provisioning_selectors.approval_outlook(order)
+            if order.status in (OrderStatus.PAID, OrderStatus.APPROVED)
+            else None
+        ),
         "payment": payment_selectors.payment_view(order),  # the current invoice: address, amount, QR code
         "extension": _extension_payment(order),
         "refund": refund_quote(order=order, now=now) if order.can_be_cancelled_with_refund else None,
