@@ -13,7 +13,6 @@ import io
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.builders.extensions import build_extension, fatbin, offload_bundle
 from tests.nodekit.shipped import load_shipped, shipped_script
 
 SCRIPT = shipped_script("preflight")
@@ -613,52 +613,15 @@ def test_a_checkpoint_that_loses_the_optimizer_state_fails(monkeypatch, tmp_path
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _fatbin(*entries: tuple) -> bytes:
-    """An .nv_fatbin blob: ('sm', 90) is a cubin entry, ('sm', 90, 'a') an arch-specific one, ('compute', 90) PTX.
-    Flags as nvcc 13 writes them (0x8011, plus 1 << 20 for sm_XYa), read from torch's libtorch_cuda.so."""
-    body = b""
-    for kind, arch, *suffix in entries:
-        flags = 0x8011 | (1 << 20 if suffix == ["a"] else 0)
-        payload = f"{kind}_{arch} code".encode().ljust(48, b"\0")
-        header = struct.pack("<HHIQ", 2 if kind == "sm" else 1, 0x0101, 64, len(payload)).ljust(28, b"\0")
-        header = (header + struct.pack("<I", arch)).ljust(40, b"\0") + struct.pack("<Q", flags)
-        body += header.ljust(64, b"\0") + payload
-    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
-
-
-def _offload_bundle(*targets: str) -> bytes:
-    names = ["host-x86_64-unknown-linux-gnu-", *(f"hipv4-amdgcn-amd-amdhsa--{target}" for target in targets)]
-    table = b"".join(struct.pack("<QQQ", 0, 0, len(name)) + name.encode() for name in names)
-    return b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(names)) + table
-
-
-def build_extension(directory: Path, name: str, section: str, blob: bytes, marker: Path) -> Path:
-    """A real shared object carrying `blob` in `section`, whose constructor would write `marker` if it ran."""
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / f"{name}.c"
-    data = ", ".join(str(byte) for byte in blob)
-    source.write_text(
-        "#include <stdio.h>\n"
-        f'__attribute__((used, section("{section}"))) static const unsigned char device_code[] = {{{data}}};\n'
-        "__attribute__((constructor)) static void loaded(void) {"
-        f' FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n'
-        "int answer(void) { return 42; }\n"
-    )
-    library = directory / f"{name}.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, capture_output=True)
-    source.unlink()
-    return library
-
-
 @pytest.fixture
 def site_packages(tmp_path):
     root = tmp_path / "site-packages"
     marker = tmp_path / "executed"
-    build_extension(root / "flash_attn", "flash_attn_cuda", ".nv_fatbin", _fatbin(("sm", 90), ("compute", 90)), marker)
-    build_extension(root / "old_kernels", "_C", ".nv_fatbin", _fatbin(("sm", 80)), marker)
+    build_extension(root / "flash_attn", "flash_attn_cuda", ".nv_fatbin", fatbin(("sm", 90), ("compute", 90)), marker)
+    build_extension(root / "old_kernels", "_C", ".nv_fatbin", fatbin(("sm", 80)), marker)
     build_extension(root / "plain", "_speedups", ".text.extra", b"no device code here", marker)
     # NVIDIA's CUDA library wheels keep their kernels elsewhere (libcufft.so.12's .nv_fatbin holds one sm_75 cubin)
-    build_extension(root / "nvidia" / "cu13" / "lib", "libcufft", ".nv_fatbin", _fatbin(("sm", 75)), marker)
+    build_extension(root / "nvidia" / "cu13" / "lib", "libcufft", ".nv_fatbin", fatbin(("sm", 75)), marker)
     return root, marker
 
 
@@ -699,7 +662,7 @@ def test_a_run_fails_naming_the_extension_without_code_for_the_card(tmp_path, si
 
 def test_arch_specific_cubins_run_on_their_exact_arch_only(tmp_path):
     root, marker = tmp_path / "site-packages", tmp_path / "executed"
-    build_extension(root, "blackwell_only", ".nv_fatbin", _fatbin(("sm", 100, "a"), ("sm", 90)), marker)
+    build_extension(root, "blackwell_only", ".nv_fatbin", fatbin(("sm", 100, "a"), ("sm", 90)), marker)
     scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
     assert scan["native"] == [{"name": "blackwell_only.so", "archs": ["sm_100a", "sm_90"]}]
     # a B300 (sm_103) cannot run sm_100a code, though it runs sm_100 code
@@ -711,7 +674,7 @@ def test_arch_specific_cubins_run_on_their_exact_arch_only(tmp_path):
 
 def test_rocm_extensions_are_checked_by_their_offload_bundle_targets(tmp_path):
     root, marker = tmp_path / "site-packages", tmp_path / "executed"
-    build_extension(root, "rocm_ext", ".hip_fatbin", _offload_bundle("gfx90a", "gfx942:sramecc+:xnack-"), marker)
+    build_extension(root, "rocm_ext", ".hip_fatbin", offload_bundle("gfx90a", "gfx942:sramecc+:xnack-"), marker)
     scan = preflight.scan_extensions([str(root)], "gfx942", "amd", time.monotonic() + 30)
     assert preflight.extensions_verdict(scan, "gfx942")[0] == "PASS"
     status, reason = preflight.extensions_verdict(
@@ -725,7 +688,7 @@ def test_hostile_shared_objects_are_bounded(tmp_path, monkeypatch):
     root = tmp_path / "site-packages"
     marker = tmp_path / "executed"
     # a fatbin whose header claims a size far past the section, then garbage
-    build_extension(root, "liar", ".nv_fatbin", _fatbin(("sm", 100))[:16] + b"\xff" * 40, marker)
+    build_extension(root, "liar", ".nv_fatbin", fatbin(("sm", 100))[:16] + b"\xff" * 40, marker)
     (root / "not_elf.so").write_bytes(b"MZ" + b"\0" * 100)
     (root / "link.so").symlink_to("/etc/passwd")
     scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
@@ -733,7 +696,7 @@ def test_hostile_shared_objects_are_bounded(tmp_path, monkeypatch):
     assert [item["name"] for item in scan["unreadable"]] == ["liar.so"]
     assert preflight.extensions_verdict(scan, "sm_100")[0] == "WARN"
     for index in range(3):
-        build_extension(root / f"many{index}", "ext", ".nv_fatbin", _fatbin(("sm", 100)), marker)
+        build_extension(root / f"many{index}", "ext", ".nv_fatbin", fatbin(("sm", 100)), marker)
     monkeypatch.setattr(preflight, "EXTENSION_MAX_FILES", 2)
     scan = preflight.scan_extensions([str(root)], "sm_100", "nvidia", time.monotonic() + 30)
     assert scan["scanned"] == 2 and scan["stopped"] == "stopped after 2 shared objects"
