@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SCRIPTS = ("preflight", "split_trial")
+SCRIPTS = ("preflight", "split_trial", "archcheck")
 COMMON_MODULE = "nodekit.common"
 
 
@@ -44,7 +44,7 @@ def host_file_bytes(name: str) -> bytes:
 
 @functools.cache
 def script_bytes(name: str) -> bytes:
-    """The shipped file for `name` ("preflight" or "split_trial"), UTF-8."""
+    """The shipped file for `name` (one of SCRIPTS), UTF-8."""
     if name not in SCRIPTS:
         raise ValueError(f"no node script {name!r}: one of {', '.join(SCRIPTS)}")
     script = (PACKAGE_DIR / f"{name}.py").read_text(encoding="utf-8")

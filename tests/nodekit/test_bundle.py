@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 HELP_LINES = {
     "preflight": "Binôme node pre-flight check: prints one JSON report on stdout; exit 0 pass, 1 fail, 2 usage.",
     "split_trial": "Binôme split trial: one card, then two (DDP, FSDP, pipeline), same data and precision",
+    "archcheck": "Which of Binôme's cards (B200 sm_100, H200 sm_90, MI300X gfx942) your compiled extensions carry",
 }
 
 

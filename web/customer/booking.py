@@ -466,10 +466,20 @@ def _fit_advice(form: FitForm, *, hypothesis: str, catalog: Catalog) -> dict | N
     )
 
 
+def _tool(name: str) -> HttpResponse:
+    """A researcher's tool as one file (nodekit.bundle), downloaded under its own name."""
+    response = HttpResponse(script_bytes(name), content_type="text/x-python; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}.py"'
+    return response
+
+
 @require_http_methods(["GET"])
 def split_trial_kit(request: HttpRequest) -> HttpResponse:
-    """The split-trial kit as one file (nodekit.bundle), also in each order's container at /opt/binome/ (the kit
-    provisioning writes)."""
-    response = HttpResponse(script_bytes("split_trial"), content_type="text/x-python; charset=utf-8")
-    response["Content-Disposition"] = 'attachment; filename="split_trial.py"'
-    return response
+    """The split-trial kit, also in each order's container at /opt/binome/ (the kit provisioning writes)."""
+    return _tool("split_trial")
+
+
+@require_http_methods(["GET"])
+def archcheck(request: HttpRequest) -> HttpResponse:
+    """archcheck.py: before booking, which classes the researcher's compiled extensions carry code for."""
+    return _tool("archcheck")
