@@ -1,8 +1,13 @@
 """The memory-fit advisor on the portal: booking/fit_advice.py's advice applied to the catalog's classes, as a small
 serialisable verdict kept with the order. Reads only."""
 
+from django.utils.translation import gettext
+
 from booking import fit, fit_advice
 from inventory.models import HardwareClass
+
+# The reasons in the language of the request (or of the task) that asks for the advice.
+fit_advice.set_translation(gettext)
 
 
 def hypothesis_advice_code(advice: fit.Advice, hypothesis: str | None) -> str:

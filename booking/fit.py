@@ -254,7 +254,8 @@ class ClassFit:
 
 @dataclass(frozen=True)
 class Advice:
-    """`recommendation` is one of `RECOMMENDATIONS`; `reasons` and `hypothesis_advice` are plain English."""
+    """`recommendation` is one of `RECOMMENDATIONS`; `reasons` in the language fit_advice.set_translation gives (English
+    without it); `hypothesis_advice` in English (the templates say it from its code)."""
 
     fits: list[ClassFit]
     recommendation: str

@@ -1,12 +1,14 @@
 """Memory-fit advice: booking/fit.py's estimates judged for each hardware class, a recommendation among
-`fit.RECOMMENDATIONS`, the reasons in plain English and what the researcher's hypothesis suggests.
+`fit.RECOMMENDATIONS`, the reasons (translated, see below) and what the researcher's hypothesis suggests.
 
-Pure Python, no Django, like fit.py (docs/fit.md); booking/advisor.py applies it to the catalog.
+Pure Python, no Django, like fit.py (docs/fit.md); booking/advisor.py applies it to the catalog. The reasons'
+sentences are marked for translation (`_`, which makemessages reads): booking/advisor.py gives this module Django's
+gettext (`set_translation`), so the portal writes them in the page's language; used alone, they stay in English.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from booking.fit import (
     DEFAULT_HEAD_DIM,
@@ -61,51 +63,84 @@ def _verdict_of(fit: ClassFit | None, option: str) -> Verdict | None:
     return found.verdict if found else None
 
 
-def _gb(value: float) -> str:
+_translate: Callable[[str], str] = str
+
+
+def set_translation(translate: Callable[[str], str]) -> None:
+    """The function the reasons' sentences go through (Django's gettext on the portal); English without it."""
+    global _translate
+    _translate = translate
+
+
+def _(text: str) -> str:
+    return _translate(text)
+
+
+def _gb_en(value: float) -> str:
+    """For `hypothesis_advice`, kept in English (the templates say it from its code, booking/advisor.py)."""
     return f"{value:,.1f} GB"
+
+
+def _gb(value: float) -> str:
+    return _("{value} GB").format(value=f"{value:,.1f}")
 
 
 def _notes(inp: FitInput) -> list[str]:
     notes = []
     if inp.mode is Mode.INFERENCE:
         if inp.optimizer is not Optimizer.NONE:
-            notes.append(f"Inference: the optimizer ({inp.optimizer.value}) is ignored, no optimizer runs.")
+            notes.append(
+                _("Inference: the optimizer ({optimizer}) is ignored, no optimizer runs.").format(
+                    optimizer=inp.optimizer.value
+                )
+            )
         if inp.checkpointing_factor != 1.0:
-            notes.append("Inference: the checkpointing factor is ignored, nothing is kept for a backward pass.")
+            notes.append(_("Inference: the checkpointing factor is ignored, nothing is kept for a backward pass."))
         if inp.activations_gb is None:
             notes.append(
-                "Inference: no activations are kept for a backward pass; the transient working set of one layer "
-                "is left to the reserve."
+                _(
+                    "Inference: no activations are kept for a backward pass; the transient working set of one layer "
+                    "is left to the reserve."
+                )
             )
         if inp.kv_cache_gb is None and inp.kv_heads is None:
-            notes.append("No KV cache figure or shape (kv_heads, head_dim) was given: the KV cache counts as 0.")
+            notes.append(_("No KV cache figure or shape (kv_heads, head_dim) was given: the KV cache counts as 0."))
         if inp.kv_cache_gb is not None and inp.kv_heads is not None:
-            notes.append("The direct KV cache figure was used; kv_heads and head_dim were not needed.")
+            notes.append(_("The direct KV cache figure was used; kv_heads and head_dim were not needed."))
     else:
         if inp.kv_cache_gb is not None or inp.kv_heads is not None:
-            notes.append("Training: the KV cache is ignored, it exists only when generating.")
+            notes.append(_("Training: the KV cache is ignored, it exists only when generating."))
         if inp.activations_gb is None and not inp.has_shape:
             notes.append(
-                "No activation figure or shape was given: activations count as 0, so the total is a lower bound."
+                _("No activation figure or shape was given: activations count as 0, so the total is a lower bound.")
             )
         if inp.activations_gb is not None and inp.checkpointing_factor != 1.0:
-            notes.append("The direct activation figure was used as given; the checkpointing factor was not applied.")
+            notes.append(_("The direct activation figure was used as given; the checkpointing factor was not applied."))
         if inp.has_shape and inp.activations_gb is None and inp.head_dim is None:
-            notes.append(f"Activations assume a head dimension of {DEFAULT_HEAD_DIM} (head_dim not given).")
+            notes.append(
+                _("Activations assume a head dimension of {head_dim} (head_dim not given).").format(
+                    head_dim=DEFAULT_HEAD_DIM
+                )
+            )
     if inp.activations_gb is not None and inp.has_shape:
-        served = "served only for the KV cache" if inp.mode is Mode.INFERENCE else "was not needed"
-        notes.append(f"The direct activation figure was used; the activation shape {served}.")
+        notes.append(
+            _("The direct activation figure was used; the activation shape served only for the KV cache.")
+            if inp.mode is Mode.INFERENCE
+            else _("The direct activation figure was used; the activation shape was not needed.")
+        )
     return notes
 
 
 def _class_sentence(fit: ClassFit) -> str:
     labels = {
-        "single_card": "one card",
-        "data_parallel_pair": "data-parallel pair (a full copy per card)",
-        "sharded_pair": "sharded pair",
+        "single_card": _("one card"),
+        "data_parallel_pair": _("data-parallel pair (a full copy per card)"),
+        "sharded_pair": _("sharded pair"),
     }
-    parts = [f"{labels[o.name]} {_gb(o.breakdown.total_gb)} → {o.verdict.value.replace('_', ' ')}" for o in fit.options]
-    return f"{fit.hardware} ({_gb(fit.card_gb)} per card): " + "; ".join(parts) + "."
+    verdicts = {Verdict.FITS: _("fits"), Verdict.TIGHT: _("tight"), Verdict.DOES_NOT_FIT: _("does not fit")}
+    parts = [f"{labels[o.name]} {_gb(o.breakdown.total_gb)} → {verdicts[o.verdict]}" for o in fit.options]
+    head = _("{hardware} ({card} per card)").format(hardware=fit.hardware, card=_gb(fit.card_gb))
+    return f"{head}: " + "; ".join(parts) + "."
 
 
 def _alternatives(fits: list[ClassFit], *, recommendation: str, rocm_ready: bool) -> list[str]:
@@ -114,7 +149,9 @@ def _alternatives(fits: list[ClassFit], *, recommendation: str, rocm_ready: bool
     if recommendation in ("one_h200_enough", "b200_single_card"):
         return []
     return [
-        f"One card of the {fit.hardware} would also fit ({_gb(single.breakdown.total_gb)} of {_gb(fit.card_gb)})."
+        _("One card of the {hardware} would also fit ({needed} of {card}).").format(
+            hardware=fit.hardware, needed=_gb(single.breakdown.total_gb), card=_gb(fit.card_gb)
+        )
         for fit in fits
         if (single := fit.option("single_card")) is not None
         and single.verdict is Verdict.FITS
@@ -134,7 +171,9 @@ def _hypothesis_advice(hypothesis: str | None, *, recommendation: str, target: C
         where = (
             f"over the {name}"
             if sharded is None
-            else (f"over the {name}: {_gb(sharded.breakdown.total_gb)} per card sharded, of {_gb(target.card_gb)}")
+            else (
+                f"over the {name}: {_gb_en(sharded.breakdown.total_gb)} per card sharded, of {_gb_en(target.card_gb)}"
+            )
         )
         return (
             f"The model does not fit, not even sharded {where}. Reduce the batch or the sequence, checkpoint "
@@ -144,37 +183,37 @@ def _hypothesis_advice(hypothesis: str | None, *, recommendation: str, target: C
         if single_fits:
             return (
                 f"Run two independent single-card experiments on the {name}, one configuration per card, rather "
-                f"than one distributed run: each needs {_gb(single.breakdown.total_gb)} of a "
-                f"{_gb(target.card_gb)} card, nothing is exchanged between the cards, and each window gives two "
+                f"than one distributed run: each needs {_gb_en(single.breakdown.total_gb)} of a "
+                f"{_gb_en(target.card_gb)} card, nothing is exchanged between the cards, and each window gives two "
                 "comparable results."
             )
         return (
             f"One configuration already needs both cards of the {name} (sharded, "
-            f"{_gb(sharded.breakdown.total_gb)} per card), so two configurations cannot run side by side: "
+            f"{_gb_en(sharded.breakdown.total_gb)} per card), so two configurations cannot run side by side: "
             "compare them one after the other, or rent a second pair."
         )
     if hypothesis == "make_possible":
         if single_fits:
             return (
-                f"The model already fits one card of the {name} ({_gb(single.breakdown.total_gb)} of "
-                f"{_gb(target.card_gb)}): the pair is not needed to make the run possible; the second card can run "
+                f"The model already fits one card of the {name} ({_gb_en(single.breakdown.total_gb)} of "
+                f"{_gb_en(target.card_gb)}): the pair is not needed to make the run possible; the second card can run "
                 "another experiment or shorten this one with data parallelism."
             )
         return (
             f"Shard the weights, gradients and optimizer states over both cards of the {name} (FSDP or ZeRO "
-            f"stage 3): {_gb(sharded.breakdown.total_gb)} per card instead of {_gb(single.breakdown.total_gb)} "
+            f"stage 3): {_gb_en(sharded.breakdown.total_gb)} per card instead of {_gb_en(single.breakdown.total_gb)} "
             "on one card. Activations are not divided by sharding."
         )
     gain = "a global batch twice as big" if hypothesis == "bigger_batch" else "a shorter step at the same batch"
     if single_fits:
         return (
             f"Use data parallelism on the {name}: each card holds a full copy "
-            f"({_gb(single.breakdown.total_gb)} per card, as on one card), which gives {gain}, not more memory."
+            f"({_gb_en(single.breakdown.total_gb)} per card, as on one card), which gives {gain}, not more memory."
         )
     if sharded_fits:
         return (
             f"One card is not enough, so shard over both cards of the {name} (FSDP or ZeRO stage 3, "
-            f"{_gb(sharded.breakdown.total_gb)} per card); sharding also gives {gain}, at the cost of gathering the "
+            f"{_gb_en(sharded.breakdown.total_gb)} per card); sharding also gives {gain}, at the cost of gathering the "
             "weights at every layer."
         )
     return None
@@ -211,51 +250,51 @@ def advise(
     usable = (Verdict.FITS, Verdict.TIGHT)
     if _verdict_of(h200, "single_card") is Verdict.FITS:
         recommendation, target = "one_h200_enough", h200
-        why = "One H200 card is enough: a cheaper single-card run, with no communication between cards."
+        why = _("One H200 card is enough: a cheaper single-card run, with no communication between cards.")
     elif _verdict_of(b200, "single_card") is Verdict.FITS:
         recommendation, target = "b200_single_card", b200
-        why = "One B200 card is enough; one H200 card is not comfortably so."
+        why = _("One B200 card is enough; one H200 card is not comfortably so.")
     elif _verdict_of(b200, "sharded_pair") in usable:
         recommendation, target = "b200_pair_sharded", b200
-        why = (
+        why = _(
             "Neither one H200 nor one B200 card is comfortably enough: shard the model states over both cards of "
             "the B200 pair."
         )
     elif rocm_ready and _verdict_of(mi300x, "sharded_pair") in usable:
         recommendation, target = "mi300x_pair_sharded", mi300x
-        why = "Only the MI300X pair, with 192 GB per card, holds the model sharded over both cards."
+        why = _("Only the MI300X pair, with 192 GB per card, holds the model sharded over both cards.")
     elif _verdict_of(mi300x, "sharded_pair") in usable:
         recommendation, target = "does_not_fit", b200 or fits[0]
-        why = (
+        why = _(
             "The model does not fit an NVIDIA class, not even sharded over a pair. The MI300X pair, with 192 GB per "
             "card, would hold it sharded, for a project that already runs on ROCm."
         )
     else:
         recommendation, target = "does_not_fit", b200 or fits[0]
-        why = "The model does not fit any class, not even sharded over a pair."
+        why = _("The model does not fit any class, not even sharded over a pair.")
     single = memory_single_card(inp)
     reasons = [
-        "Estimate per card, in GB of 10^9 bytes: weights {}, gradients {}, optimizer states {}, activations {}, "
-        "KV cache {}, reserve {} ({:.0%} for the CUDA context and fragmentation): {} on one card.".format(
-            *(
-                _gb(v)
-                for v in (
-                    single.weights_gb,
-                    single.gradients_gb,
-                    single.optimizer_gb,
-                    single.activations_gb,
-                    single.kv_cache_gb,
-                    single.reserve_gb,
-                )
-            ),
-            inp.reserve_fraction,
-            _gb(single.total_gb),
+        _(
+            "Estimate per card, in GB of 10^9 bytes: weights {weights}, gradients {gradients}, optimizer states "
+            "{optimizer}, activations {activations}, KV cache {kv_cache}, reserve {reserve} ({reserve_percent} for "
+            "the CUDA context and fragmentation): {total} on one card."
+        ).format(
+            weights=_gb(single.weights_gb),
+            gradients=_gb(single.gradients_gb),
+            optimizer=_gb(single.optimizer_gb),
+            activations=_gb(single.activations_gb),
+            kv_cache=_gb(single.kv_cache_gb),
+            reserve=_gb(single.reserve_gb),
+            reserve_percent=f"{inp.reserve_fraction:.0%}",
+            total=_gb(single.total_gb),
         ),
         *_notes(inp),
         *(_class_sentence(fit) for fit in fits),
-        "A pair is two separate cards, never one allocation of twice the memory: every option must fit on each "
-        "card. Data parallelism keeps a full copy per card; only sharding divides the model states, and it never "
-        "divides the activations.",
+        _(
+            "A pair is two separate cards, never one allocation of twice the memory: every option must fit on each "
+            "card. Data parallelism keeps a full copy per card; only sharding divides the model states, and it never "
+            "divides the activations."
+        ),
         why,
         *_alternatives(fits, recommendation=recommendation, rocm_ready=rocm_ready),
     ]

@@ -50,6 +50,10 @@ def test_the_hypothesis_changes_the_advice_and_french_readers_get_french(client,
     french = advice(client, small, language="fr")
     assert "Une seule carte H200 suffit" in french or "H200" in french
     assert "two independent" not in french
+    # and "how this was computed" too, in French, numbers and units included
+    assert "Estimation par carte, en Go de 10^9 octets : poids 2.0 Go" in french
+    assert "Une paire, ce sont deux cartes distinctes" in french and "Estimate per card" not in french
+    assert 'lang="en"' not in french
 
 
 def test_70b_bf16_inference_does_not_fit_one_h200(client, catalog):
@@ -146,8 +150,12 @@ def test_the_mi300x_is_suggested_only_to_a_project_that_says_it_runs_on_rocm(cli
         nothing = gettext(
             "It does not fit, even sharded over a pair: reduce the model, the precision or the activations."
         )
+        said = gettext(
+            "The model does not fit an NVIDIA class, not even sharded over a pair. The MI300X pair, with 192 GB per "
+            "card, would hold it sharded, for a project that already runs on ROCm."
+        )
     assert mi300x not in cuda_project and nothing in cuda_project
-    assert "for a project that already runs on ROCm" in cuda_project  # the fit is said, not recommended
+    assert said in cuda_project  # the fit is said, not recommended, in the page's language
     assert mi300x in rocm_project
 
 
