@@ -6,6 +6,7 @@ host's, which the customers never pass through), real podman with runc, mknod st
 
 import html
 import os
+import pwd
 import re
 import secrets
 import socket
@@ -468,3 +469,40 @@ def test_the_split_trial_commands_of_the_guide_and_the_order_page_run_as_written
         (kit,) = set(re.findall(r"python3 (\S+/split_trial\.py) --output report\.json", page.content.decode()))
         checked = _in(access, private_key, f"test -r {kit} && test ! -w {kit} && echo readable")
         assert checked.stdout.strip() == "readable", (language, kit)
+
+
+def test_the_order_page_s_login_line_works_as_written_from_a_researcher_s_own_account(
+    client,
+    two_customers,  # noqa: F811
+):
+    order, access, private_key = two_customers[0]
+    page = client.get(reverse("customer:order", kwargs={"public_id": order.public_id, "token": order.token}))
+    text = page.content.decode()
+    command = html.unescape(re.search(r"<p><code>(ssh [^<]+)</code>", text)[1])
+    known_hosts_line = html.unescape(re.search(r'<code class="wrap">([^<]+)</code>', text)[1])
+    # given: the researcher's own account on their machine, their key where ssh looks for it, and the page's host
+    # key line in their known_hosts file, as the page tells them
+    researcher = "binome-test-r" + secrets.token_hex(3)
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", researcher], check=True, capture_output=True)
+    try:
+        account = pwd.getpwnam(researcher)
+        ssh_dir = Path(account.pw_dir) / ".ssh"
+        ssh_dir.mkdir(mode=0o700)
+        (ssh_dir / "id_ed25519").write_bytes(Path(private_key).read_bytes())
+        (ssh_dir / "known_hosts").write_text(known_hosts_line + "\n")
+        for path in (ssh_dir, *ssh_dir.iterdir()):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        (ssh_dir / "id_ed25519").chmod(0o600)
+
+        # when: they type the page's command, as written, with a command to run
+        typed = subprocess.run(
+            ["su", "-s", "/bin/sh", researcher, "-c", f"{command} id -un"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+
+        # then: they are in their container, as their account, the host key checked against the page's line
+        assert typed.returncode == 0, typed.stderr
+        assert typed.stdout.strip() == access.username
+        assert "Warning: Permanently added" not in typed.stderr  # the key was known, not learnt
+    finally:
+        subprocess.run(["userdel", "--remove", "--force", researcher], capture_output=True, check=False)
