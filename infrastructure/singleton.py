@@ -13,6 +13,11 @@ class SingletonRow:
         row, _created = cls.objects.get_or_create(pk=1)
         return row
 
+    @classmethod
+    def read(cls) -> Self:
+        """The row, or its defaults unsaved when there is none yet: for pages that only read (no write on a GET)."""
+        return cls.objects.filter(pk=1).first() or cls(pk=1)
+
 
 class SingletonAdmin(admin.ModelAdmin):
     """The one row can be edited, never added twice nor deleted."""

@@ -409,8 +409,7 @@ def _clear_port(conn: Connection, ctx: StepContext, port: int) -> str:
     runtime = runtime_of(ctx)
     if is_dry_run(conn) or not runtime.is_podman:
         return ""
-    listing = runtime.command("ps", "--all", "--no-trunc", "--format", "{{.ID}}")
-    dropped = ports.drop_stale_forwards(conn, listing, port)
+    dropped = ports.drop_stale_forwards(conn, runtime, port)
     return f" (a stale forward of port {port}, of a removed container, dropped)" if dropped else ""
 
 

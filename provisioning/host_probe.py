@@ -377,8 +377,7 @@ def _ports_line(connection: Connection, customer_ports: set[int]) -> str:
 def _stale_forward_lines(connection: Connection, runtime: Runtime, customer_ports: set[int]) -> list[str]:
     """netavark's forwards of a customer port whose container podman no longer has: the first rule wins, so one
     would send that port's SSH elsewhere; provisioning drops it before it publishes the port again."""
-    listing = runtime.command("ps", "--all", "--no-trunc", "--format", "{{.ID}}")
-    forwards = ports.stale_forwards(connection, listing)
+    forwards = ports.stale_forwards(connection, runtime)
     if forwards is None and connection.run(["nft", "list", "table", "inet", "netavark"], check=False).ok:
         return [
             "customer ports: netavark forwards them with nftables here, which this check does not read: a forward "

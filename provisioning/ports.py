@@ -13,6 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from provisioning.containers import Runtime
 from provisioning.drivers.base import CommandResult, Connection
 
 EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -174,7 +175,7 @@ PORTS_TAKEN = ("address already in use", "port is already allocated")
 NETAVARK_FORWARDS = "NETAVARK-HOSTPORT-DNAT"
 _FORWARD = re.compile(
     r"-A NETAVARK-HOSTPORT-DNAT .*?--dport (?P<port>\d{1,5}) .*?"
-    r'--comment "dnat name: (?P<network>[A-Za-z0-9_.-]{1,128}) id: (?P<id>[0-9a-f]{64})" .*',
+    r'--comment "dnat name: [A-Za-z0-9_.-]{1,128} id: (?P<id>[0-9a-f]{64})" .*',
     re.ASCII,
 )
 MAX_FORWARD_RULES = 20_000  # more than a host's containers ever publish: the rest of an answer is not read
@@ -184,12 +185,11 @@ _ID = re.compile(r"[0-9a-f]{64}", re.ASCII)
 @dataclass(frozen=True)
 class Forward:
     port: int
-    network: str
     container: str  # the id netavark wrote
     rule: str  # as `iptables -S` prints it: what deletes it, with -D for -A
 
 
-def stale_forwards(conn: Connection, list_containers: list[str]) -> list[Forward] | None:
+def stale_forwards(conn: Connection, runtime: Runtime) -> list[Forward] | None:
     """netavark's forwards whose container the runtime no longer has. The rules are read before the containers, so a
     container being started meanwhile is listed with its rule; when either answer is not whole, none is stale.
     None when there are no iptables rules of netavark's to read (nothing published yet, or its nftables driver)."""
@@ -200,20 +200,20 @@ def stale_forwards(conn: Connection, list_containers: list[str]) -> list[Forward
     for line in rules.stdout.splitlines()[:MAX_FORWARD_RULES]:
         found = _FORWARD.fullmatch(line.strip())
         if found and int(found["port"]) <= LAST_PORT:
-            forwards.append(Forward(int(found["port"]), found["network"], found["id"], line.strip()))
+            forwards.append(Forward(int(found["port"]), found["id"], line.strip()))
     if not forwards:
         return []
-    listed = conn.run(list_containers, check=False)
-    known = listed.stdout.split()
+    listed = conn.run(runtime.command("ps", "--all", "--no-trunc", "--format", "{{.ID}}"), check=False)
+    known = set(listed.stdout.split())
     if not listed.ok or not all(_ID.fullmatch(container) for container in known):
         return []
-    return [forward for forward in forwards if forward.container not in set(known)]
+    return [forward for forward in forwards if forward.container not in known]
 
 
-def drop_stale_forwards(conn: Connection, list_containers: list[str], port: int) -> list[Forward]:
+def drop_stale_forwards(conn: Connection, runtime: Runtime, port: int) -> list[Forward]:
     """Delete the stale forwards of `port` (before a container publishes it): those dropped."""
     dropped = []
-    for forward in stale_forwards(conn, list_containers) or []:
+    for forward in stale_forwards(conn, runtime) or []:
         if forward.port == port:
             rule = shlex.split(forward.rule)
             deleted = conn.run(["iptables", "-w", "10", "-t", "nat", "-D", *rule[1:]], check=False)

@@ -219,7 +219,7 @@ class ApprovalOutlook:
 
 
 def approval_outlook(order: Order) -> ApprovalOutlook:
-    current = OperatorSettings.current()
+    current = OperatorSettings.read()
     return ApprovalOutlook(
         automatic=current.auto_approve,
         within_hours=current.approval_response_hours,
@@ -236,7 +236,7 @@ def with_approval_late(orders: list[Order], *, now: datetime) -> list[Order]:
     paid = [order for order in orders if order.status == OrderStatus.PAID and order.status_since is not None]
     if not paid:  # the settings are read only when some order waits for approval
         return orders
-    current = OperatorSettings.objects.filter(pk=1).first() or OperatorSettings()  # a read makes no row
+    current = OperatorSettings.read()
     late_after = timedelta(hours=current.approval_response_hours)
     for order in paid:
         order.approval_late = not current.auto_approve and now - order.status_since > late_after
