@@ -114,6 +114,7 @@ class BookingPolicyAdmin(SingletonAdmin):
         "turnaround_hours",
         "hold_minutes",
         "min_notice_hours",
+        "offer_start_when_ready",
         "horizon_days",
         "max_unpaid_lots_per_client",
         "unconfirmed_share_percent",

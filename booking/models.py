@@ -116,6 +116,24 @@ class BookingPolicy(SingletonRow, models.Model):
         default=4,
         help_text=_("A window may start no sooner than this after the booking (windows start at 00:00 UTC)."),
     )
+    offer_start_when_ready = models.BooleanField(
+        _("offer windows that start as soon as ready"),
+        default=True,
+        help_text=_(
+            "A researcher may book a window that starts today, at the first full hour its hosts can make (each "
+            "host's “ready within”): its days count from the hand-over. The minimum notice applies to dated "
+            "windows only."
+        ),
+    )
+    start_when_ready_allowance_hours = models.PositiveSmallIntegerField(
+        _("allowance of a window that starts when ready (hours)"),
+        default=4,
+        validators=[MinValueValidator(1), MaxValueValidator(48)],
+        help_text=_(
+            "Its lots are held this much longer than its planned end, so that a hand-over this late (payment, "
+            "approval, preparation) still gives the full window. A later hand-over gives a window ending there."
+        ),
+    )
     horizon_days = models.PositiveSmallIntegerField(
         _("booking horizon (days)"), default=180, validators=[MinValueValidator(7)]
     )
@@ -159,6 +177,10 @@ class BookingPolicy(SingletonRow, models.Model):
     @property
     def turnaround(self) -> timedelta:
         return timedelta(hours=self.turnaround_hours)
+
+    @property
+    def start_when_ready_allowance(self) -> timedelta:
+        return timedelta(hours=self.start_when_ready_allowance_hours)
 
 
 class TermsDocument(models.TextChoices):
@@ -401,6 +423,10 @@ class Order(models.Model):
     days = models.PositiveSmallIntegerField(_("window"), choices=WindowDays.choices)
     starts_at = models.DateTimeField(_("window starts"))
     ends_at = models.DateTimeField(_("window ends"))
+    # Booked to start as soon as ready: `starts_at` is the planned start (a full hour) until the hand-over, when
+    # the window's days start counting (`clock_started_at`, booking.services.order_start_clock).
+    start_when_ready = models.BooleanField(_("starts as soon as ready"), default=False)
+    clock_started_at = models.DateTimeField(_("clock started at hand-over"), null=True, blank=True, editable=False)
 
     contact_name = models.CharField(_("name"), max_length=120)
     contact_email = models.EmailField(_("e-mail"), max_length=254)

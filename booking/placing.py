@@ -85,7 +85,7 @@ class BookingRequest:
     hardware_class: HardwareClass
     environment: EnvironmentImage
     lot_count: int
-    start_date: date
+    start_date: date  # not read when the window starts as soon as ready
     days: int
     contact: Contact
     ssh_keys: list[SshPublicKey]
@@ -102,12 +102,21 @@ class BookingRequest:
     # The contact proved the mailbox of `contact.email` in the browser that books (opened a link e-mailed there):
     # the order is confirmed from the start, and the class's share of unconfirmed holds does not apply.
     contact_confirmed: bool = False
+    # Start today, at the first full hour the class's hosts can make, its days counting from the hand-over.
+    start_when_ready: bool = False
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
     """Python checks for friendly messages; the database constraints remain the guarantee."""
     check_environment(hardware_class=request.hardware_class, environment=request.environment)
-    check_window(start_date=request.start_date, days=request.days, lot_count=request.lot_count, policy=policy, now=now)
+    check_window(
+        start_date=request.start_date,
+        days=request.days,
+        lot_count=request.lot_count,
+        policy=policy,
+        now=now,
+        when_ready=request.start_when_ready,
+    )
     research = request.research
     check_research(
         sharing=research.sharing,
@@ -143,7 +152,8 @@ def _check_terms(*, terms_version_id: int | None) -> None:
 
 
 def _elsewhen(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> tuple[int, list[date]]:
-    """The class's active lots, and the next start dates with enough of them free."""
+    """The class's active lots, and the next start dates with enough of them free (after the chosen date; from the
+    first bookable one for a window that was to start as soon as ready)."""
     total = selectors.active_lot_count(hardware_class=request.hardware_class)
     next_dates = []
     if total >= request.lot_count:
@@ -151,7 +161,7 @@ def _elsewhen(*, request: BookingRequest, policy: BookingPolicy, now: datetime) 
             hardware_class=request.hardware_class,
             lot_count=request.lot_count,
             days=request.days,
-            after=request.start_date + timedelta(days=1),
+            after=now.date() if request.start_when_ready else request.start_date + timedelta(days=1),
             policy=policy,
             now=now,
         )
@@ -206,6 +216,8 @@ class OrderPlan:
     window: selectors.Window
     price_per_lot: Decimal
     now: datetime
+    # A window that starts as soon as ready takes lots only on hosts ready within this (selectors.ready_start).
+    ready_within: timedelta | None = None
 
 
 class SoldOutUnderLock(Exception):
@@ -228,6 +240,8 @@ def order_plan(
     price_per_lot = _price_per_lot(hardware_class=request.hardware_class, days=request.days)
     if price_per_lot is None:
         raise BookingError(_("This window is not on sale for this hardware class."), field="days")
+    if request.start_when_ready:
+        return _ready_plan(request=request, policy=policy, price_per_lot=price_per_lot, now=now)
     window = selectors.window_for(start_date=request.start_date, days=request.days, policy=policy)
     if request.carry is not None:
         _check_carry(request=request, window=window)
@@ -235,6 +249,28 @@ def order_plan(
     if free < request.lot_count:
         raise _sold_out_answer(request=request, free=free, total=total, next_dates=next_dates)
     return OrderPlan(request=request, policy=policy, window=window, price_per_lot=price_per_lot, now=now)
+
+
+def _ready_plan(*, request: BookingRequest, policy: BookingPolicy, price_per_lot: Decimal, now: datetime) -> OrderPlan:
+    """A window that starts as soon as ready: the first full hour the class's hosts can make with enough free lots
+    (read here, not from the cached hint: the start moves with the clock). None free so soon: sold out, with the
+    next dates."""
+    ready = selectors.ready_start(
+        hardware_class=request.hardware_class, days=request.days, lot_count=request.lot_count, policy=policy, now=now
+    )
+    if ready is None:
+        total, next_dates = _elsewhen(request=request, policy=policy, now=now)
+        raise _sold_out_answer(request=request, free=0, total=total, next_dates=next_dates)
+    if request.carry is not None:
+        _check_carry(request=request, window=ready.window)
+    return OrderPlan(
+        request=request,
+        policy=policy,
+        window=ready.window,
+        price_per_lot=price_per_lot,
+        now=now,
+        ready_within=ready.ready_within,
+    )
 
 
 def _check_carry(*, request: BookingRequest, window: selectors.Window) -> None:
@@ -317,6 +353,7 @@ def order_hold(*, plan: OrderPlan) -> tuple[Order, str]:
         window=plan.window,
         limit=request.lot_count,
         host_id=carry.host_id if carry else None,
+        ready_within=plan.ready_within,
     )
     if len(lot_ids) < request.lot_count:
         raise SoldOutUnderLock(free=len(lot_ids))
@@ -426,6 +463,7 @@ def _order_from(plan: OrderPlan) -> Order:
         days=request.days,
         starts_at=plan.window.starts_at,
         ends_at=plan.window.ends_at,
+        start_when_ready=request.start_when_ready,
         contact_name=request.contact.name,
         contact_email=request.contact.email,
         organisation=billing.organisation if billing else request.contact.organisation,

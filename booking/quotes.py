@@ -33,6 +33,10 @@ class Quote:
     total: Decimal | None = None
     problems: list[str] = field(default_factory=list)
     next_dates: list[date] = field(default_factory=list)
+    # The window starts as soon as ready (its days count from the hand-over); `ready_start` is the earliest such
+    # start of the chosen class, shown whichever start was chosen (None: no lots free that soon, or not offered).
+    start_when_ready: bool = False
+    ready_start: datetime | None = None
 
     @property
     def bookable(self) -> bool:
@@ -53,20 +57,31 @@ def build_quote(
     days: int,
     policy: BookingPolicy,
     now: datetime | None = None,
+    start_when_ready: bool = False,
 ) -> Quote:
     """`classes` come from selectors.offered_classes() (prices and environments prefetched)."""
     now = now or timezone.now()
     problems = []
     try:
-        check_window(start_date=start_date, days=days, lot_count=lot_count, policy=policy, now=now)
+        check_window(
+            start_date=start_date, days=days, lot_count=lot_count, policy=policy, now=now, when_ready=start_when_ready
+        )
     except BookingError as exc:
         problems.append(exc.message)
+    ready = selectors.ready_start(
+        hardware_class=hardware_class, days=days, lot_count=max(1, lot_count), policy=policy, now=now
+    )
     # A date outside the bookable range is explained above; availability is shown for the nearest bookable one.
     bookable_start = min(
         max(start_date, selectors.earliest_start_date(policy=policy, now=now)),
         selectors.latest_start_date(policy=policy, now=now),
     )
-    window = selectors.window_for(start_date=bookable_start, days=days, policy=policy)
+    if start_when_ready and ready is not None:
+        window = ready.window
+    elif start_when_ready:  # nothing free that soon: the next hour shows what is taken
+        window = selectors.ready_window(starts_at=selectors.next_full_hour(now), days=days, policy=policy)
+    else:
+        window = selectors.window_for(start_date=bookable_start, days=days, policy=policy)
     availability = selectors.availability_for_window(window=window)
     offers = [
         ClassOffer(
@@ -84,6 +99,8 @@ def build_quote(
         window=window,
         offers=offers,
         problems=problems,
+        start_when_ready=start_when_ready,
+        ready_start=ready.window.starts_at if ready else None,
     )
     if environment is not None:
         try:
@@ -102,6 +119,11 @@ def build_quote(
         free=chosen.availability.free,
         total=chosen.availability.total,
     )
+    if start_when_ready and ready is None and not capacity and not quote.problems:
+        # free lots exist, on hosts that cannot be ready today
+        capacity = _("No lots of %(hardware)s can be ready within hours: choose a start date.") % {
+            "hardware": hardware_class.name
+        }
     if capacity and not quote.problems:
         quote.problems.append(capacity)
         if chosen.availability.total >= lot_count:
@@ -109,7 +131,7 @@ def build_quote(
                 hardware_class=hardware_class,
                 lot_count=lot_count,
                 days=days,
-                after=start_date,
+                after=now.date() if start_when_ready else start_date,
                 policy=policy,
                 now=now,
             )

@@ -69,11 +69,19 @@ def check_environment(*, hardware_class: HardwareClass, environment: Environment
         )
 
 
-def check_window(*, start_date: date, days: int, lot_count: int, policy: BookingPolicy, now: datetime) -> None:
+def check_window(
+    *, start_date: date, days: int, lot_count: int, policy: BookingPolicy, now: datetime, when_ready: bool = False
+) -> None:
+    """The window's length, its lots, and its start: a date within the notice and the horizon, or as soon as ready
+    (the date is then not read) when the operator offers it."""
     if days not in WindowDays.values:
         raise BookingError(_("Choose a window of 3, 7 or 30 days."), field="days")
     if not 1 <= lot_count <= policy.max_lots_per_order:
         raise BookingError(_("Choose between 1 and %(most)d lots.") % {"most": policy.max_lots_per_order}, field="lots")
+    if when_ready:
+        if not policy.offer_start_when_ready:
+            raise BookingError(_("Windows start on a date for now: choose a start date."), field="start_when_ready")
+        return
     earliest = selectors.earliest_start_date(policy=policy, now=now)
     if start_date < earliest:
         raise BookingError(

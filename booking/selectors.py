@@ -1,6 +1,7 @@
 """Reads of the booking app: catalog, windows, availability. Each is a fixed number of queries, whatever the
 number of lots."""
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -8,6 +9,7 @@ from decimal import Decimal
 from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
+from booking import availability
 from booking.models import (
     PAID_ONCE_STATUSES,
     Allocation,
@@ -43,6 +45,82 @@ def window_for(*, start_date: date, days: int, policy: BookingPolicy) -> Window:
         held_from=starts_at - policy.turnaround,
         held_until=ends_at + policy.turnaround,
     )
+
+
+def ready_window(*, starts_at: datetime, days: int, policy: BookingPolicy) -> Window:
+    """A window that starts as soon as ready, planned from `starts_at` (a full hour): its lots are held past its
+    planned end by the policy's allowance, so that a hand-over that late still gives the full window (its days
+    count from the hand-over: booking.services.order_start_clock)."""
+    ends_at = starts_at + timedelta(days=days)
+    return Window(
+        starts_at=starts_at,
+        ends_at=ends_at,
+        held_from=starts_at - policy.turnaround,
+        held_until=ends_at + policy.start_when_ready_allowance + policy.turnaround,
+    )
+
+
+def order_window(*, order: Order, policy: BookingPolicy) -> Window:
+    """The window the order holds its lots for: a dated one, or one that starts as soon as ready (with the
+    allowance until its clock started)."""
+    if order.start_when_ready and order.clock_started_at is None:
+        return ready_window(starts_at=order.starts_at, days=order.days, policy=policy)
+    return Window(
+        starts_at=order.starts_at,
+        ends_at=order.ends_at,
+        held_from=order.starts_at - policy.turnaround,
+        held_until=order.ends_at + policy.turnaround,
+    )
+
+
+def next_full_hour(moment: datetime) -> datetime:
+    """The first full hour (UTC) at or after `moment`."""
+    moment = moment.astimezone(UTC)
+    hour = moment.replace(minute=0, second=0, microsecond=0)
+    return hour if hour == moment else hour + timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class ReadyStart:
+    """The earliest window of a class that starts as soon as ready, and how ready its lots' hosts must be for it:
+    lots are taken only on hosts ready within `ready_within` of the booking."""
+
+    window: Window
+    ready_within: timedelta
+    free: int
+
+
+def ready_start(
+    *, hardware_class: HardwareClass, days: int, lot_count: int, policy: BookingPolicy, now: datetime | None = None
+) -> ReadyStart | None:
+    """The first full hour at which `lot_count` lots of the class are free on hosts that can be ready by then
+    (each host's `ready_within_minutes` after `now`), or None. One query for the hosts' leads, one per distinct
+    lead tried (few: operators set them per host)."""
+    if not policy.offer_start_when_ready:
+        return None
+    now = (now or timezone.now()).astimezone(UTC)
+    leads = sorted(
+        set(
+            offered_lots()
+            .filter(hardware_class=hardware_class)
+            .values_list("host__ready_within_minutes", flat=True)
+            .distinct()
+        )
+    )
+    tried: set[datetime] = set()
+    for lead in leads:
+        starts_at = next_full_hour(now + timedelta(minutes=lead))
+        if starts_at in tried:
+            continue
+        tried.add(starts_at)
+        window = ready_window(starts_at=starts_at, days=days, policy=policy)
+        ready_within = starts_at - now
+        free = len(
+            free_lot_ids(hardware_class=hardware_class, window=window, limit=lot_count, ready_within=ready_within)
+        )
+        if free >= lot_count:
+            return ReadyStart(window=window, ready_within=ready_within, free=free)
+    return None
 
 
 def earliest_start_date(*, policy: BookingPolicy, now: datetime | None = None) -> date:
@@ -173,10 +251,19 @@ def order_disk(*, order: Order) -> OrderDisk:
     return OrderDisk(per_lot_gib=found["per_lot_gib"], shared=found["shared"] > 0)
 
 
-def free_lot_ids(*, hardware_class: HardwareClass, window: Window, limit: int, host_id: int | None = None) -> list[int]:
-    """Up to `limit` free lots of the class for the window (on one host, when given), spread across hosts in a
-    stable order."""
+def free_lot_ids(
+    *,
+    hardware_class: HardwareClass,
+    window: Window,
+    limit: int,
+    host_id: int | None = None,
+    ready_within: timedelta | None = None,
+) -> list[int]:
+    """Up to `limit` free lots of the class for the window (on one host, when given; on hosts ready within
+    `ready_within`, when given), spread across hosts in a stable order."""
     on_host = {"host_id": host_id} if host_id is not None else {}
+    if ready_within is not None:
+        on_host["host__ready_within_minutes__lte"] = ready_within // timedelta(minutes=1)
     return list(
         offered_lots()
         .filter(hardware_class=hardware_class, **on_host)
@@ -200,20 +287,41 @@ def next_start_dates(
     limit: int = 3,
     now: datetime | None = None,
 ) -> list[date]:
-    """The next start dates (from `after`, within the horizon) where `lot_count` lots of the class are free.
+    """The next start dates (from `after`, within the horizon) where `lot_count` lots of the class are free."""
+    first = max(after, earliest_start_date(policy=policy, now=now))
+    found: list[date] = []
+    for day, free in free_lots_by_start_date(
+        hardware_class=hardware_class, days=days, first=first, policy=policy, now=now, least=lot_count
+    ):
+        if free >= lot_count:
+            found.append(day)
+            if len(found) >= limit:
+                break
+    return found
 
-    Three queries: the active lots, their live allocations and their hosts' maintenance windows in the horizon; the
-    sweep over days is in memory.
-    """
+
+def free_lots_by_start_date(
+    *,
+    hardware_class: HardwareClass,
+    days: int,
+    first: date,
+    policy: BookingPolicy,
+    last: date | None = None,
+    now: datetime | None = None,
+    least: int = 1,
+) -> Iterator[tuple[date, int]]:
+    """For each start date from `first` to `last` (the horizon's end at most), how many lots of the class are free
+    for a window of `days` from it: counts only, nothing of whose they are. Nothing when the class has fewer than
+    `least` offered lots.
+
+    Three queries, made before the first date is yielded: the offered lots, their live allocations and their hosts'
+    maintenance windows over the dates; the sweep over days is in memory."""
     offered = offered_lots().filter(hardware_class=hardware_class)
     host_of_lot = dict(offered.values_list("pk", "host_id"))
-    lot_ids = set(host_of_lot)
-    if len(lot_ids) < lot_count:
-        return []
-    first = max(after, earliest_start_date(policy=policy, now=now))
-    last = latest_start_date(policy=policy, now=now)
-    if first > last:
-        return []
+    horizon_end = latest_start_date(policy=policy, now=now)
+    last = min(last or horizon_end, horizon_end)
+    if len(host_of_lot) < max(least, 1) or first > last:
+        return iter(())
     horizon_from = window_for(start_date=first, days=days, policy=policy).held_from
     horizon_until = window_for(start_date=last, days=days, policy=policy).held_until
     periods = list(
@@ -234,15 +342,61 @@ def next_start_dates(
         ).values_list("host_id", "starts_at", "ends_at")
         for lot_id in lots_of_host[host_id]
     ]
-    found: list[date] = []
+    return _sweep(first=first, last=last, days=days, policy=policy, lots=len(host_of_lot), periods=periods)
+
+
+CALENDAR_DAYS = 56  # the public calendar: eight weeks from today
+
+
+@dataclass(frozen=True)
+class CalendarDay:
+    day: date
+    # Lots free for a window of the chosen length from that day (00:00 UTC), None before the earliest dated start.
+    free: int | None
+
+
+def availability_calendar(
+    *, hardware_class: HardwareClass, days: int, policy: BookingPolicy, now: datetime | None = None
+) -> list[CalendarDay]:
+    """The next eight weeks of a class, from today (UTC): per start date, how many lots are free for a window of
+    `days` from it. Counts only. Kept in the shared cache until availability or the catalog changes (or a minute
+    passes: the earliest date moves with the clock)."""
+    now = (now or timezone.now()).astimezone(UTC)
+    today = now.date()
+    last = today + timedelta(days=CALENDAR_DAYS - 1)
+
+    def compute() -> list:
+        counts = free_lots_by_start_date(
+            hardware_class=hardware_class,
+            days=days,
+            first=earliest_start_date(policy=policy, now=now),
+            last=last,
+            policy=policy,
+            now=now,
+        )
+        return [[day.isoformat(), free] for day, free in counts]
+
+    key = f"booking:calendar:{hardware_class.pk}:{days}:{today.isoformat()}"
+    counts = {date.fromisoformat(day): free for day, free in availability.remember(key, compute)}
+    dates = [today + timedelta(days=n) for n in range(CALENDAR_DAYS)]
+    return [CalendarDay(day=day, free=counts.get(day)) for day in dates]
+
+
+def _sweep(
+    *,
+    first: date,
+    last: date,
+    days: int,
+    policy: BookingPolicy,
+    lots: int,
+    periods: list[tuple[int, datetime, datetime]],
+) -> Iterator[tuple[date, int]]:
     day = first
-    while day <= last and len(found) < limit:
+    while day <= last:
         window = window_for(start_date=day, days=days, policy=policy)
         busy = {lot_id for lot_id, start, end in periods if start < window.held_until and end > window.held_from}
-        if len(lot_ids) - len(busy) >= lot_count:
-            found.append(day)
+        yield day, lots - len(busy)
         day += timedelta(days=1)
-    return found
 
 
 EVENTS_PER_PAGE = 50
@@ -407,7 +561,7 @@ def split_trial_bars(report: dict) -> dict:
 def lots_free_again(*, order: Order, now: datetime | None = None) -> bool:
     """Whether an expired order's window could be held again now (a read: the re-allocation decides, locked)."""
     now = now or timezone.now()
-    window = window_for(start_date=order.starts_at.date(), days=order.days, policy=BookingPolicy.current())
+    window = order_window(order=order, policy=BookingPolicy.current())
     return (
         len(free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count))
         >= (order.lot_count)

@@ -125,8 +125,21 @@ def order_reallocate_after_late_payment(
     now = now or timezone.now()
     policy = BookingPolicy.current()
     order = lock_order_and_capacity(order.pk)
-    window = selectors.window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
-    lot_ids = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count)
+    if order.start_when_ready:  # planned again from now: its days count from the hand-over anyway
+        ready = selectors.ready_start(
+            hardware_class=order.hardware_class, days=order.days, lot_count=order.lot_count, policy=policy, now=now
+        )
+        if ready is None:
+            raise SoldOut(_("The lots of this order were taken after it expired."), next_dates=[])
+        window = ready.window
+        lot_ids = selectors.free_lot_ids(
+            hardware_class=order.hardware_class, window=window, limit=order.lot_count, ready_within=ready.ready_within
+        )
+        order.starts_at, order.ends_at = window.starts_at, window.ends_at
+        order.save(update_fields=["starts_at", "ends_at", "updated_at"])
+    else:
+        window = selectors.order_window(order=order, policy=policy)
+        lot_ids = selectors.free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count)
     if len(lot_ids) < order.lot_count or order.starts_at <= now:
         raise SoldOut(_("The lots of this order were taken after it expired."), next_dates=[])
     Allocation.objects.bulk_create(
@@ -201,9 +214,7 @@ def order_reassign_lot(
         order=order,
         from_lot_id=from_lot_id,
         to_lot_id=to_lot_id,
-        window_of=lambda allocation: selectors.window_for(
-            start_date=order.starts_at.date(), days=order.days, policy=policy
-        ),
+        window_of=lambda allocation: selectors.order_window(order=order, policy=policy),
         not_free=_("That lot is not free for this window, or not of this class."),
         now=now,
         vacate=vacate,
@@ -215,6 +226,35 @@ def order_reassign_lot(
         actor=actor,
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
     )
+
+
+def order_start_clock(*, order: Order, now: datetime | None = None) -> bool:
+    """An order booked to start as soon as ready is handed over: its days count from now. The window starts now
+    and ends its days later, or where its lots are held until (the planned end and the policy's allowance) when
+    the hand-over came later than that; the lots' periods shrink to the window's end and turnaround, giving the
+    unused allowance back. In the caller's transaction; False when the clock was already started, or the order is
+    a dated window."""
+    now = now or timezone.now()
+    order = lock_order(order.pk)
+    if not order.start_when_ready or order.clock_started_at is not None:
+        return False
+    policy = BookingPolicy.current()
+    held = selectors.order_window(order=order, policy=policy)
+    planned = order.starts_at
+    order.starts_at = now
+    order.ends_at = min(now + timedelta(days=order.days), held.held_until - policy.turnaround)
+    order.clock_started_at = now
+    order.save(update_fields=["starts_at", "ends_at", "clock_started_at", "updated_at"])
+    Allocation.objects.filter(order=order, ends_at__gt=order.ends_at + policy.turnaround).in_use().update(
+        ends_at=order.ends_at + policy.turnaround
+    )
+    order_note(
+        order=order,
+        reason="window clock started at the hand-over",
+        actor_kind=OrderEvent.Actor.SYSTEM,
+        evidence={"planned_start": planned.isoformat(), "start": now.isoformat(), "end": order.ends_at.isoformat()},
+    )
+    return True
 
 
 # A provider fault: an order whose machines are prepared (or in use) moves to other lots for the rest of its window.

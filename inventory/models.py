@@ -174,6 +174,16 @@ class Host(models.Model):
             "Size of each lot's data volume (the customer's home); 0: the host's volume disk split over its lots."
         ),
     )
+    ready_within_minutes = models.PositiveSmallIntegerField(
+        _("ready within (minutes)"),
+        default=60,
+        validators=[MinValueValidator(10), MaxValueValidator(24 * 60)],
+        help_text=_(
+            "How long this host takes from an approved order to a handed-over container (image, container, "
+            "pre-flight). A window that starts as soon as ready is offered on this host no sooner than the first "
+            "full hour after this."
+        ),
+    )
     host_key = models.CharField(
         _("pinned host key"),
         max_length=1000,

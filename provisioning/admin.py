@@ -43,6 +43,7 @@ class HostAdmin(admin.ModelAdmin):
         "isolation_mode",
         "isolation_checked_at",
         "health_status",
+        "ready_within_minutes",
         "is_active",
     ]
     list_filter = ["driver", "isolation_mode", "is_active"]
@@ -51,7 +52,19 @@ class HostAdmin(admin.ModelAdmin):
     fieldsets = [
         (
             None,
-            {"fields": ["name", "address", "ssh_port", "driver", "admin_user", "use_sudo", "host_key", "is_active"]},
+            {
+                "fields": [
+                    "name",
+                    "address",
+                    "ssh_port",
+                    "driver",
+                    "admin_user",
+                    "use_sudo",
+                    "host_key",
+                    "is_active",
+                    "ready_within_minutes",
+                ]
+            },
         ),
         (
             gettext_lazy("Each lot's container"),

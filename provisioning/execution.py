@@ -17,7 +17,7 @@ from booking import notices
 from booking.locks import lock_order
 from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
-from booking.services import allocations_release_vacated, order_note, order_transition
+from booking.services import allocations_release_vacated, order_note, order_start_clock, order_transition
 from inventory.models import Host
 from provisioning import enqueue, selectors, steps
 from provisioning.drivers.base import DriverError
@@ -322,6 +322,8 @@ def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **ac
     """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
     actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
     accesses_set(order, hosts=held_host_ids(order), status=Access.Status.READY, ready_at=now)
+    if order_start_clock(order=order, now=now):  # booked to start as soon as ready: its days count from now
+        order.refresh_from_db(fields=["starts_at", "ends_at", "clock_started_at"])
     order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
     if order.starts_at <= now:
         order_transition(

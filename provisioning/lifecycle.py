@@ -142,14 +142,15 @@ def _run_under_way(kind: str, statuses=UNDER_WAY) -> Exists:
 
 
 def _renew_moved_keys(now: datetime) -> int:
-    """Windows whose end moved (an extension) since their keys were written: the expiry-time moves with it."""
+    """Windows whose end moved since their keys were written (an extension, a credit of lost time, the clock of a
+    window that started as soon as ready, earlier or later than planned): the expiry-time moves with it."""
     grace = timedelta(minutes=OperatorSettings.current().key_grace_minutes)
     moved = (
         Order.objects.filter(
+            Q(accesses__keys_expire_at__lt=F("ends_at") + grace) | Q(accesses__keys_expire_at__gt=F("ends_at") + grace),
             status__in=[OrderStatus.READY, OrderStatus.ACTIVE],
             ends_at__gt=now,
             accesses__status=Access.Status.READY,
-            accesses__keys_expire_at__lt=F("ends_at") + grace,
         )
         # a keys run that failed waits for the operator's retry (console), not a new run every tick
         .exclude(_run_under_way(ProvisioningRun.Kind.KEYS, statuses=(*UNDER_WAY, ProvisioningRun.Status.FAILED)))

@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseClientRefresh
 from booking import services as booking_services
 from booking.models import Allocation, BookingPolicy, Order, OrderStatus
 from booking.rules import BookingError
-from booking.selectors import free_lot_ids, order_events_page, utilisation_by_week, window_for, with_status_since
+from booking.selectors import free_lot_ids, order_events_page, order_window, utilisation_by_week, with_status_since
 from infrastructure.numbers import whole_number
 from inventory.models import Host, Lot
 from payments import checkout, unapplied
@@ -134,7 +134,7 @@ def order_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     free_lots = []
     if order.status in booking_services.REASSIGNABLE:
         policy = BookingPolicy.current()
-        window = window_for(start_date=order.starts_at.date(), days=order.days, policy=policy)
+        window = order_window(order=order, policy=policy)
         free_ids = free_lot_ids(hardware_class=order.hardware_class, window=window, limit=50)
         free_lots = list(Lot.objects.filter(pk__in=free_ids).select_related("host"))
     elif order.status in booking_services.MOVABLE:  # a provider fault: lots free for the rest of the window

@@ -14,6 +14,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
@@ -34,6 +35,7 @@ from provisioning import selectors as provisioning_selectors
 from web.customer import addresses
 from web.customer.forms import (
     BookingForm,
+    CalendarForm,
     Catalog,
     ConfirmAddressForm,
     FitForm,
@@ -71,7 +73,8 @@ def _quote_for(quote_form: QuoteForm | None, *, catalog: Catalog, policy: Bookin
         hardware_class=hardware_class,
         environment=environment,
         lot_count=choice["lots"],
-        start_date=choice["start_date"],
+        start_date=choice["start_date"] or initial["start_date"],
+        start_when_ready=bool(choice.get("start_when_ready")),
         days=choice["days"],
         policy=policy,
     )
@@ -312,16 +315,22 @@ def _sold_out_page(request: HttpRequest, form: BookingForm, sold_out: SoldOut) -
     """A short answer: what happened, the next dates as one-click bookings with the same answers, and the way
     back to the form with everything kept. Drawn for each visitor: it carries what they typed."""
     fields = [*BookingForm.base_fields, *(f"fit-{name}" for name in FitForm.base_fields)]
-    kept = format_html_join(
-        "",
-        '<input type="hidden" name="{}" value="{}">',
-        ((name, value) for name in fields if name != "start_date" for value in request.POST.getlist(name)),
-    )
+
+    def kept_but(*left_out: str):
+        return format_html_join(
+            "",
+            '<input type="hidden" name="{}" value="{}">',
+            ((name, value) for name in fields if name not in left_out for value in request.POST.getlist(name)),
+        )
+
     data = form.cleaned_data
     context = {
         "message": sold_out.message,
         "next_dates": sold_out.next_dates,
-        "kept": kept,
+        "kept": kept_but("start_date"),
+        # the next dates book a dated window: "as soon as ready" is what was sold out
+        "kept_dated": kept_but("start_date", "start_when_ready"),
+        "start_when_ready": data["start_when_ready"],
         "start_date": data["start_date"],
         "days": data["days"],
         "lot_count": data["lots"],
@@ -349,7 +358,8 @@ def _booking_request(
         hardware_class=data["hardware_class"],
         environment=data["environment"],
         lot_count=data["lots"],
-        start_date=data["start_date"],
+        start_date=data["start_date"] or timezone.now().date(),
+        start_when_ready=data["start_when_ready"],
         days=data["days"],
         contact=placing.Contact(
             name=data["contact_name"].strip(),
@@ -434,6 +444,27 @@ def address_confirmed(request: HttpRequest, signed: str) -> HttpResponse:
         addresses.remember(request, email)
     response = render(request, "customer/address_confirmed.html", {"email": email}, status=200 if email else 400)
     return mark_private(response)
+
+
+@require_http_methods(["GET"])
+def calendar(request: HttpRequest) -> HttpResponse:
+    """The public availability calendar: per class, the next eight weeks of free lot counts for a window of the
+    chosen length (nothing of whose they are). A day with enough free lots links to the booking page with that
+    start date, the earliest start as soon as ready is said above it."""
+    catalog, policy = _catalog_and_policy()
+    form = CalendarForm(request.GET, catalog=catalog, max_lots=policy.max_lots_per_order)
+    choice = form.choice()
+    hardware_class = choice["hardware_class"]
+    context = {"form": form, "catalog": catalog, "choice": choice, "weeks": [], "ready": None}
+    if hardware_class is not None:
+        days = selectors.availability_calendar(hardware_class=hardware_class, days=choice["days"], policy=policy)
+        lead = days[0].day.weekday()  # the first week starts on a Monday: the days before today are blank
+        cells = [None] * lead + days
+        context["weeks"] = [cells[index : index + 7] for index in range(0, len(cells), 7)]
+        context["ready"] = selectors.ready_start(
+            hardware_class=hardware_class, days=choice["days"], lot_count=choice["lots"], policy=policy
+        )
+    return render(request, "customer/calendar.html", context)
 
 
 @require_http_methods(["GET"])

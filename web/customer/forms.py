@@ -112,9 +112,15 @@ class QuoteForm(forms.Form):
     )
     start_date = forms.DateField(
         label=_("Start date (00:00 UTC)"),
+        required=False,
         widget=forms.DateInput(attrs={"type": "date", **_QUOTE_INPUT}, format="%Y-%m-%d"),
         input_formats=["%Y-%m-%d"],
         error_messages={"invalid": _("Give the start date as YYYY-MM-DD.")},
+    )
+    start_when_ready = forms.BooleanField(
+        label=_("Start as soon as ready, within hours (the start date is then not used)"),
+        required=False,
+        widget=forms.CheckboxInput(attrs=_QUOTE_INPUT),
     )
     days = forms.TypedChoiceField(
         label=_("Research window"),
@@ -141,8 +147,47 @@ class QuoteForm(forms.Form):
     def clean_hardware_class(self) -> HardwareClass:
         return self.catalog.class_by_slug[self.cleaned_data["hardware_class"]]
 
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if (
+            not cleaned.get("start_when_ready")
+            and cleaned.get("start_date") is None
+            and "start_date" not in self.errors
+        ):
+            self.add_error("start_date", _("Give the start date, or tick “start as soon as ready”."))
+        return cleaned
+
     def clean_environment(self) -> EnvironmentImage:
         return self.catalog.environment_by_slug[self.cleaned_data["environment"]]
+
+
+class CalendarForm(forms.Form):
+    """The public calendar's choices (a GET form): a class, a window length, a number of lots. A value that is not
+    one of them is replaced by the default: the calendar never refuses to draw."""
+
+    hardware_class = forms.ChoiceField(label=_("Hardware"))
+    days = forms.TypedChoiceField(label=_("Research window"), choices=WindowDays.choices, coerce=int)
+    lots = forms.IntegerField(label=_("Number of two-card lots"), min_value=1)
+
+    def __init__(self, data, *, catalog: Catalog, max_lots: int) -> None:
+        default = catalog.default_class
+        self.defaults = {"hardware_class": default.slug if default else "", "days": WindowDays.SEVEN, "lots": 1}
+        super().__init__({**self.defaults, **{name: data.get(name) for name in self.base_fields if data.get(name)}})
+        self.catalog = catalog
+        self.fields["hardware_class"].choices = [(c.slug, c.name) for c in catalog.classes]
+        self.fields["lots"].max_value = max_lots
+        self.fields["lots"].widget.attrs.update({"min": 1, "max": max_lots})
+        self.fields["lots"].validators.append(MaxValueValidator(max_lots))
+
+    def choice(self) -> dict:
+        """The valid choices, the defaults standing in for the others (the class as the catalog's instance)."""
+        self.is_valid()
+        chosen = {**self.defaults, **self.cleaned_data}
+        chosen["days"] = int(chosen["days"])
+        chosen["hardware_class"] = self.catalog.class_by_slug.get(chosen["hardware_class"])
+        # the form shows what is drawn, not the value that was replaced
+        self.data = {**self.data, **{name: self.defaults[name] for name in self.errors}}
+        return chosen
 
 
 class BillingFields(forms.Form):
@@ -345,6 +390,7 @@ def quote_initial(*, catalog: Catalog, earliest: date) -> dict:
         "environment": environments[0].slug if environments else "",
         "lots": 1,
         "start_date": earliest,
+        "start_when_ready": False,
         "days": WindowDays.SEVEN,
     }
 

@@ -9,6 +9,7 @@ app_name = "customer"
 urlpatterns = [
     path("", booking.book, name="book"),
     path("guide/", booking.guide, name="guide"),
+    path("calendar/", booking.calendar, name="calendar"),
     path("fit/", booking.fit_advisor, name="fit"),
     path("tools/split_trial.py", booking.split_trial_kit, name="split-trial-kit"),
     path("tools/archcheck.py", booking.archcheck, name="archcheck"),

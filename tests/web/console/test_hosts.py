@@ -174,6 +174,8 @@ def test_a_check_task_with_hostile_arguments_does_nothing(catalog):
         ("connections_per_lot", "-5", "greater than or equal to 0"),
         ("ptys_per_lot", "99999999", "less than or equal to 65536"),
         ("disk_mbps_per_lot", "fast", "Enter a whole number"),
+        ("ready_within_minutes", "5", "greater than or equal to 10"),
+        ("ready_within_minutes", "99999", "less than or equal to 1440"),
     ],
 )
 def test_the_host_form_refuses_hostile_shares(client, admin_user, field, value, error):
@@ -185,6 +187,7 @@ def test_the_host_form_refuses_hostile_shares(client, admin_user, field, value, 
         "driver": Host.Driver.DRY_RUN,
         "admin_user": "root",
         "is_active": "on",
+        "ready_within_minutes": "60",
         "memory_per_lot_gib": "32",
         "shm_size_gib": "8",
     }
@@ -204,6 +207,7 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
         "ssh_port": "22",
         "driver": Host.Driver.SSH,
         "admin_user": "root",
+        "ready_within_minutes": "45",
         "container_runtime": "podman",
         "ssh_port_base": "42000",
         "cpus_per_lot": "12.5",
@@ -234,6 +238,7 @@ def test_the_host_form_keeps_sane_shares(client, admin_user):
     assert (window.reason, window.ends_at - window.starts_at) == ("Firmware update", timedelta(hours=12))
     assert (str(host.cpus_per_lot), host.memory_per_lot_gib, host.shm_size_gib) == ("12.50", 200, 32)
     assert (host.connections_per_lot, host.ptys_per_lot, host.disk_mbps_per_lot) == (0, 256, 0)
+    assert host.ready_within_minutes == 45
     assert host.isolation_mode == Host.Isolation.UNCHECKED and host.offers_lots
     # without a container runtime a host offers nothing: customers are never given an account on a host
     Host.objects.filter(pk=host.pk).update(container_runtime="")

@@ -92,7 +92,7 @@ CASES = [
     ("lots", "9" * 40, ours("At most %(limit_value)s lots can be booked in one order.", limit_value=8)),
     ("lots", "9", ours("At most %(limit_value)s lots can be booked in one order.", limit_value=8)),
     ("lots", "7", pair("Only 6 lots of NVIDIA B200 pair exist.", "Il n’existe que 6 lots de NVIDIA B200 pair.")),
-    ("start_date", "", REQUIRED),
+    ("start_date", "", ours("Give the start date, or tick “start as soon as ready”.")),
     ("start_date", "next tuesday", ours("Give the start date as YYYY-MM-DD.")),
     ("start_date", "2027-02-30", ours("Give the start date as YYYY-MM-DD.")),
     ("start_date", SCRIPT, ours("Give the start date as YYYY-MM-DD.")),
