@@ -1,6 +1,7 @@
 """Load on gunicorn over loopback, bounded in time: the booking page and the order-status poll at rising
 concurrency beside a trivial view of the same server (same run, alternating rounds), driven by wrk; then 100
-researchers booking the last free lot at once through HTTP.
+researchers booking the last free lot at once through HTTP, and 100 booking B200 lots to start as soon as ready
+(there are 5 free: 5 orders, 95 sold out, and no two live allocations of one lot overlapping, read in the database).
 
     .venv/bin/python bench/load.py [--seconds 2] [--rounds 3] [--levels 2,8,32]
 
@@ -19,6 +20,7 @@ client is nowhere near saturation: what the race measures is the server's lockin
 
 import argparse
 import http.client
+import json
 import os
 import re
 import secrets
@@ -43,7 +45,7 @@ from httpload import (
     require_wrk,
     warm_up,
 )
-from pages import bench_environment, prepare, start_gunicorn
+from pages import PYTHON, bench_environment, prepare, run, seed_env, start_gunicorn
 
 SEED = """
 import django, json
@@ -64,9 +66,10 @@ client = Client(SERVER_NAME="testserver")
 response = client.post("/", {
     "hardware_class": "b200-pair", "environment": "pytorch-2-7-cuda-12-8", "lots": "1", "start_date": start,
     "days": "7", "contact_name": "Load", "contact_email": "load@example.org", "organisation": "Bench",
-    "ssh_keys": make_ssh_key(), **RESEARCH_ANSWERS,
+    "billing_address": "1 rue du Banc, Paris", "billing_country": "FR", "ssh_keys": make_ssh_key(), **RESEARCH_ANSWERS,
     "accept_terms": "on", "terms_version": str(terms_current().pk),
 })
+assert response.status_code == 302, response.content.decode()[-3000:]
 print(json.dumps({"order_url": response["Location"], "start": start, "key": make_ssh_key()}))
 """
 
@@ -77,8 +80,9 @@ def percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, int(fraction * len(values)))]
 
 
-def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
-    """`racers` clients load the page (cookie + token), then post the last MI300X lot at the same moment."""
+def booking_race(port: int, start: str, key: str, racers: int = 100, *, when_ready: bool = False) -> dict:
+    """`racers` clients load the page (cookie + token), then post the last MI300X lot at the same moment; with
+    `when_ready`, one B200 lot each, to start as soon as ready."""
     barrier = threading.Barrier(racers)
     results: list[tuple[int, str, float]] = []
     lock = threading.Lock()
@@ -93,14 +97,17 @@ def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
         body = urllib.parse.urlencode(
             {
                 "csrfmiddlewaretoken": token,
-                "hardware_class": "mi300x-pair",
-                "environment": "pytorch-2-6-rocm-6-4",
+                "hardware_class": "b200-pair" if when_ready else "mi300x-pair",
+                "environment": "pytorch-2-7-cuda-12-8" if when_ready else "pytorch-2-6-rocm-6-4",
                 "lots": "1",
                 "start_date": start,
+                **({"start_when_ready": "on"} if when_ready else {}),
                 "days": "7",
                 "contact_name": f"Racer {index}",
                 "contact_email": f"racer{index}@example.org",
                 "organisation": "Bench",
+                "billing_address": "1 rue du Banc, Paris",
+                "billing_country": "FR",
                 "ssh_keys": key,
                 "sharing": "full_copy",
                 "hypothesis": "shorter_step",
@@ -145,6 +152,21 @@ def booking_race(port: int, start: str, key: str, racers: int = 100) -> dict:
         "p50": percentile(latencies, 0.5),
         "p99": percentile(latencies, 0.99),
     }
+
+
+OVERLAPS = """
+import django, json
+django.setup()
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute(
+        "SELECT count(*) FROM booking_allocation a JOIN booking_allocation b ON a.lot_id = b.lot_id AND a.id < b.id "
+        "WHERE a.released_at IS NULL AND b.released_at IS NULL AND a.starts_at < b.ends_at AND b.starts_at < a.ends_at"
+    )
+    overlaps = cursor.fetchone()[0]
+from booking.models import Order
+print(json.dumps({"overlaps": overlaps, "when_ready": Order.objects.filter(start_when_ready=True).count()}))
+"""
 
 
 def main() -> None:
@@ -208,6 +230,21 @@ def main() -> None:
         )
         race_passed = race["orders"] == 1 and race["errors"] == 0 and race["answers"] == 100 and race["p99"] < 1
         print(f"{'PASS' if race_passed else 'FAIL'}  the race: exactly 1 order, 0 errors, p99 < 1 s")
+        ready = booking_race(options.port, seeded["start"], seeded["key"], when_ready=True)
+        found = json.loads(run([PYTHON, "-c", OVERLAPS], seed_env(env)).strip().splitlines()[-1])
+        print(
+            f"100 bookings of B200 lots as soon as ready (5 free): {ready['orders']} orders, {ready['sold_out']} "
+            f"sold out, {ready['errors']} errors of {ready['answers']} answers; p50 {ready['p50'] * 1000:.0f} ms, "
+            f"p99 {ready['p99'] * 1000:.0f} ms; {found['when_ready']} such orders in the database, "
+            f"{found['overlaps']} overlapping live allocations"
+        )
+        ready_passed = (
+            ready["orders"] == 5 == found["when_ready"]
+            and found["overlaps"] == 0
+            and ready["errors"] == 0
+            and ready["answers"] == 100
+        )
+        print(f"{'PASS' if ready_passed else 'FAIL'}  as soon as ready: exactly 5 orders, 0 overlaps, 0 errors")
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -68,12 +68,13 @@ def bench_environment(database_url: str, redis_url: str, static_root: str) -> di
         "SECRET_KEY": secrets.token_urlsafe(64),
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
-        "ALLOWED_HOSTS": "127.0.0.1,testserver",
+        "ALLOWED_HOSTS": "127.0.0.1,testserver,book.example.org",
         "SECURE_SSL_REDIRECT": "0",
         # Production refuses a loopback SITE_URL and console mail: the public address a deployment would give (no
         # link is followed here), and a mail server that no bench sends to.
         "SITE_URL": "https://book.example.org",
         "EMAIL_URL": "smtp://127.0.0.1:9",
+        "DEFAULT_FROM_EMAIL": "Binôme <bookings@book.example.org>",
         "STATIC_ROOT": static_root,
         "RATELIMIT_ENABLE": "0",
         # Production refuses the demo key (payments.E006): a public BIP-32 test vector (depth 3) stands in.
@@ -111,8 +112,12 @@ def prepare(database_url: str, env: dict, seed: str, *seed_args: str) -> dict:
     run([PYTHON, "manage.py", "migrate", "--no-input", "-v", "0"], env)
     run([PYTHON, "manage.py", "collectstatic", "--no-input", "-v", "0"], env)
     run([PYTHON, "manage.py", "compilemessages", "--locale", "fr", "--ignore", ".venv", "-v", "0"], env)
-    seed_env = {**env, "DJANGO_SETTINGS_MODULE": "portal.settings", "PYTHONPATH": str(ROOT)}
-    return json.loads(run([PYTHON, "-c", seed, *seed_args], seed_env).strip().splitlines()[-1])
+    return json.loads(run([PYTHON, "-c", seed, *seed_args], seed_env(env)).strip().splitlines()[-1])
+
+
+def seed_env(env: dict) -> dict:
+    """The environment of a script run against the bench's database (Django set up from the portal's settings)."""
+    return {**env, "DJANGO_SETTINGS_MODULE": "portal.settings", "PYTHONPATH": str(ROOT)}
 
 
 def start_gunicorn(port: int, workers: int, env: dict) -> subprocess.Popen:
