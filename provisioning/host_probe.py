@@ -124,12 +124,24 @@ def login_stack(connection: Connection) -> LoginStack:
 
 
 # Run inside the image, with no network, as nobody: what an image must have to be handed to a customer, then its
-# accounts (the container's /etc/passwd and /etc/group are these plus the customer's, from the kit).
+# accounts (the container's /etc/passwd and /etc/group are these plus the customer's, from the kit). Besides its
+# SSH server and the pre-flight's Python, what VS Code Remote-SSH's server checks on connect (its
+# check-requirements script): bash, tar, curl or wget to fetch itself, glibc 2.28 and libstdc++ with GLIBCXX_3.4.25.
 _IMAGE_NEEDS = (
     'missing=; [ -x /usr/sbin/sshd ] || missing="$missing sshd(/usr/sbin/sshd)"; '
-    'command -v python3 >/dev/null 2>&1 || missing="$missing python3"; echo "missing:$missing"; '
+    'command -v python3 >/dev/null 2>&1 || missing="$missing python3"; '
+    'for tool in bash tar; do command -v $tool >/dev/null 2>&1 || missing="$missing $tool"; done; '
+    '{ command -v curl || command -v wget; } >/dev/null 2>&1 || missing="$missing curl-or-wget"; '
+    "g=$(getconf GNU_LIBC_VERSION 2>/dev/null); g=${g#glibc }; major=${g%%.*}; minor=${g#*.}; minor=${minor%%.*}; "
+    '{ [ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 28 ]; }; } 2>/dev/null '
+    '|| missing="$missing glibc>=2.28"; '
+    "found=; for lib in /usr/lib/*/libstdc++.so.6 /usr/lib64/libstdc++.so.6 /usr/lib/libstdc++.so.6 "
+    '/lib/*/libstdc++.so.6; do [ -r "$lib" ] && grep -q GLIBCXX_3.4.25 "$lib" && found=1 && break; done; '
+    '[ -n "$found" ] || missing="$missing libstdc++(GLIBCXX_3.4.25)"; echo "missing:$missing"; '
     "echo '--passwd'; head -c 65536 /etc/passwd; echo; echo '--group'; head -c 65536 /etc/group; echo"
 )
+# What VS Code's server needs, of the above: said as such when one is missing.
+_VSCODE_NEEDS = frozenset({"bash", "tar", "curl-or-wget", "glibc>=2.28", "libstdc++(GLIBCXX_3.4.25)"})
 _ACCOUNT_LINE = {"passwd": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?:[^:]*:\d{1,10}:\d{1,10}:[^:]*:[^:]*:[^:]*"),
                  "group": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}:[^:]*:\d{1,10}:[A-Za-z0-9_.,-]*")}  # fmt: skip
 MAX_ACCOUNTS = 2000
@@ -164,8 +176,14 @@ def image_facts(connection: Connection, command: Callable[..., list[str]], image
     if not lines:
         return ImageFacts(f"it does not run a shell ({_first_line(result.stderr) or f'exit {result.exit_status}'})")
     missing = lines[-1].removeprefix("missing:").split()
+    problem = f"it has no {', '.join(missing)}" if missing else ""
+    if _VSCODE_NEEDS & set(missing):
+        problem += (
+            " (VS Code Remote-SSH's server needs bash, tar, curl or wget, glibc 2.28 or newer and libstdc++ with "
+            "GLIBCXX_3.4.25: add them to the image)"
+        )
     return ImageFacts(
-        f"it has no {', '.join(missing)}" if missing else "",
+        problem,
         sections.get("passwd", [])[:MAX_ACCOUNTS],
         sections.get("group", [])[:MAX_ACCOUNTS],
     )

@@ -215,6 +215,12 @@ class Access(models.Model):
         return f"ssh{port} {self.username}@{self.host.address}"
 
     @property
+    def forward_command(self) -> str:
+        """A web server on port 8888 in the container (Jupyter's), reached at http://localhost:8888 on the
+        customer's own machine while this runs."""
+        return self.ssh_command.replace("ssh", "ssh -N -L 8888:localhost:8888", 1)
+
+    @property
     def sftp_command(self) -> str:
         """How the customer downloads their files after the end, read-only."""
         return f"sftp -P {self.download_port} {self.username}@{self.host.address}" if self.download_port else ""

@@ -6,12 +6,15 @@ host's, which the customers never pass through), real podman with runc, mknod st
 
 import html
 import os
+import platform
 import pwd
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -471,17 +474,11 @@ def test_the_split_trial_commands_of_the_guide_and_the_order_page_run_as_written
         assert checked.stdout.strip() == "readable", (language, kit)
 
 
-def test_the_order_page_s_login_line_works_as_written_from_a_researcher_s_own_account(
-    client,
-    two_customers,  # noqa: F811
-):
-    order, access, private_key = two_customers[0]
-    page = client.get(reverse("customer:order", kwargs={"public_id": order.public_id, "token": order.token}))
-    text = page.content.decode()
-    command = html.unescape(re.search(r"<p><code>(ssh [^<]+)</code>", text)[1])
-    known_hosts_line = html.unescape(re.search(r'<code class="wrap">([^<]+)</code>', text)[1])
-    # given: the researcher's own account on their machine, their key where ssh looks for it, and the page's host
-    # key line in their known_hosts file, as the page tells them
+@contextmanager
+def researcher_account(private_key: str, known_hosts_line: str):
+    """A researcher's own account on their own machine (a local user), their key where ssh looks for it and the
+    order page's host key line in their known_hosts, as the page tells them: yields `typed(command, ...)`, which runs
+    a command line as that user (subprocess.run's keywords; `background=True`: a Popen in its own session)."""
     researcher = "binome-test-r" + secrets.token_hex(3)
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", researcher], check=True, capture_output=True)
     try:
@@ -494,15 +491,209 @@ def test_the_order_page_s_login_line_works_as_written_from_a_researcher_s_own_ac
             os.chown(path, account.pw_uid, account.pw_gid)
         (ssh_dir / "id_ed25519").chmod(0o600)
 
-        # when: they type the page's command, as written, with a command to run
-        typed = subprocess.run(
-            ["su", "-s", "/bin/sh", researcher, "-c", f"{command} id -un"],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
+        def typed(command: str, *, background: bool = False, **kwargs):
+            argv = ["su", "-s", "/bin/sh", researcher, "-c", command]
+            if background:
+                return subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )  # fmt: skip
+            if "input" not in kwargs:
+                kwargs["stdin"] = subprocess.DEVNULL
+            return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
 
-        # then: they are in their container, as their account, the host key checked against the page's line
-        assert typed.returncode == 0, typed.stderr
-        assert typed.stdout.strip() == access.username
-        assert "Warning: Permanently added" not in typed.stderr  # the key was known, not learnt
+        yield typed
     finally:
+        subprocess.run(["pkill", "-KILL", "-u", researcher], capture_output=True, check=False)
         subprocess.run(["userdel", "--remove", "--force", researcher], capture_output=True, check=False)
+
+
+def _order_page_lines(client, order) -> tuple[str, str, str]:
+    """The login line, the host key line and the Jupyter forward line, as the order page shows them."""
+    page = client.get(reverse("customer:order", kwargs={"public_id": order.public_id, "token": order.token}))
+    text = page.content.decode()
+    command = html.unescape(re.search(r"<p><code>(ssh [^<]+)</code>", text)[1])
+    known_hosts_line = html.unescape(re.search(r'<code class="wrap">([^<]+)</code>', text)[1])
+    forward = html.unescape(re.search(r'<code class="forward">([^<]+)</code>', text)[1])
+    return command, known_hosts_line, forward
+
+
+def test_the_order_page_s_login_line_works_as_written_from_a_researcher_s_own_account(
+    client,
+    two_customers,  # noqa: F811
+):
+    order, access, private_key = two_customers[0]
+    command, known_hosts_line, _forward = _order_page_lines(client, order)
+    # given: the researcher's own account, their key and the page's host key line where ssh looks for them
+    with researcher_account(private_key, known_hosts_line) as typed:
+        # when: they type the page's command, as written, with a command to run
+        answer = typed(f"{command} id -un")
+
+    # then: they are in their container, as their account, the host key checked against the page's line
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.strip() == access.username
+    assert "Warning: Permanently added" not in answer.stderr  # the key was known, not learnt
+
+
+def test_a_server_on_8888_in_the_container_is_reached_through_the_order_page_s_forward_line(
+    client,
+    two_customers,  # noqa: F811
+):
+    order, access, private_key = two_customers[0]
+    command, known_hosts_line, forward = _order_page_lines(client, order)
+    assert forward == f"ssh -N -L 8888:localhost:8888 -p {access.ssh_port} {access.username}@{access.host.address}"
+    with researcher_account(private_key, known_hosts_line) as typed:
+        # given: a web server on 8888 in the container (Jupyter's port), serving the home directory
+        started = typed(
+            f"{command} 'echo served-from-the-container > served.txt && "
+            "setsid -f python3 -m http.server 8888 --bind 127.0.0.1 </dev/null >/dev/null 2>&1'"
+        )
+        assert started.returncode == 0, started.stderr
+        # when: the researcher runs the page's forward line on their machine
+        tunnel = typed(forward, background=True)
+        try:
+            body, deadline = None, time.monotonic() + 30
+            while body is None and time.monotonic() < deadline and tunnel.poll() is None:
+                try:
+                    with socket.create_connection(("127.0.0.1", 8888), timeout=2) as connection:
+                        connection.sendall(b"GET /served.txt HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                        body = b"".join(iter(lambda: connection.recv(65536), b""))
+                except OSError:
+                    time.sleep(0.3)
+            # then: http://localhost:8888 on their machine is the container's server
+            assert body is not None, tunnel.stderr.read().decode() if tunnel.poll() is not None else "no answer"
+            assert body.startswith(b"HTTP/1.0 200") and body.endswith(b"served-from-the-container\n")
+        finally:
+            os.killpg(tunnel.pid, signal.SIGTERM)
+            tunnel.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("removed", "missing"),
+    [
+        (("/usr/bin/tar",), "tar"),
+        (("/usr/bin/wget",), "curl-or-wget"),  # the test image has no curl
+        ((f"/usr/lib/{platform.machine()}-linux-gnu/libstdc++.so.6",), "libstdc++(GLIBCXX_3.4.25)"),
+        (("/bin/bash", "/usr/bin/bash"), "bash"),
+    ],
+)
+def test_an_image_without_what_vs_code_s_server_needs_is_refused_with_the_reason(
+    admin, test_image, image_without, removed, missing
+):
+    from provisioning.containers import Runtime
+    from provisioning.host_probe import image_facts
+
+    command = Runtime("podman").command
+    assert image_facts(admin, command, test_image).problem == ""  # the whole image serves SSH, the kit and VS Code
+    problem = image_facts(admin, command, image_without(*removed)).problem
+    assert problem.startswith(f"it has no {missing} (VS Code Remote-SSH's server needs bash, tar, curl or wget")
+
+
+# What VS Code Remote-SSH sends over its connection to set its server up (its install script, in short): the
+# platform, the requirements its check-requirements script reads, a directory of its own in the home, the server
+# fetched with wget or curl and unpacked with tar, started on a port of the container's loopback; then the client
+# reaches that port through a forward of the same connection.
+VSCODE_BOOTSTRAP = r"""
+set -e
+case "$(uname -m)" in x86_64|aarch64|armv7l) ;; *) echo "unsupported platform"; exit 1 ;; esac
+glibc=$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)
+[ "$(printf '%s\n2.28\n' "$glibc" | sort -V | head -n1)" = 2.28 ] || { echo "glibc $glibc"; exit 1; }
+found=
+for lib in /usr/lib/*/libstdc++.so.6 /usr/lib64/libstdc++.so.6; do
+    [ -r "$lib" ] && grep -q GLIBCXX_3.4.25 "$lib" && found=1
+done
+[ -n "$found" ] || { echo "no libstdc++ 3.4.25"; exit 1; }
+server_dir="$HOME/.vscode-server/bin/0123456789abcdef"
+mkdir -p "$server_dir" && cd "$server_dir"
+if command -v wget >/dev/null; then
+    wget --tries=1 --connect-timeout=7 -nv -O vscode-server.tar.gz "$SERVER_URL"
+else
+    curl --retry 1 --connect-timeout 7 --location --show-error --silent --output vscode-server.tar.gz "$SERVER_URL"
+fi
+tar -xf vscode-server.tar.gz --strip-components 1 && rm vscode-server.tar.gz
+log="$HOME/.vscode-server/.0123456789abcdef.log"
+setsid -f "$server_dir/bin/code-server" --host=127.0.0.1 --port=0 >"$log" 2>&1 </dev/null
+for _ in $(seq 100); do
+    grep -q '^listeningOn==' "$log" && break
+    sleep 0.1
+done
+grep '^listeningOn==' "$log"
+"""
+
+# The stand-in for VS Code's server (not reachable here): started as VS Code starts its own, it says its port so.
+CODE_SERVER = """#!/bin/bash
+exec python3 -c '
+import http.server
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"vscode-server-stand-in")
+server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+print(f"listeningOn=={server.server_port}==", flush=True)
+server.serve_forever()
+'
+"""
+
+
+def test_vs_code_remote_ssh_sets_its_server_up_in_the_container_as_it_does_on_connect(
+    client,
+    two_customers,  # noqa: F811
+    outside_server,  # noqa: F811
+    tmp_path,
+):
+    order, _access, private_key = two_customers[0]
+    command, known_hosts_line, _forward = _order_page_lines(client, order)
+    # given: VS Code's server as its download site serves it, "on the internet"
+    package = tmp_path / "site" / "vscode-server.tar.gz"
+    (tmp_path / "server" / "vscode-server-linux-x64" / "bin").mkdir(parents=True)
+    code_server = tmp_path / "server" / "vscode-server-linux-x64" / "bin" / "code-server"
+    code_server.write_text(CODE_SERVER)
+    code_server.chmod(0o755)
+    package.parent.mkdir()
+    subprocess.run(["tar", "-czf", package, "-C", tmp_path / "server", "vscode-server-linux-x64"], check=True)
+    namespace = outside_server[1]
+    site = subprocess.Popen(
+        ["ip", "netns", "exec", namespace, "python3", "-m", "http.server", "8081", "--bind", "198.51.100.2",
+         "--directory", package.parent],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the site answers (the host routes to the namespace)
+            try:
+                socket.create_connection(("198.51.100.2", 8081), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and site.poll() is None, "the download site did not start"
+                time.sleep(0.2)
+        with researcher_account(private_key, known_hosts_line) as typed:
+            # when: VS Code connects with the researcher's ssh settings (the page's login line) and runs its setup
+            script = "SERVER_URL=http://198.51.100.2:8081/vscode-server.tar.gz\n" + VSCODE_BOOTSTRAP
+            setup = typed(f"{command} bash", input=script)
+            assert setup.returncode == 0, setup.stdout + setup.stderr
+            port = int(re.fullmatch(r"listeningOn==(\d+)==", setup.stdout.strip().splitlines()[-1])[1])
+
+            # then: its client reaches the server through a forward of the same login
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                local = probe.getsockname()[1]
+            tunnel = typed(command.replace("ssh", f"ssh -N -L {local}:127.0.0.1:{port}", 1), background=True)
+            try:
+                body, deadline = None, time.monotonic() + 30
+                while body is None and time.monotonic() < deadline and tunnel.poll() is None:
+                    try:
+                        with socket.create_connection(("127.0.0.1", local), timeout=2) as connection:
+                            connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                            body = b"".join(iter(lambda: connection.recv(65536), b""))
+                    except OSError:
+                        time.sleep(0.3)
+                assert body is not None and body.endswith(b"vscode-server-stand-in"), body
+            finally:
+                os.killpg(tunnel.pid, signal.SIGTERM)
+                tunnel.wait(timeout=10)
+            listed = typed(f"{command} ls -a .vscode-server/bin/0123456789abcdef/bin")
+            assert "code-server" in listed.stdout.split()  # in the researcher's home, their data volume
+    finally:
+        site.kill()
+        site.wait()
