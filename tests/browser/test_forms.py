@@ -484,3 +484,31 @@ def test_the_fit_advice_follows_the_hypothesis_as_the_researcher_changes_it(rese
     advice.get_by_text("run two independent single-card experiments").wait_for(timeout=15000)
     page.check("input[name=hypothesis][value='bigger_batch']")
     advice.get_by_text("For a bigger global batch or a shorter step, data parallelism fits").wait_for(timeout=15000)
+
+
+def test_a_researcher_books_from_the_calendar_to_start_as_soon_as_ready(researcher, live_server, live_chain, catalog):
+    page = researcher
+    page.goto(live_server.url + "/")
+    page.get_by_role("link", name="Availability").click()
+    page.wait_for_url(re.compile(r".*/calendar/$"))
+
+    # a day of the calendar fills the booking page's date
+    page.select_option("select[name=hardware_class]", "h200-pair")
+    submitted(page, page.get_by_role("button", name="Show"))
+    day = page.locator("td.free a").nth(3)
+    chosen = day.get_attribute("data-start-date")
+    submitted(page, day)
+    assert page.input_value("input[name=start_date]") == chosen
+    assert page.input_value("input[name=hardware_class]:checked") == "h200-pair"
+
+    # the calendar's earliest start books a window that starts as soon as ready
+    page.go_back()
+    submitted(page, page.get_by_role("link", name="Book to start as soon as ready"))
+    assert page.is_checked("input[name=start_when_ready]")
+    fill_booking(page, lots="1", email="today@example.org")
+    page.locator("#quote").get_by_text("starts as soon as your machines are ready").wait_for(timeout=15000)
+    submitted(page, page.locator("button.button-primary"), to=ORDER_URL)
+    order = Order.objects.get(contact_email="today@example.org")
+    assert order.start_when_ready and order.hardware_class.slug == "h200-pair"
+    assert order.starts_at.minute == 0 and order.starts_at.second == 0
+    assert "7 days from the hand-over: as soon as your machines are ready" in page.inner_text("#window")
