@@ -1,6 +1,13 @@
 """Fixtures for the customer's side of ssh provisioning: an order provisioned on the loopback host and the
 researcher's own ssh into it (which differs from conftest's `login_as`, hence a module the tests import)."""
 
+import os
+import pwd
+import secrets
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
 import pytest
 
 from payments.selectors import current_invoice
@@ -39,3 +46,37 @@ def provisioned(client, loopback_host, booking_data, keypair, admin_user, admin,
         yield order, token, username, private_key
     finally:
         remove_user(admin, username)
+
+
+@contextmanager
+def researcher_account(private_key: str, known_hosts_line: str):
+    """A researcher's own account on their own machine (a local user), their key where ssh looks for it and the
+    order page's host key line in their known_hosts, as the page tells them: yields `typed(command, ...)`, which runs
+    a command line as that user (subprocess.run's keywords; `background=True`: a Popen in its own session)."""
+    researcher = "binome-test-r" + secrets.token_hex(3)
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", researcher], check=True, capture_output=True)
+    try:
+        account = pwd.getpwnam(researcher)
+        ssh_dir = Path(account.pw_dir) / ".ssh"
+        ssh_dir.mkdir(mode=0o700)
+        (ssh_dir / "id_ed25519").write_bytes(Path(private_key).read_bytes())
+        (ssh_dir / "known_hosts").write_text(known_hosts_line + "\n")
+        for path in (ssh_dir, *ssh_dir.iterdir()):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        (ssh_dir / "id_ed25519").chmod(0o600)
+
+        def typed(command: str, *, background: bool = False, **kwargs):
+            argv = ["su", "-s", "/bin/sh", researcher, "-c", command]
+            if background:
+                return subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )  # fmt: skip
+            if "input" not in kwargs:
+                kwargs["stdin"] = subprocess.DEVNULL
+            return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
+
+        yield typed
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", researcher], capture_output=True, check=False)
+        subprocess.run(["userdel", "--remove", "--force", researcher], capture_output=True, check=False)

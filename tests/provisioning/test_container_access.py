@@ -7,14 +7,12 @@ host's, which the customers never pass through), real podman with runc, mknod st
 import html
 import os
 import platform
-import pwd
 import re
 import secrets
 import signal
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from provisioning import runs
 from provisioning.models import Access, ProvisioningRun
 from tests.builders.containers import _build_marker_library, _hand_over, _in, _provision
 from tests.provisioning.conftest import customer_ssh, customer_ssh_options, remove_user, tenant_processes
+from tests.provisioning.customer_ssh import researcher_account
 from tests.provisioning.tenants import outside_server, provisioned_pair, two_customers  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
@@ -472,40 +471,6 @@ def test_the_split_trial_commands_of_the_guide_and_the_order_page_run_as_written
         (kit,) = set(re.findall(r"python3 (\S+/split_trial\.py) --output report\.json", page.content.decode()))
         checked = _in(access, private_key, f"test -r {kit} && test ! -w {kit} && echo readable")
         assert checked.stdout.strip() == "readable", (language, kit)
-
-
-@contextmanager
-def researcher_account(private_key: str, known_hosts_line: str):
-    """A researcher's own account on their own machine (a local user), their key where ssh looks for it and the
-    order page's host key line in their known_hosts, as the page tells them: yields `typed(command, ...)`, which runs
-    a command line as that user (subprocess.run's keywords; `background=True`: a Popen in its own session)."""
-    researcher = "binome-test-r" + secrets.token_hex(3)
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", researcher], check=True, capture_output=True)
-    try:
-        account = pwd.getpwnam(researcher)
-        ssh_dir = Path(account.pw_dir) / ".ssh"
-        ssh_dir.mkdir(mode=0o700)
-        (ssh_dir / "id_ed25519").write_bytes(Path(private_key).read_bytes())
-        (ssh_dir / "known_hosts").write_text(known_hosts_line + "\n")
-        for path in (ssh_dir, *ssh_dir.iterdir()):
-            os.chown(path, account.pw_uid, account.pw_gid)
-        (ssh_dir / "id_ed25519").chmod(0o600)
-
-        def typed(command: str, *, background: bool = False, **kwargs):
-            argv = ["su", "-s", "/bin/sh", researcher, "-c", command]
-            if background:
-                return subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )  # fmt: skip
-            if "input" not in kwargs:
-                kwargs["stdin"] = subprocess.DEVNULL
-            return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
-
-        yield typed
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", researcher], capture_output=True, check=False)
-        subprocess.run(["userdel", "--remove", "--force", researcher], capture_output=True, check=False)
 
 
 def _order_page_lines(client, order) -> tuple[str, str, str]:

@@ -21,6 +21,7 @@ from tests.builders.containers import (
 )
 from tests.builders.orders import order_url, place
 from tests.provisioning.conftest import customer_ssh, remove_user
+from tests.provisioning.customer_ssh import researcher_account
 
 pytestmark = pytest.mark.django_db
 
@@ -144,6 +145,11 @@ def test_after_the_end_sftp_reads_the_files_until_the_wipe_but_cannot_write_and_
         assert customer_ssh(access, private_key, "true").returncode != 0  # the window's own server is gone
         page = _text(client.get(order_url(order, token)))
         assert access.sftp_command in page and access.download_known_hosts_line in page
+        # the page's line, typed as written from the researcher's own account (their key, the page's host key line)
+        typed_line = re.search(r"sftp -P \d+ \S+@\S+", page)[0]
+        with researcher_account(private_key, access.download_known_hosts_line) as typed:
+            fetched = typed(f"cd && {typed_line} && cat final.txt", input="get results/final.txt\n")
+        assert fetched.returncode == 0 and fetched.stdout.endswith("loss 1.93\n"), fetched.stderr
         client.cookies["django_language"] = "fr"
         assert "Téléchargez vos fichiers Jusqu’au" in _text(client.get(order_url(order, token))).replace("'", "’")
         client.cookies["django_language"] = "en"
