@@ -4,8 +4,10 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
 from django.core.cache import cache
 from django.test import override_settings
+from django.utils import translation
 
 from booking import selectors
 from booking.models import BookingPolicy, OrderStatus
@@ -70,6 +72,16 @@ def _fresh_cache():
     cache.clear()
     yield
     cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _default_language():
+    """Each test starts in the site's default language: a request the test client made in French leaves French
+    active in the thread (LocaleMiddleware activates the request's language and the handler runs in the test's
+    thread), and a message a later test reads directly would be in the language the earlier test left."""
+    translation.activate(settings.LANGUAGE_CODE)
+    yield
+    translation.deactivate()
 
 
 @pytest.fixture(autouse=True)
