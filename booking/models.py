@@ -467,6 +467,9 @@ class Order(models.Model):
     # The memory-fit advisor's inputs and verdict when the researcher used it while booking (booking/fit.py).
     fit_inputs = models.JSONField(_("fit advisor inputs"), null=True, blank=True)
     fit_advice = models.JSONField(_("fit advisor verdict"), null=True, blank=True)
+    # The researcher's archcheck report (nodekit/archcheck.py), given at booking and validated
+    # (booking/archcheck_report.py): which of their compiled extensions carry code for the order's cards.
+    archcheck_report = models.JSONField(_("archcheck report"), null=True, blank=True)
     language = models.CharField(_("language"), max_length=8, default="en")
     # A keyed digest of the client address the order was placed from (infrastructure.client.client_key), for the limit
     # on unpaid lots; the address itself is not kept.

@@ -104,6 +104,8 @@ class BookingRequest:
     contact_confirmed: bool = False
     # Start today, at the first full hour the class's hosts can make, its days counting from the hand-over.
     start_when_ready: bool = False
+    # The researcher's archcheck report, validated (booking/archcheck_report.py), kept with the order.
+    archcheck_report: dict | None = None
 
 
 def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datetime) -> None:
@@ -490,6 +492,7 @@ def _order_from(plan: OrderPlan) -> Order:
         client_key=request.client_key,
         fit_inputs=request.fit_inputs,
         fit_advice=request.fit_advice,
+        archcheck_report=request.archcheck_report,
         terms_version_id=request.terms_version_id,
         carry_data_from=request.carry.order if request.carry else None,
         email_verified_at=plan.now if request.contact_confirmed else None,

@@ -512,3 +512,31 @@ def test_a_researcher_books_from_the_calendar_to_start_as_soon_as_ready(research
     assert order.start_when_ready and order.hardware_class.slug == "h200-pair"
     assert order.starts_at.minute == 0 and order.starts_at.second == 0
     assert "7 days from the hand-over: as soon as your machines are ready" in page.inner_text("#window")
+
+
+def test_an_archcheck_report_given_on_the_booking_page_says_which_cards_run_it_then_stays_with_the_order(
+    researcher, live_server, live_chain, catalog, tmp_path
+):
+    page = researcher
+    report = {
+        "schema": "binome.archcheck/1",
+        "read": 2,
+        "extensions": [
+            {"name": "flash_attn/flash_attn_cuda.so", "vendor": "nvidia", "archs": ["sm_100", "sm_90"],
+             "b200": "native", "h200": "native", "mi300x": "other_vendor"},
+            {"name": "hopper_only/_kernels.so", "vendor": "nvidia", "archs": ["sm_90"],
+             "b200": "missing", "h200": "native", "mi300x": "other_vendor"},
+        ],
+    }  # fmt: skip
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    page.goto(live_server.url + "/")
+    page.set_input_files("input[name=archcheck_report]", str(tmp_path / "report.json"))
+    verdict = page.locator("#archcheck-verdict")
+    verdict.get_by_text('TORCH_CUDA_ARCH_LIST="10.0"').wait_for(timeout=15000)
+    assert "NVIDIA H200 pair (sm_90): runs your extensions" in verdict.inner_text()
+
+    fill_booking(page, lots="1", email="extensions@example.org")
+    submitted(page, page.locator("button.button-primary"), to=ORDER_URL)
+    assert "Rebuild hopper_only/_kernels.so with" in page.inner_text("#archcheck")
+    order = Order.objects.get(contact_email="extensions@example.org")
+    assert len(order.archcheck_report["extensions"]) == 2

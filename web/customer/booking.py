@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -22,7 +23,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 from django_ratelimit.core import is_ratelimited
 
-from booking import advisor, availability, links, placing, selectors
+from booking import advisor, archcheck_report, availability, links, placing, selectors
 from booking.billing import BillingDetails
 from booking.models import BookingPolicy, TermsVersion
 from booking.quotes import Quote, build_quote
@@ -41,6 +42,7 @@ from web.customer.forms import (
     FitForm,
     QuoteForm,
     ResendLinkForm,
+    archcheck_from_upload,
     quote_initial,
 )
 from web.customer.order import mark_private, order_behind_link
@@ -170,7 +172,7 @@ def _place(request: HttpRequest) -> HttpResponse:
     Only a booking that passed the form counts against the client's rate limit: junk costs us nothing to refuse,
     and counting it would let anyone use up the limit of everyone behind the same address."""
     desk = _desk()
-    form = BookingForm(request.POST, **desk.form_kwargs)
+    form = BookingForm(request.POST, request.FILES, **desk.form_kwargs)
     fit_form = FitForm(request.POST, prefix="fit") if request.POST.get("fit-parameters_billion") else None
     status, extra_context = 200, {}
     if form.is_valid():
@@ -360,6 +362,7 @@ def _booking_request(
         lot_count=data["lots"],
         start_date=data["start_date"] or timezone.now().date(),
         start_when_ready=data["start_when_ready"],
+        archcheck_report=data["archcheck_report"],
         days=data["days"],
         contact=placing.Contact(
             name=data["contact_name"].strip(),
@@ -465,6 +468,25 @@ def calendar(request: HttpRequest) -> HttpResponse:
             hardware_class=hardware_class, days=choice["days"], lot_count=choice["lots"], policy=policy
         )
     return render(request, "customer/calendar.html", context)
+
+
+@require_http_methods(["POST"])
+def archcheck_verdict(request: HttpRequest) -> HttpResponse:
+    """The booking page's live answer to an archcheck report (htmx posts the form with its file): per class on
+    offer, whether the researcher's compiled extensions run on it, and what to rebuild with which flag."""
+    catalog, _policy = _catalog_and_policy()
+    upload = request.FILES.get("archcheck_report")
+    context = {"verdicts": [], "error": ""}
+    if upload is None:
+        context["error"] = _("Choose the report file (report.json) written by archcheck.py.")
+    else:
+        try:
+            report = archcheck_from_upload(upload)
+        except ValidationError as exc:
+            context["error"] = exc.messages[0]
+        else:
+            context["verdicts"] = archcheck_report.verdicts_for(report, catalog.classes)
+    return render(request, "customer/_archcheck_verdict.html", context)
 
 
 @require_http_methods(["GET"])

@@ -8,8 +8,10 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MaxValueValidator
 from django.utils.translation import gettext_lazy as _
 
+from booking import archcheck_report
 from booking.billing import NOT_PRINTABLE_MESSAGE, printable
 from booking.models import CHECKPOINT_INTERVAL_HOURS, EnvironmentImage, Hypothesis, Sharing, WindowDays
+from booking.report_schema import InvalidReport
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
 from inventory.models import HardwareClass
 
@@ -328,6 +330,19 @@ class BookingForm(QuoteForm, BillingFields):
         label=_("Carry my data: the files of my earlier order are in my home directory on the same machine"),
         required=False,
     )
+    archcheck_report = forms.FileField(
+        label=_("Your archcheck report (optional)"),
+        required=False,
+        help_text=_(
+            "report.json written by archcheck.py on your machine: the page says which cards run your compiled "
+            "extensions, and your order keeps it."
+        ),
+        widget=forms.ClearableFileInput(attrs={"accept": ".json,application/json"}),
+    )
+
+    def clean_archcheck_report(self) -> dict | None:
+        upload = self.cleaned_data.get("archcheck_report")
+        return archcheck_from_upload(upload) if upload else None
 
     def clean_ssh_keys(self) -> list[SshPublicKey]:
         try:
@@ -353,6 +368,32 @@ class BookingForm(QuoteForm, BillingFields):
                     "stop_criteria", _("A 30-day campaign needs its stop criteria: say when you would stop it early.")
                 )
         return cleaned
+
+
+def _archcheck_messages() -> dict:
+    return {
+        "too_large": _("This report is too large: an archcheck report is at most 200 kB of JSON."),
+        "not_json": _("This file is not a JSON report written by archcheck.py."),
+        "too_deep": _("This JSON is nested too deeply to be an archcheck report."),
+        "wrong_schema": _("This is not a report of archcheck.py (its schema is unknown)."),
+    }
+
+
+ARCHCHECK_MESSAGES = _archcheck_messages()
+
+
+def archcheck_from_upload(upload) -> dict:
+    """The validated archcheck report of an uploaded file (booking/archcheck_report.py), or a ValidationError that
+    says why in the reader's language."""
+    if upload.size > archcheck_report.MAX_BYTES:
+        raise ValidationError(ARCHCHECK_MESSAGES["too_large"], code="too_large")
+    try:
+        return archcheck_report.parse_report(upload.read(archcheck_report.MAX_BYTES + 1))
+    except InvalidReport as exc:
+        message = ARCHCHECK_MESSAGES.get(
+            exc.code, _("This report has a field archcheck.py does not write so: make it again with the tool.")
+        )
+        raise ValidationError(message, code=exc.code) from exc
 
 
 class KeysAddForm(forms.Form):

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
 
-from booking import links, selectors, services, split_trial_conclusion
+from booking import archcheck_report, links, selectors, services, split_trial_conclusion
 from booking import split_trial_upload as split_trial_uploads
 from booking.billing import BillingDetails, billing_details_of
 from booking.cancellation import refund_quote
@@ -132,6 +132,12 @@ def _order_context(order: Order, token: str) -> dict:
         "keys_can_change": provisioning_selectors.keys_can_change(order),
         "split_trials": split_trials,
         "charts": selectors.split_trial_bars(split_trials[0].report) if split_trials else {},
+        # What the archcheck report given at booking says of the order's cards.
+        "archcheck": (
+            archcheck_report.verdicts_for(order.archcheck_report, [order.hardware_class])
+            if order.archcheck_report
+            else []
+        ),
         "accesses": shown,
         # The data volumes as made, once the machines are prepared; until then what the lots' hosts promise.
         "volumes": volumes,

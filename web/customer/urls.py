@@ -13,6 +13,7 @@ urlpatterns = [
     path("fit/", booking.fit_advisor, name="fit"),
     path("tools/split_trial.py", booking.split_trial_kit, name="split-trial-kit"),
     path("tools/archcheck.py", booking.archcheck, name="archcheck"),
+    path("tools/archcheck/verdict/", booking.archcheck_verdict, name="archcheck-verdict"),
     path("terms/<slug:document>/", terms.terms_page, name="terms"),
     path("terms/<slug:document>/v<int:number>/", terms.terms_page, name="terms-version"),
     path("orders/resend-link/", booking.resend_link, name="resend-link"),
