@@ -131,3 +131,28 @@ def test_a_path_that_does_not_exist_is_a_usage_error_in_one_line(archcheck, tmp_
     )
     assert result.returncode == 2 and result.stderr.startswith("archcheck.py: error: no such file or directory")
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.django_db
+def test_the_guide_s_commands_run_as_written(archcheck, client):
+    """The guide (both languages) and the booking page tell the researcher what to type where they saved the file;
+    typed as written, with the Python at hand, each reads that Python's site-packages and says so."""
+    import html
+    import re
+
+    commands = set()
+    for language in ("en", "fr"):
+        client.cookies["django_language"] = language
+        for url in (reverse("customer:guide"), reverse("customer:book")):
+            page = client.get(url).content.decode()
+            commands |= {html.unescape(code) for code in re.findall(r"<code>(python3 archcheck\.py[^<]*)</code>", page)}
+    assert commands == {"python3 archcheck.py", "python3 archcheck.py --json report.json"}
+    for command in sorted(commands):
+        # the page's own command line, typed as written in a shell
+        ran = subprocess.run(
+            ["sh", "-c", command], cwd=archcheck.parent, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert ran.returncode == 0, (command, ran.stderr)
+        assert ran.stdout.startswith("archcheck: ") and "NVIDIA B200 (sm_100): " in ran.stdout, command
+    report = json.loads((archcheck.parent / "report.json").read_text())
+    assert report["schema"] == "binome.archcheck/1" and report["paths"]  # this Python's site-packages

@@ -222,3 +222,23 @@ def test_the_preflight_ships_its_shared_names_and_its_torch_worker_inlined():
         < shipped.index("class Supervisor")
     )
     assert shipped.count("\nclass Worker:") == 1 and shipped.count("\nWORKER_CHECKS = ") == 1
+
+
+def test_the_readme_s_bundle_commands_run_as_written():
+    """nodekit/README.md tells a developer how to build the shipped files by hand: typed as written from the
+    repository's root, each writes the file the portal ships."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    commands = re.findall(
+        r"^(\.venv/bin/python -m nodekit\.bundle (\w+) > (/tmp/\w+\.py))$",
+        (root / "nodekit" / "README.md").read_text(),
+        re.M,
+    )
+    assert {name for _command, name, _target in commands} == {"preflight", "split_trial"}
+    for command, name, target in commands:
+        ran = subprocess.run(["sh", "-c", command], cwd=root, capture_output=True, timeout=120, check=False)
+        assert ran.returncode == 0, ran.stderr
+        assert Path(target).read_bytes() == script_bytes(name)
