@@ -15,7 +15,8 @@ from booking.hostile_json import load_json
 from booking.report_schema import Choice, Cleaner, InvalidReport, Number, ObjectList, Text, TextList
 
 SCHEMA = "binome.archcheck/1"
-MAX_BYTES = 200_000  # within the multipart body the portal reads (FILE_UPLOAD_MAX_MEMORY_SIZE), with the form
+# With the longest booking form, within the multipart body the portal reads (FILE_UPLOAD_MAX_MEMORY_SIZE).
+MAX_BYTES = 100_000
 MAX_EXTENSIONS = 2000  # archcheck reads at most nodekit.gpu_arch.EXTENSION_MAX_FILES shared objects
 # The report's keys per class, and the architecture each stands for (nodekit/archcheck.py CLASSES).
 TARGETS = {"b200": "sm_100", "h200": "sm_90", "mi300x": "gfx942"}

@@ -474,6 +474,8 @@ def calendar(request: HttpRequest) -> HttpResponse:
 def archcheck_verdict(request: HttpRequest) -> HttpResponse:
     """The booking page's live answer to an archcheck report (htmx posts the form with its file): per class on
     offer, whether the researcher's compiled extensions run on it, and what to rebuild with which flag."""
+    if is_ratelimited(request, group="archcheck-verdict", key="ip", rate="60/m", method="POST", increment=True):
+        return render(request, "429.html", status=429)
     catalog, _policy = _catalog_and_policy()
     upload = request.FILES.get("archcheck_report")
     context = {"verdicts": [], "error": ""}

@@ -372,7 +372,7 @@ class BookingForm(QuoteForm, BillingFields):
 
 def _archcheck_messages() -> dict:
     return {
-        "too_large": _("This report is too large: an archcheck report is at most 200 kB of JSON."),
+        "too_large": _("This report is too large: an archcheck report is at most 100 kB of JSON."),
         "not_json": _("This file is not a JSON report written by archcheck.py."),
         "too_deep": _("This JSON is nested too deeply to be an archcheck report."),
         "wrong_schema": _("This is not a report of archcheck.py (its schema is unknown)."),
