@@ -662,3 +662,30 @@ def test_vs_code_remote_ssh_sets_its_server_up_in_the_container_as_it_does_on_co
     finally:
         site.kill()
         site.wait()
+
+
+def test_what_the_guide_says_can_be_installed_where_holds_in_the_container(
+    client,
+    two_customers,  # noqa: F811
+):
+    (_order, access, private_key), (_other, other_access, other_key) = two_customers
+    guide = html.unescape(client.get(reverse("customer:guide")).content.decode())
+    section = guide[guide.index('<section id="environment">') :]
+    venv = re.search(r"<code>(python3 -m venv ~/env)</code>", section)[1]
+    assert "neither <code>apt-get update</code> nor <code>apt-get install</code> can write there" in " ".join(
+        section.split()
+    )
+
+    # the system is read-only, for root in the container too: apt can neither update nor install
+    for user in ("", "root"):
+        for apt in ("apt-get update", "apt-get install -y hello"):
+            refused = customer_ssh(access, private_key, apt, user=user, timeout=60)
+            assert refused.returncode != 0, (user, apt, refused.stdout)
+    written = customer_ssh(access, private_key, "touch /usr/local/probe", user="root")
+    assert written.returncode != 0 and "Read-only file system" in written.stderr, written.stderr
+    # a virtual environment, made as the guide writes it, lives in the home (the data volume) and runs
+    made = _in(access, private_key, f"{venv} && ~/env/bin/python -c 'import sys; print(sys.prefix)'", timeout=120)
+    assert made.stdout.strip() == f"/home/{access.username}/env"
+    assert _in(access, private_key, "df --output=target ~/env | tail -n 1").stdout.strip() == f"/home/{access.username}"
+    # and nothing of it reaches the other tenant
+    assert customer_ssh(other_access, other_key, "test -e ~/env || ls /home").stdout.split() == [other_access.username]

@@ -56,6 +56,16 @@ COMMANDS = {
     ),
     r"make test +# .*": (RUN_BY, ".ci/run (CI types `make test` on a fresh clone)"),
     r"torchrun --nproc_per_node=2 train\.py": (NOT_HERE, "the researcher's own train.py on two GPUs"),
+    r"python3 -m venv ~/env": (
+        RUN_BY,
+        "tests/provisioning/test_container_access.py::"
+        "test_what_the_guide_says_can_be_installed_where_holds_in_the_container",
+    ),
+    r"pip install --user (PACKAGE|PAQUET)": (
+        NOT_HERE,
+        "PyPI from the container (this machine reaches PyPI only through a proxy whose certificate authority the "
+        "test image does not carry); where it installs (the home) is what the venv's test shows",
+    ),
     r'python -c "import torch; print\(torch\.__version__, torch\.version\.cuda, torch\.cuda\.get_arch_list\(\)\)"': (
         NOT_HERE,
         "PyTorch of the rented image on its GPUs (the test image has no PyTorch; the pre-flight reads the same "
