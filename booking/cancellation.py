@@ -45,18 +45,22 @@ def access_handed_over(order: Order) -> bool:
 def refund_quote(*, order: Order, now: datetime) -> RefundQuote:
     """The refund if `order` (paid) were cancelled at `now`."""
     terms: TermsVersion = order.terms_version
-    full_until = order.starts_at - timedelta(days=terms.full_refund_days_before)
+    starts_at = order.starts_at
+    if order.start_when_ready and order.clock_started_at is None:
+        # its window starts at the hand-over, not at the planned hour: until then it has not started
+        starts_at = max(starts_at, now + timedelta(seconds=1))
+    full_until = starts_at - timedelta(days=terms.full_refund_days_before)
     price = max(order.total_price + order.extensions_price - order.fault_refunds, Decimal("0"))
-    if now < order.starts_at and access_handed_over(order):
+    if now < starts_at and access_handed_over(order):
         # The access is handed over up to the operator's lead time before the start (provisioning): the machines are
         # the customer's from then on, so the refund is the started window's. The quote, the cancel button and the
         # refund all read this one rule.
         amount, rule, until = Decimal("0"), RefundRule.HANDED_OVER, None
     elif now < full_until:
         amount, rule, until = max(price - terms.cancellation_fee, Decimal("0")), RefundRule.FULL, full_until
-    elif now < order.starts_at:
+    elif now < starts_at:
         amount = price * terms.partial_refund_percent / Decimal(100)
-        rule, until = RefundRule.PARTIAL, order.starts_at
+        rule, until = RefundRule.PARTIAL, None if starts_at != order.starts_at else order.starts_at
     else:
         amount, rule, until = Decimal("0"), RefundRule.NONE, None
     return RefundQuote(

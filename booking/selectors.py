@@ -561,7 +561,15 @@ def split_trial_bars(report: dict) -> dict:
 def lots_free_again(*, order: Order, now: datetime | None = None) -> bool:
     """Whether an expired order's window could be held again now (a read: the re-allocation decides, locked)."""
     now = now or timezone.now()
-    window = order_window(order=order, policy=BookingPolicy.current())
+    policy = BookingPolicy.current()
+    if order.start_when_ready and order.clock_started_at is None:  # held again from now: planned anew
+        return (
+            ready_start(
+                hardware_class=order.hardware_class, days=order.days, lot_count=order.lot_count, policy=policy, now=now
+            )
+            is not None
+        )
+    window = order_window(order=order, policy=policy)
     return (
         len(free_lot_ids(hardware_class=order.hardware_class, window=window, limit=order.lot_count))
         >= (order.lot_count)

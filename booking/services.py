@@ -229,30 +229,56 @@ def order_reassign_lot(
 
 
 def order_start_clock(*, order: Order, now: datetime | None = None) -> bool:
-    """An order booked to start as soon as ready is handed over: its days count from now. The window starts now
-    and ends its days later, or where its lots are held until (the planned end and the policy's allowance) when
-    the hand-over came later than that; the lots' periods shrink to the window's end and turnaround, giving the
-    unused allowance back. In the caller's transaction; False when the clock was already started, or the order is
-    a dated window."""
+    """An order booked to start as soon as ready is handed over: its days count from now (or from the start of its
+    lots' hold, if the hand-over came sooner: the cards are the order's from then only).
+
+    Its lots are held until its planned end and the allowance, as the allocation rows say (not the policy of today,
+    which an operator may have changed since). A hand-over later than that holds them longer when nobody booked
+    them after (no other booking, no maintenance): the full window. When they are taken, the window ends where they
+    are held, and the hours lost are recorded on the order for the operators (a provider fault: a credit or a
+    refund). The lots' periods then shrink to the window's end and turnaround, giving the unused allowance back.
+
+    Raises BookingError when the lots are taken before a window could start at all: the hand-over is the operators'
+    to settle (provisioning marks it failed). In the caller's transaction; False when the clock was already started,
+    or the order is a dated window."""
     now = now or timezone.now()
-    order = lock_order(order.pk)
+    order = lock_order_and_capacity(order.pk)
     if not order.start_when_ready or order.clock_started_at is not None:
         return False
-    policy = BookingPolicy.current()
-    held = selectors.order_window(order=order, policy=policy)
+    turnaround = BookingPolicy.current().turnaround
+    live = Allocation.objects.filter(order=order).in_use()
+    held = live.aggregate(start=Min("starts_at"), end=Max("ends_at"))
+    if held["end"] is None:
+        raise BookingError(_("This order holds no lots: it cannot be handed over."))
+    start = max(now, held["start"])
+    wanted = start + timedelta(days=order.days)
+    held_end = held["end"] - turnaround
+    if wanted > held_end:
+        booked, maintenance = _lots_busy_from(order=order, after=held["end"])
+        next_use = min((moment for moment in (booked, maintenance) if moment is not None), default=None)
+        until = wanted + turnaround
+        if next_use is None or next_use >= until:
+            live.update(ends_at=until)
+            held_end = wanted
+    end = min(wanted, held_end)
+    if end <= start:
+        raise BookingError(
+            _("The lots of this window are taken from %(end)s UTC: it cannot be handed over now.")
+            % {"end": held_end.strftime("%Y-%m-%d %H:%M")}
+        )
     planned = order.starts_at
-    order.starts_at = now
-    order.ends_at = min(now + timedelta(days=order.days), held.held_until - policy.turnaround)
-    order.clock_started_at = now
+    order.starts_at, order.ends_at, order.clock_started_at = start, end, now
     order.save(update_fields=["starts_at", "ends_at", "clock_started_at", "updated_at"])
-    Allocation.objects.filter(order=order, ends_at__gt=order.ends_at + policy.turnaround).in_use().update(
-        ends_at=order.ends_at + policy.turnaround
-    )
+    live.filter(ends_at__gt=end + turnaround).update(ends_at=end + turnaround)
+    evidence = {"planned_start": planned.isoformat(), "start": start.isoformat(), "end": end.isoformat()}
+    if end < wanted:
+        evidence["hours_lost"] = round((wanted - end).total_seconds() / 3600, 2)
     order_note(
         order=order,
-        reason="window clock started at the hand-over",
+        reason="window clock started at the hand-over"
+        + ("; shortened: its lots are booked after it" if end < wanted else ""),
         actor_kind=OrderEvent.Actor.SYSTEM,
-        evidence={"planned_start": planned.isoformat(), "start": now.isoformat(), "end": order.ends_at.isoformat()},
+        evidence=evidence,
     )
     return True
 

@@ -99,6 +99,12 @@ def _lines(*, order: Order, invoice: Invoice) -> list[dict]:
             "%(hardware)s, extension of order %(number)s by %(days)s days",
             days,
         )
+    elif order.start_when_ready and order.clock_started_at is None:  # its days count from the hand-over
+        description = ngettext(
+            "%(hardware)s for %(days)s day from the hand-over (planned for %(start)s UTC), order %(number)s",
+            "%(hardware)s for %(days)s days from the hand-over (planned for %(start)s UTC), order %(number)s",
+            days,
+        )
     else:
         description = ngettext(
             "%(hardware)s for %(days)s day from %(start)s UTC, order %(number)s",

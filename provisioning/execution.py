@@ -9,14 +9,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, Value
+from django.db.models import Max, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from booking import notices
 from booking.locks import lock_order
-from booking.models import RELEASING_STATUSES, Order, OrderEvent, OrderStatus
+from booking.models import RELEASING_STATUSES, BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
+from booking.rules import BookingError
 from booking.services import allocations_release_vacated, order_note, order_start_clock, order_transition
 from inventory.models import Host
 from provisioning import enqueue, selectors, steps
@@ -39,6 +40,17 @@ RELEASED_RUN_KINDS = (
 )
 
 
+def _window_end(order: Order) -> datetime:
+    """The end the keys expire after: the window's; for one that starts as soon as ready and is not handed over yet,
+    the latest it may end (its lots' hold, less the turnaround), so that keys written before its clock starts let
+    the customer in however late the hand-over comes. The lifecycle sweep rewrites them to the end once known."""
+    if order.start_when_ready and order.clock_started_at is None:
+        held_until = order.allocations.in_use().aggregate(until=Max("ends_at"))["until"]
+        if held_until is not None:
+            return max(order.ends_at, held_until - BookingPolicy.current().turnaround)
+    return order.ends_at
+
+
 def _context(order: Order, access: Access, host: Host, run: ProvisioningRun) -> StepContext:
     hardware = order.hardware_class
     operator_settings = OperatorSettings.current()
@@ -55,7 +67,7 @@ def _context(order: Order, access: Access, host: Host, run: ProvisioningRun) -> 
         image_id=access.image_id,
         # the demo's dry-run hosts run nothing: they stand for a podman host
         container_runtime=host.container_runtime or ("podman" if host.driver == Host.Driver.DRY_RUN else ""),
-        keys_expire_at=order.ends_at + timedelta(minutes=operator_settings.key_grace_minutes),
+        keys_expire_at=_window_end(order) + timedelta(minutes=operator_settings.key_grace_minutes),
         ssh_port_base=host.ssh_port_base,
         host_port_span=selectors.host_port_span(host),
         publish_address=settings.PROVISIONING_PUBLISH_ADDRESS,
@@ -321,9 +333,13 @@ def _failed_preflights(order: Order) -> dict[str, list[str]]:
 def _hand_over(*, order: Order, now: datetime, reason: str, evidence: dict, **actor) -> None:
     """The access is ready: the order becomes ready (active once its window started) and the customer is told."""
     actor = actor or {"actor_kind": OrderEvent.Actor.SYSTEM}
+    try:
+        if order_start_clock(order=order, now=now):  # booked to start as soon as ready: its days count from now
+            order.refresh_from_db(fields=["starts_at", "ends_at", "clock_started_at"])
+    except BookingError as exc:  # its lots are taken before a window could start: the operators settle it
+        _provisioning_failed(order, "hand-over too late: the window's lots are taken", {"error": exc.message})
+        return
     accesses_set(order, hosts=held_host_ids(order), status=Access.Status.READY, ready_at=now)
-    if order_start_clock(order=order, now=now):  # booked to start as soon as ready: its days count from now
-        order.refresh_from_db(fields=["starts_at", "ends_at", "clock_started_at"])
     order_transition(order=order, to_status=OrderStatus.READY, reason=reason, evidence=evidence, **actor)
     if order.starts_at <= now:
         order_transition(

@@ -12,7 +12,7 @@ from booking.models import Allocation, BookingPolicy, EnvironmentImage, Order, O
 from booking.rules import BookingError, SoldOut
 from booking.ssh_keys import parse_public_key
 from booking.terms import terms_current
-from inventory.models import Host
+from inventory.models import Host, MaintenanceWindow
 from payments.selectors import current_invoice
 from payments.settlement import invoice_mark_paid
 from provisioning.lifecycle import lifecycle_tick
@@ -120,17 +120,99 @@ def test_the_clock_starts_at_the_hand_over_and_the_unused_allowance_is_given_bac
     assert event.evidence["planned_start"] == "2027-03-02T11:00:00+00:00"
 
 
-def test_a_hand_over_later_than_the_allowance_ends_where_the_lots_are_held(catalog):
+def test_a_hand_over_later_than_the_allowance_gets_its_full_window_while_the_lots_stay_free(catalog):
     policy = BookingPolicy.current()
-    order = book(request_for(catalog))
-    planned_end = order.ends_at
+    order = book(request_for(catalog, slug="mi300x-pair"))
+    late = order.starts_at + policy.start_when_ready_allowance + timedelta(hours=3)
+    with transaction.atomic():
+        services.order_start_clock(order=order, now=late)
+    order.refresh_from_db()
+    assert (order.starts_at, order.ends_at) == (late, late + timedelta(days=7))  # nobody booked the lot after it
+    assert order.allocations.get().ends_at == order.ends_at + policy.turnaround
+
+
+def _taken_right_after(order) -> MaintenanceWindow:
+    """The order's cards are taken from the end of their hold: their host is in maintenance from then."""
+    held_until = order.allocations.get().ends_at
+    host = order.allocations.get().lot.host
+    return MaintenanceWindow.objects.create(
+        host=host, starts_at=held_until, ends_at=held_until + timedelta(days=2), reason="firmware"
+    )
+
+
+def test_a_hand_over_too_late_for_the_lots_ends_where_they_are_held_and_says_the_hours_lost(catalog):
+    policy = BookingPolicy.current()
+    order = book(request_for(catalog, slug="mi300x-pair"))
+    maintenance = _taken_right_after(order)
     late = order.starts_at + policy.start_when_ready_allowance + timedelta(hours=3)
     with transaction.atomic():
         services.order_start_clock(order=order, now=late)
     order.refresh_from_db()
     assert order.starts_at == late
-    assert order.ends_at == planned_end + policy.start_when_ready_allowance  # never past the lots' hold
-    assert order.allocations.get().ends_at == order.ends_at + policy.turnaround
+    assert order.ends_at + policy.turnaround == order.allocations.get().ends_at == maintenance.starts_at
+    event = order.events.get(reason__startswith="window clock started at the hand-over; shortened")
+    assert event.evidence["hours_lost"] == 3.0
+
+
+def test_the_hold_booked_counts_not_an_allowance_raised_since(catalog):
+    """An operator who raises the allowance after the booking does not lengthen the lots' hold: the window never
+    runs into the next booking's cards."""
+    policy = BookingPolicy.current()
+    order = book(request_for(catalog, slug="mi300x-pair", days=3))
+    maintenance = _taken_right_after(order)
+    BookingPolicy.objects.filter(pk=1).update(start_when_ready_allowance_hours=48)
+    with transaction.atomic():
+        services.order_start_clock(order=order, now=order.starts_at + timedelta(hours=20))
+    order.refresh_from_db()
+    assert order.ends_at + policy.turnaround == order.allocations.get().ends_at == maintenance.starts_at
+    mi300x = catalog["mi300x-pair"]
+    running = selectors.Window(order.starts_at, order.ends_at, order.starts_at, order.ends_at)
+    assert selectors.free_lot_ids(hardware_class=mi300x, window=running, limit=1) == []
+
+
+def test_a_hand_over_after_the_lots_are_taken_is_refused_and_provisioning_marks_it_failed(catalog, admin_user):
+    from provisioning.execution import _hand_over
+
+    order = book(request_for(catalog, slug="mi300x-pair", days=3))
+    too_late = _taken_right_after(order).starts_at
+    with pytest.raises(BookingError), transaction.atomic():
+        services.order_start_clock(order=order, now=too_late)
+    order.refresh_from_db()
+    assert order.clock_started_at is None
+    for status in (OrderStatus.PAYMENT_PROCESSING, OrderStatus.PAID, OrderStatus.APPROVED, OrderStatus.PROVISIONING):
+        services.order_transition(order=order, to_status=status, actor_kind=OrderEvent.Actor.SYSTEM)
+    with transaction.atomic():
+        _hand_over(order=order, now=too_late, reason="access ready", evidence={})
+    order.refresh_from_db()
+    assert order.status == OrderStatus.PROVISIONING_FAILED
+    assert order.events.filter(reason="hand-over too late: the window's lots are taken").exists()
+
+
+def test_an_early_hand_over_starts_the_window_when_the_lots_become_the_order_s(catalog):
+    Host.objects.filter(name="mi300x-node-01").update(ready_within_minutes=24 * 60)
+    order = book(request_for(catalog, slug="mi300x-pair"))
+    held_from = order.allocations.get().starts_at
+    with transaction.atomic():
+        services.order_start_clock(order=order, now=TEN + timedelta(minutes=20))  # an operator provisioned at once
+    order.refresh_from_db()
+    assert order.starts_at == held_from > TEN + timedelta(minutes=20)
+    assert order.ends_at == held_from + timedelta(days=7)
+
+
+def test_waiting_for_its_hand_over_past_the_planned_hour_it_has_not_started_for_a_refund(catalog):
+    from booking.cancellation import RefundRule, refund_quote
+
+    order = book(request_for(catalog))
+    quote = refund_quote(order=order, now=order.starts_at + timedelta(minutes=1))
+    assert quote.rule == RefundRule.PARTIAL and quote.amount > 0
+
+
+def test_its_keys_before_the_hand_over_last_as_long_as_its_lots_are_held(catalog):
+    from provisioning.execution import _window_end
+
+    policy = BookingPolicy.current()
+    order = book(request_for(catalog))
+    assert _window_end(order) == order.ends_at + policy.start_when_ready_allowance
 
 
 def test_a_dated_window_s_clock_does_not_move(catalog):
@@ -179,6 +261,7 @@ def test_a_late_payment_plans_the_start_again_from_now(catalog):
     order.allocations.update(released_at=TEN + timedelta(hours=1))  # the hold expired
     later = TEN + timedelta(hours=5, minutes=10)
     services.order_transition(order=order, to_status="expired", actor_kind=OrderEvent.Actor.SYSTEM)
+    assert selectors.lots_free_again(order=order, now=later)  # what the payments app asks before holding it again
     services.order_reallocate_after_late_payment(order=order, evidence={"test": True}, now=later)
     order.refresh_from_db()
     assert order.status == "paid"
