@@ -311,3 +311,24 @@ def test_paid_approved_and_provisioned_it_starts_counting_at_the_hand_over(
         assert lifecycle_tick()["keys_renewed"] == 1  # the window's end moved: its keys are rewritten
     access = order.accesses.get()
     assert access.keys_expire_at == order.ends_at + grace
+
+
+def test_an_order_still_waiting_within_its_allowance_keeps_its_access_past_the_planned_end(catalog, monkeypatch):
+    """The lifecycle releases the access of an order never handed over once its window passed; for one that starts
+    as soon as ready, not before its lots' allowance runs out (it may still be handed over)."""
+    from provisioning import lifecycle
+    from provisioning.models import Access
+
+    policy = BookingPolicy.current()
+    order = book(request_for(catalog, slug="mi300x-pair", days=3))
+    for status in (OrderStatus.PAYMENT_PROCESSING, OrderStatus.PAID, OrderStatus.APPROVED, OrderStatus.PROVISIONING):
+        services.order_transition(order=order, to_status=status, actor_kind=OrderEvent.Actor.SYSTEM)
+    services.order_transition(order=order, to_status="provisioning_failed", actor_kind=OrderEvent.Actor.SYSTEM)
+    Access.objects.create(order=order, host=order.allocations.get().lot.host, username="bn-waiting", gpu_indices="0,1")
+    released = []
+    monkeypatch.setattr(lifecycle, "access_release", lambda *, order_id, reason: released.append(order_id) or None)
+
+    lifecycle._tear_down_released(order.ends_at + timedelta(hours=1))  # past the planned end, within the allowance
+    assert released == []
+    lifecycle._tear_down_released(order.ends_at + policy.start_when_ready_allowance + timedelta(minutes=1))
+    assert released == [order.pk]
