@@ -64,6 +64,7 @@ class ClassVerdict:
     missing: list[str] = field(default_factory=list)  # to rebuild with `rebuild_with`
     other_vendor: list[str] = field(default_factory=list)  # built for the other vendor only
     fallback: list[str] = field(default_factory=list)  # only PTX (compiled at first launch), or a generic object
+    unreadable: list[str] = field(default_factory=list)  # compressed device code: its targets are not listed
     rebuild_with: str = ""
 
     @property
@@ -92,10 +93,10 @@ def class_verdict(report: dict, *, architecture: str, vendor: str) -> ClassVerdi
         return [extension["name"] for extension in extensions if extension.get(key) == coverage]
 
     missing, other_vendor = named("missing"), named("other_vendor")
-    fallback = named("fallback") + named("unreadable")
+    fallback, unreadable = named("fallback"), named("unreadable")
     if missing or other_vendor:
         verdict = "not_ready"
-    elif fallback:
+    elif fallback or unreadable:
         verdict = "fallback"
     elif extensions:
         verdict = "ready"
@@ -106,6 +107,7 @@ def class_verdict(report: dict, *, architecture: str, vendor: str) -> ClassVerdi
         missing=missing,
         other_vendor=other_vendor,
         fallback=fallback,
+        unreadable=unreadable,
         rebuild_with=rebuild_flag(architecture=architecture, vendor=vendor) if missing else "",
     )
 

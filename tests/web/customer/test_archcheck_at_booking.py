@@ -118,3 +118,17 @@ def test_names_in_a_report_are_shown_as_text_never_as_markup(client, catalog, re
     text = response.content.decode()
     assert "<script>alert(1)</script>" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;.so" in text
+
+
+def test_an_extension_whose_targets_cannot_be_listed_is_said_so_not_called_a_fallback(client, catalog):
+    report = {
+        "schema": "binome.archcheck/1",
+        "read": 1,
+        "extensions": [
+            {"name": "rocm_ext/_hip.so", "vendor": "amd", "archs": [], "b200": "other_vendor", "h200": "other_vendor",
+             "mi300x": "unreadable"},
+        ],
+    }  # fmt: skip
+    said = verdict_page(client, json.dumps(report).encode())
+    assert "AMD MI300X pair (gfx942): rocm_ext/_hip.so: its device code is compressed" in said
+    assert "only through a fallback" not in said
