@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Exists, F, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from booking import availability
@@ -87,7 +87,6 @@ class ReadyStart:
 
     window: Window
     ready_within: timedelta
-    free: int
 
 
 def ready_start(
@@ -119,8 +118,15 @@ def ready_start(
             free_lot_ids(hardware_class=hardware_class, window=window, limit=lot_count, ready_within=ready_within)
         )
         if free >= lot_count:
-            return ReadyStart(window=window, ready_within=ready_within, free=free)
+            return ReadyStart(window=window, ready_within=ready_within)
     return None
+
+
+def order_held_period(*, order: Order) -> tuple[datetime | None, datetime | None]:
+    """From when to when the order's lots are held, as its live allocations say (None, None without any): what was
+    booked, whatever the policy says today."""
+    held = Allocation.objects.filter(order=order).in_use().aggregate(start=Min("starts_at"), end=Max("ends_at"))
+    return held["start"], held["end"]
 
 
 def earliest_start_date(*, policy: BookingPolicy, now: datetime | None = None) -> date:

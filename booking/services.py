@@ -247,15 +247,14 @@ def order_start_clock(*, order: Order, now: datetime | None = None) -> bool:
         return False
     turnaround = BookingPolicy.current().turnaround
     live = Allocation.objects.filter(order=order).in_use()
-    held = live.aggregate(start=Min("starts_at"), end=Max("ends_at"))
-    if held["end"] is None:
+    held_from, held_until = selectors.order_held_period(order=order)
+    if held_until is None:
         raise BookingError(_("This order holds no lots: it cannot be handed over."))
-    start = max(now, held["start"])
+    start = max(now, held_from)
     wanted = start + timedelta(days=order.days)
-    held_end = held["end"] - turnaround
+    held_end = held_until - turnaround
     if wanted > held_end:
-        booked, maintenance = _lots_busy_from(order=order, after=held["end"])
-        next_use = min((moment for moment in (booked, maintenance) if moment is not None), default=None)
+        next_use = _lots_next_taken(order=order, after=held_end + turnaround)
         until = wanted + turnaround
         if next_use is None or next_use >= until:
             live.update(ends_at=until)
@@ -372,8 +371,7 @@ def order_credit_time(*, order: Order, lost: timedelta, actor: AbstractBaseUser)
     turnaround = BookingPolicy.current().turnaround
     window_held_until = order.ends_at + turnaround
     held_until = window_held_until + lost
-    booked, maintenance = _lots_busy_from(order=order, after=window_held_until)
-    next_use = min((moment for moment in (booked, maintenance) if moment is not None), default=None)
+    next_use = _lots_next_taken(order=order, after=window_held_until)
     if next_use is not None and next_use < held_until:
         raise BookingError(
             _("The lots are taken after this window: credit the lost time as a refund instead."), field="credit"
@@ -398,6 +396,12 @@ def order_credit_time(*, order: Order, lost: timedelta, actor: AbstractBaseUser)
         evidence=evidence,
     )
     return order.ends_at
+
+
+def _lots_next_taken(*, order: Order, after: datetime) -> datetime | None:
+    """When the order's lots are next taken after `after` (another booking or a maintenance of their hosts), or
+    None."""
+    return min((moment for moment in _lots_busy_from(order=order, after=after) if moment is not None), default=None)
 
 
 def _lots_busy_from(*, order: Order, after: datetime) -> tuple[datetime | None, datetime | None]:

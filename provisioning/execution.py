@@ -9,11 +9,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q, Value
+from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from booking import notices
+from booking import selectors as booking_selectors
 from booking.locks import lock_order
 from booking.models import RELEASING_STATUSES, BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
@@ -45,7 +46,7 @@ def _window_end(order: Order) -> datetime:
     the latest it may end (its lots' hold, less the turnaround), so that keys written before its clock starts let
     the customer in however late the hand-over comes. The lifecycle sweep rewrites them to the end once known."""
     if order.start_when_ready and order.clock_started_at is None:
-        held_until = order.allocations.in_use().aggregate(until=Max("ends_at"))["until"]
+        _held_from, held_until = booking_selectors.order_held_period(order=order)
         if held_until is not None:
             return max(order.ends_at, held_until - BookingPolicy.current().turnaround)
     return order.ends_at
