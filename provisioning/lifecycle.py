@@ -15,7 +15,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from booking import links, notices
-from booking.models import RELEASING_STATUSES, BookingPolicy, Order, OrderEvent, OrderStatus
+from booking.models import RELEASING_STATUSES, Allocation, BookingPolicy, Order, OrderEvent, OrderStatus
 from booking.notices import Notice
 from booking.rules import BookingError
 from booking.services import order_transition
@@ -105,9 +105,10 @@ def _tear_down_released(now: datetime) -> int:
     # Only those without any teardown: a failed one is retried with backoff, not started again every tick. An order
     # whose window passed while its hand-over still waited (a failed pre-flight, a failed run) keeps no container
     # either: its status is the operator's to settle, its machines are free for the next window.
-    # A window that starts as soon as ready may still be handed over until its lots' allowance runs out.
-    allowance = BookingPolicy.current().start_when_ready_allowance
-    waiting = Q(start_when_ready=True, clock_started_at__isnull=True, ends_at__gt=now - allowance)
+    # A window that starts as soon as ready may still be handed over until its lots' hold runs out: the allowance
+    # booked with it, as its live allocations say (less the turnaround), whatever the policy says today.
+    held = Allocation.objects.filter(order=OuterRef("pk"), ends_at__gt=now + BookingPolicy.current().turnaround)
+    waiting = Q(start_when_ready=True, clock_started_at__isnull=True) & Exists(held.in_use())
     still_open = (
         Order.objects.filter(
             Q(status__in=RELEASING_STATUSES) | (Q(status__in=NEVER_HANDED_OVER, ends_at__lte=now) & ~waiting),

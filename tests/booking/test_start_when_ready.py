@@ -313,13 +313,11 @@ def test_paid_approved_and_provisioned_it_starts_counting_at_the_hand_over(
     assert access.keys_expire_at == order.ends_at + grace
 
 
-def test_an_order_still_waiting_within_its_allowance_keeps_its_access_past_the_planned_end(catalog, monkeypatch):
-    """The lifecycle releases the access of an order never handed over once its window passed; for one that starts
-    as soon as ready, not before its lots' allowance runs out (it may still be handed over)."""
+def _failed_hand_over_with_access(catalog, monkeypatch):
+    """An as-soon-as-ready order whose provisioning failed, an access left; the lifecycle's releases recorded."""
     from provisioning import lifecycle
     from provisioning.models import Access
 
-    policy = BookingPolicy.current()
     order = book(request_for(catalog, slug="mi300x-pair", days=3))
     for status in (OrderStatus.PAYMENT_PROCESSING, OrderStatus.PAID, OrderStatus.APPROVED, OrderStatus.PROVISIONING):
         services.order_transition(order=order, to_status=status, actor_kind=OrderEvent.Actor.SYSTEM)
@@ -327,8 +325,38 @@ def test_an_order_still_waiting_within_its_allowance_keeps_its_access_past_the_p
     Access.objects.create(order=order, host=order.allocations.get().lot.host, username="bn-waiting", gpu_indices="0,1")
     released = []
     monkeypatch.setattr(lifecycle, "access_release", lambda *, order_id, reason: released.append(order_id) or None)
+    return order, released
+
+
+def test_an_order_still_waiting_within_its_allowance_keeps_its_access_past_the_planned_end(catalog, monkeypatch):
+    """The lifecycle releases the access of an order never handed over once its window passed; for one that starts
+    as soon as ready, not before its lots' allowance runs out (it may still be handed over)."""
+    from provisioning import lifecycle
+
+    policy = BookingPolicy.current()
+    order, released = _failed_hand_over_with_access(catalog, monkeypatch)
 
     lifecycle._tear_down_released(order.ends_at + timedelta(hours=1))  # past the planned end, within the allowance
     assert released == []
     lifecycle._tear_down_released(order.ends_at + policy.start_when_ready_allowance + timedelta(minutes=1))
     assert released == [order.pk]
+
+
+def test_a_waiting_order_keeps_the_allowance_it_was_booked_with_when_the_policy_changes(catalog, monkeypatch):
+    """The operator shortens the allowance after the booking: an order booked with the longer one may still be handed
+    over until its lots' hold runs out, and keeps its access until then; lengthened, it gives nobody more."""
+    from provisioning import lifecycle
+
+    policy = BookingPolicy.current()
+    booked_allowance = policy.start_when_ready_allowance
+    order, released = _failed_hand_over_with_access(catalog, monkeypatch)
+
+    policy.start_when_ready_allowance_hours = 1
+    policy.save()
+    lifecycle._tear_down_released(order.ends_at + booked_allowance - timedelta(minutes=1))
+    assert released == []  # within the hold it was booked with, though past today's allowance
+
+    policy.start_when_ready_allowance_hours = booked_allowance // timedelta(hours=1) + 10
+    policy.save()
+    lifecycle._tear_down_released(order.ends_at + booked_allowance + timedelta(minutes=1))
+    assert released == [order.pk]  # its hold ran out: today's longer allowance was never booked
