@@ -1,5 +1,5 @@
 """GPU readings during a window: once a minute, each host with running windows is asked for its GPUs'
-utilisation, memory and power by its vendor's tool, and each access keeps the minute of its own cards.
+utilisation, memory, power and temperature by its vendor's tool, and each access keeps the minute of its own cards.
 
 The tools' answers are input like any other (a host may be compromised, a tool may print garbage): bounded, parsed
 field by field, and a GPU that is not the access's is never stored for it. Nothing customer-controlled is read:
@@ -8,9 +8,7 @@ the tools are the host's, they report the devices, not the customers' files.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from datetime import datetime
 
 from django.conf import settings
@@ -20,79 +18,19 @@ from django.utils import timezone
 from booking.models import OrderStatus
 from inventory.models import Host
 from provisioning.drivers.base import DriverError
+from provisioning.gpu_samples import parse_nvidia, parse_rocm
 from provisioning.hosts import host_connect
 from provisioning.models import Access, GpuReading
 
 logger = logging.getLogger(__name__)
 
 NVIDIA_QUERY = [
-    "--query-gpu=index,utilization.gpu,memory.used,memory.total,power.draw",
+    "--query-gpu=index,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu",
     "--format=csv,noheader,nounits",
 ]
-ROCM_QUERY = ["--showuse", "--showmeminfo", "vram", "--showpower", "--json"]
+ROCM_QUERY = ["--showuse", "--showmeminfo", "vram", "--showpower", "--showtemp", "--json"]
 SAMPLE_TIMEOUT_S = 20
-MAX_GPUS = 16
-MAX_OUTPUT = 64 * 1024
 HOSTS_PER_SWEEP = 50
-
-Sample = list  # [index, utilisation %, memory used MiB, memory total MiB, power W]
-
-
-def _number(text: object, *, scale: float = 1.0, limit: float = 1e7) -> float | None:
-    """A finite, non-negative figure below `limit`, or None ("[N/A]", "[Not Supported]", garbage)."""
-    try:
-        value = float(str(text).strip()) * scale
-    except ValueError:
-        return None
-    if not math.isfinite(value) or value < 0 or value >= limit:
-        return None
-    return round(value, 1)
-
-
-def parse_nvidia(text: str) -> dict[int, Sample]:
-    """nvidia-smi's CSV (index, utilization.gpu, memory.used, memory.total, power.draw; no header, no units)."""
-    samples = {}
-    for line in text[:MAX_OUTPUT].splitlines()[: MAX_GPUS * 2]:
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) != 5 or not fields[0].isdigit() or int(fields[0]) >= MAX_GPUS:
-            continue
-        index = int(fields[0])
-        samples[index] = [
-            index,
-            _number(fields[1], limit=101),
-            _number(fields[2]),
-            _number(fields[3]),
-            _number(fields[4], limit=100_000),
-        ]
-    return samples
-
-
-def parse_rocm(text: str) -> dict[int, Sample]:
-    """rocm-smi's JSON: {"card0": {"GPU use (%)": "12", "VRAM Total Memory (B)": "...", "VRAM Total Used Memory
-    (B)": "...", "Average Graphics Package Power (W)": "..."}, ...}."""
-    try:
-        answer = json.loads(text[:MAX_OUTPUT])
-    except ValueError:
-        return {}
-    if not isinstance(answer, dict):
-        return {}
-    samples = {}
-    for card, values in list(answer.items())[: MAX_GPUS * 2]:
-        if not (isinstance(card, str) and card.startswith("card") and card[4:].isdigit() and isinstance(values, dict)):
-            continue
-        index = int(card[4:])
-        if index >= MAX_GPUS:
-            continue
-        power = next((value for key, value in values.items() if isinstance(key, str) and "Power (W)" in key), None)
-        mib = 1 / (1024 * 1024)
-        samples[index] = [
-            index,
-            _number(values.get("GPU use (%)"), limit=101),
-            _number(values.get("VRAM Total Used Memory (B)"), scale=mib),
-            _number(values.get("VRAM Total Memory (B)"), scale=mib),
-            _number(power, limit=100_000),
-        ]
-    return samples
 
 
 def gpu_tool_command(vendor: str) -> tuple[list[str], callable]:

@@ -1,14 +1,17 @@
 """Reads of provisioning: what a host gives each lot's container, and the fleet as the console shows it."""
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.core.cache import cache
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from booking import selectors as booking_selectors
 from booking.models import Allocation, Order, OrderStatus
 from inventory.models import Host, MaintenanceWindow
+from provisioning.gpu_samples import sample_figures
 from provisioning.models import (
     RETRIED_RUN_KINDS,
     Access,
@@ -135,44 +138,143 @@ def failing_release_runs(*, limit: int = 100) -> QuerySet[ProvisioningRun]:
     )
 
 
-READINGS_SHOWN = 240  # points per GPU drawn on the order page (the CSV has every minute)
+READINGS_SHOWN = 240  # points per GPU drawn on the order page, each the mean of its stretch (the CSV has every minute)
+MEASURES = ("utilisation", "memory", "power", "temperature")  # the order page's charts, in this order
+READINGS_CACHE_S = 600  # a summary is kept per order and newest reading: a new minute makes a new one
 
 
-def order_readings(order) -> list[tuple[str, object, list]]:
-    """Every minute of the order's GPUs, oldest first: (host name, taken_at, [[index, util, mem, total, W], …])."""
-    rows = GpuReading.objects.filter(access__order=order).select_related("access__host").order_by("taken_at", "pk")
-    return [(reading.access.host.name, reading.taken_at, reading.gpus) for reading in rows.iterator()]
+def order_readings(order) -> Iterator[tuple[str, datetime, list]]:
+    """Every minute of the order's GPUs, oldest first: (host name, taken_at, [[index, util, mem, total, W, °C], …]),
+    each figure a number or None, whatever was stored."""
+    rows = GpuReading.objects.filter(access__order=order).order_by("taken_at", "pk")
+    for host, taken_at, gpus in rows.values_list("access__host__name", "taken_at", "gpus").iterator(chunk_size=2000):
+        samples = [sample_figures(gpu) for gpu in gpus] if isinstance(gpus, list) else []
+        yield host, taken_at, [sample for sample in samples if sample is not None]
 
 
-def readings_chart(order, *, width: int = 600, height: int = 160) -> dict | None:
-    """Memory used per GPU over the window, as SVG polylines (one per host GPU), thinned to READINGS_SHOWN points:
-    "one card nearly empty, the other saturated" is seen at a glance."""
-    rows = list(
-        GpuReading.objects.filter(access__order=order)
-        .select_related("access__host")
-        .order_by("-taken_at")[: READINGS_SHOWN * 8]
-    )[::-1]
-    if not rows:
+@dataclass
+class CardReadings:
+    """One card's minutes, summed per stretch of the window (`points` stretches) and over all of it."""
+
+    host: str
+    gpu: int
+    sums: dict[str, list[float]]  # per measure, per stretch: the sum of its figures
+    counts: dict[str, list[int]]  # how many figures each sum holds
+    peak: dict[str, float]
+    total: dict[str, float]  # the sum over the window
+    count: dict[str, int]
+    minutes: int = 0  # minutes read
+    busy_minutes: int = 0  # minutes at 5 % utilisation or more
+
+    def mean(self, measure: str) -> float | None:
+        return self.total[measure] / self.count[measure] if self.count[measure] else None
+
+    @property
+    def energy_kwh(self) -> float:
+        """Power read once a minute, each reading standing for its minute."""
+        return self.total["power"] / 60 / 1000
+
+
+@dataclass
+class ReadingsSummary:
+    first: datetime
+    last: datetime
+    points: int
+    cards: list[CardReadings]
+
+
+BUSY_PERCENT = 5  # a card at less than this is idle (the imbalance watch and the record say the same)
+
+
+def readings_summary(order, *, points: int = READINGS_SHOWN) -> ReadingsSummary | None:
+    """Every minute of the order's cards read once, in a single pass over its readings (a 30-day window holds 43,200
+    per access): per card and measure, the mean of each of `points` stretches, the peak, the mean and the energy.
+    Memory is a share of the card's own total (%). Kept in the cache until a newer reading is stored."""
+    readings = GpuReading.objects.filter(access__order=order)
+    bounds = readings.aggregate(first=Min("taken_at"), last=Max("taken_at"), newest=Max("pk"))
+    if bounds["newest"] is None:
         return None
-    series: dict[tuple[str, int], list[tuple[float, float, float | None]]] = {}
-    first, last = rows[0].taken_at, rows[-1].taken_at
+    key = f"readings-summary:{order.pk}:{bounds['newest']}:{points}"
+    if (kept := cache.get(key)) is not None:  # the cache holds JSON
+        return ReadingsSummary(
+            first=datetime.fromisoformat(kept["first"]),
+            last=datetime.fromisoformat(kept["last"]),
+            points=kept["points"],
+            cards=[CardReadings(**card) for card in kept["cards"]],
+        )
+    first, last = bounds["first"], bounds["last"]
     span = max((last - first).total_seconds(), 60.0)
-    for reading in rows:
-        x = (reading.taken_at - first).total_seconds() / span * width
-        for gpu in reading.gpus if isinstance(reading.gpus, list) else []:
-            if not (isinstance(gpu, list) and len(gpu) == 5):
+    cards: dict[tuple[str, int], CardReadings] = {}
+    rows = readings.order_by().values_list("access__host__name", "taken_at", "gpus")
+    for host, taken_at, gpus in rows.iterator(chunk_size=2000):
+        stretch = min(int((taken_at - first).total_seconds() / span * points), points - 1)
+        for gpu in gpus if isinstance(gpus, list) else []:
+            if (figures := sample_figures(gpu)) is None:
                 continue
-            index, util, used, total, _power = gpu
-            if isinstance(used, int | float) and isinstance(total, int | float) and total > 0:
-                series.setdefault((reading.access.host.name, index), []).append((x, used / total, util))
-    lines = []
-    for (host, index), points in sorted(series.items()):
-        step = max(len(points) // READINGS_SHOWN, 1)
-        shown = points[::step]
-        polyline = " ".join(f"{x:.1f},{height - share * height:.1f}" for x, share, _util in shown)
-        peak = max(share for _x, share, _util in points)
-        lines.append({"host": host, "gpu": index, "points": polyline, "peak_percent": round(peak * 100)})
-    return {"width": width, "height": height, "lines": lines, "first": first, "last": last}
+            index, util, used, total, power, temperature = figures
+            memory = used / total * 100 if used is not None and total else None
+            card = cards.get((host, index))
+            if card is None:
+                card = cards[(host, index)] = CardReadings(
+                    host=host,
+                    gpu=index,
+                    sums={measure: [0.0] * points for measure in MEASURES},
+                    counts={measure: [0] * points for measure in MEASURES},
+                    peak=dict.fromkeys(MEASURES, 0.0),
+                    total=dict.fromkeys(MEASURES, 0.0),
+                    count=dict.fromkeys(MEASURES, 0),
+                )
+            card.minutes += 1
+            card.busy_minutes += util is not None and util >= BUSY_PERCENT
+            for measure, value in zip(MEASURES, (util, memory, power, temperature), strict=True):
+                if value is None:
+                    continue
+                card.sums[measure][stretch] += value
+                card.counts[measure][stretch] += 1
+                card.peak[measure] = max(card.peak[measure], value)
+                card.total[measure] += value
+                card.count[measure] += 1
+    summary = ReadingsSummary(first=first, last=last, points=points, cards=[cards[key] for key in sorted(cards)])
+    kept = {**asdict(summary), "first": first.isoformat(), "last": last.isoformat()}
+    cache.set(key, kept, timeout=READINGS_CACHE_S)
+    return summary
+
+
+def readings_charts(order, *, width: int = 600, height: int = 160) -> dict | None:
+    """Utilisation, memory, power and temperature per card over the window, as SVG polylines (one per card and
+    measure): "one card nearly empty, the other saturated" is seen at a glance. Utilisation and memory are drawn on
+    0-100 %, power up to the highest reading (in hundreds of watts), temperature up to 100 °C or the hottest."""
+    summary = readings_summary(order)
+    if summary is None or not summary.cards:
+        return None
+    charts = []
+    for measure in MEASURES:
+        peak = max(card.peak[measure] for card in summary.cards)
+        if not any(card.count[measure] for card in summary.cards):
+            continue  # the tool gave no such figure (an older reading, a card that does not report it)
+        top = {"power": max(100.0, -(-peak // 100) * 100), "temperature": max(100.0, -(-peak // 10) * 10)}.get(
+            measure, 100.0
+        )
+        lines = []
+        for card in summary.cards:
+            xy = [
+                (stretch / max(summary.points - 1, 1) * width, total / count)
+                for stretch, (total, count) in enumerate(zip(card.sums[measure], card.counts[measure], strict=True))
+                if count
+            ]
+            polyline = " ".join(f"{x:.1f},{height - min(value / top, 1.0) * height:.1f}" for x, value in xy)
+            mean = card.mean(measure)
+            lines.append(
+                {
+                    "host": card.host,
+                    "gpu": card.gpu,
+                    "points": polyline,
+                    "peak": round(card.peak[measure]),
+                    "mean": round(mean) if mean is not None else None,
+                }
+            )
+        charts.append({"measure": measure, "top": round(top), "lines": lines})
+    return {"width": width, "height": height, "first": summary.first, "last": summary.last, "charts": charts}
 
 
 # An order whose data volume may be carried to a next order: its machines were prepared (or its window ran).

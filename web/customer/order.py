@@ -270,7 +270,7 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
             }
         )
     if order.status in ACCESS_SHOWN:
-        context["readings"] = provisioning_selectors.readings_chart(order)
+        context["readings"] = provisioning_selectors.readings_charts(order)
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -511,12 +511,11 @@ def order_readings_csv(request: HttpRequest, public_id: str, token: str) -> Http
     order = _order_or_404(public_id, token)
 
     def rows():
-        yield "taken_at_utc,host,gpu,utilization_pct,memory_used_mib,memory_total_mib,power_w\r\n"
+        yield "taken_at_utc,host,gpu,utilization_pct,memory_used_mib,memory_total_mib,power_w,temperature_c\r\n"
         for host, taken_at, gpus in provisioning_selectors.order_readings(order):
-            for gpu in gpus if isinstance(gpus, list) else []:
-                if isinstance(gpu, list) and len(gpu) == 5:
-                    figures = ",".join("" if not isinstance(value, int | float) else f"{value:g}" for value in gpu)
-                    yield f"{taken_at:%Y-%m-%dT%H:%M:%SZ},{host},{figures}\r\n"
+            for sample in gpus:
+                figures = ",".join("" if value is None else f"{value:g}" for value in sample)
+                yield f"{taken_at:%Y-%m-%dT%H:%M:%SZ},{host},{figures}\r\n"
 
     response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="binome-{order.public_id}-gpu-readings.csv"'
