@@ -21,6 +21,7 @@ from booking.models import (
     TermsVersion,
 )
 from booking.selectors import OFFERED_LOT, offered_lots
+from infrastructure.admin import ReadOnlyAdmin
 from infrastructure.singleton import SingletonAdmin
 from inventory.models import HardwareClass, Lot
 
@@ -188,20 +189,11 @@ class OrderAdmin(admin.ModelAdmin):
 
 
 @admin.register(OrderEvent)
-class OrderEventAdmin(admin.ModelAdmin):
+class OrderEventAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "order", "from_status", "to_status", "actor_kind", "actor", "reason"]
     list_filter = ["to_status", "actor_kind"]
     list_select_related = ["order", "actor"]
     search_fields = ["order__public_id", "reason"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(TermsVersion)

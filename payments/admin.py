@@ -10,6 +10,7 @@ from django.shortcuts import render
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from infrastructure.admin import ReadOnlyAdmin
 from infrastructure.singleton import SingletonAdmin
 from payments import config, invoices, settlement
 from payments.errors import PaymentError
@@ -268,7 +269,7 @@ class RefundAddressInline(admin.TabularInline):
 
 
 @admin.register(Refund)
-class RefundAdmin(admin.ModelAdmin):
+class RefundAdmin(ReadOnlyAdmin):
     """Read only: a refund moves only through the customer's address form and a transaction read on chain (the
     console's refunds queue)."""
 
@@ -281,15 +282,6 @@ class RefundAdmin(admin.ModelAdmin):
     @admin.display(description=_("amount"))
     def amount(self, refund: Refund) -> str:
         return f"{format_units(refund.amount_units, refund.asset_decimals)} {refund.asset_symbol}"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 from payments import fiscal_admin  # noqa: E402, F401  (the fiscal invoices' admin registers itself)

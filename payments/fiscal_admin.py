@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from booking.billing import NOT_PRINTABLE_MESSAGE, printable
+from infrastructure.admin import ReadOnlyAdmin
 from infrastructure.singleton import SingletonAdmin
 from payments import fiscal_documents
 from payments.models import (
@@ -88,7 +89,7 @@ class InvoicingSettingsAdmin(SingletonAdmin):
 
 
 @admin.register(InvoicingSettingsChange)
-class InvoicingSettingsChangeAdmin(admin.ModelAdmin):
+class InvoicingSettingsChangeAdmin(ReadOnlyAdmin):
     """When each invoicing setting changed, and to what, read-only."""
 
     list_display = ["changed_at", "changed_by", "summary"]
@@ -101,18 +102,9 @@ class InvoicingSettingsChangeAdmin(admin.ModelAdmin):
             f"{labels.get(name, name)}: {before} → {after}" for name, (before, after) in obj.changes.items()
         )
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(FiscalInvoice)
-class FiscalInvoiceAdmin(admin.ModelAdmin):
+class FiscalInvoiceAdmin(ReadOnlyAdmin):
     list_display = ["number", "kind", "issued_at", "order", "total_gross", "currency", "vat_category", "pdf_link"]
     list_filter = ["year", "prefix", "kind", "vat_category", "vat_rate"]
     search_fields = ["number", "order__public_id", "buyer__organisation"]
@@ -120,15 +112,6 @@ class FiscalInvoiceAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields if field.name != "pdf"] + ["pdf_link"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description=_("PDF"))
     def pdf_link(self, obj: FiscalInvoice) -> str:
@@ -161,7 +144,7 @@ class FiscalInvoiceAdmin(admin.ModelAdmin):
 
 
 @admin.register(FiscalInvoiceSeries)
-class FiscalInvoiceSeriesAdmin(admin.ModelAdmin):
+class FiscalInvoiceSeriesAdmin(ReadOnlyAdmin):
     """The number series, one per prefix and year, read-only: the last number each issued (a prefix changed in the
     invoicing settings starts a new one; the documents issued under the earlier prefix keep theirs)."""
 
@@ -171,15 +154,6 @@ class FiscalInvoiceSeriesAdmin(admin.ModelAdmin):
     @admin.display(description=_("last number"))
     def last_number(self, obj: FiscalInvoiceSeries) -> str:
         return f"{obj.prefix}-{obj.year}-{obj.last_sequence:06d}" if obj.last_sequence else "-"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(FiscalDocumentFailure)
