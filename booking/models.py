@@ -408,6 +408,14 @@ class Sharing(models.TextChoices):
 CHECKPOINT_INTERVAL_HOURS = (1, 24)
 
 
+class AlertMails(models.TextChoices):
+    """How often the readings' watch may e-mail a researcher about a kind of alert."""
+
+    DAILY = "daily", _("at most once a day")
+    ONCE = "once", _("once per window")
+    OFF = "off", _("never")
+
+
 class Order(models.Model):
     public_id = models.CharField(_("order number"), max_length=16, unique=True, editable=False)
     status = models.CharField(
@@ -470,6 +478,11 @@ class Order(models.Model):
     # The researcher's archcheck report (nodekit/archcheck.py), given at booking and validated
     # (booking/archcheck_report.py): which of their compiled extensions carry code for the order's cards.
     archcheck_report = models.JSONField(_("archcheck report"), null=True, blank=True)
+    # How often the readings' watch may e-mail the researcher about an unbalanced split or idle cards
+    # (provisioning/watch.py); the order page always shows it. Set on the order page, off in one click.
+    alert_mails = models.CharField(
+        _("e-mails about unbalanced or idle cards"), max_length=8, choices=AlertMails.choices, default=AlertMails.DAILY
+    )
     language = models.CharField(_("language"), max_length=8, default="en")
     # A keyed digest of the client address the order was placed from (infrastructure.client.client_key), for the limit
     # on unpaid lots; the address itself is not kept.

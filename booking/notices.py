@@ -22,6 +22,9 @@ class Notice(StrEnum):
     PAYMENT_RECEIVED = "payment_received"  # order=, invoice=: to the contact, and a copy to the operators
     ACCESS_READY = "access_ready"  # order=, accesses=: how to log in
     END_WARNING = "end_warning"  # order=, kind= ("48h", "6h"), wipe_at=, wipe_after_days=, link= (to extend)
+    # order=, alert= (provisioning.models.WatchAlert), minutes=, hours= (the operator's lengths), link=: the readings
+    # show an unbalanced split or idle cards while the window runs
+    WATCH_ALERT = "watch_alert"
     PREFLIGHT_HELD = "preflight_held"  # order=, failed={host name: [check names]}: the hand-over waits
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
     ORDER_CANCELLED = "order_cancelled"  # order=, refund_due=: a paid order cancelled by its customer

@@ -16,6 +16,7 @@ from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
 from booking.models import (
     ORDER_TRANSITIONS,
     RELEASING_STATUSES,
+    AlertMails,
     Allocation,
     BookingPolicy,
     Order,
@@ -226,6 +227,17 @@ def order_reassign_lot(
         actor=actor,
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
     )
+
+
+def order_alert_mails_set(*, order: Order, value: str) -> bool:
+    """How often the readings' watch may e-mail the order's researcher (AlertMails); returns whether it changed."""
+    if value not in AlertMails.values:
+        raise BookingError(_("Choose how often these e-mails may come."), field="alert_mails")
+    if order.alert_mails == value:
+        return False
+    order.alert_mails = value
+    order.save(update_fields=["alert_mails"])
+    return True
 
 
 def order_start_clock(*, order: Order, now: datetime | None = None) -> bool:

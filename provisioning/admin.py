@@ -3,10 +3,11 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from infrastructure.admin import ReadOnlyAdmin
 from infrastructure.singleton import SingletonAdmin
 from inventory.models import Host, MaintenanceWindow
 from provisioning import hosts
-from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep
+from provisioning.models import Access, OperatorSettings, ProvisioningRun, ProvisioningStep, WatchAlert
 
 
 def request_host_checks(request: HttpRequest, hosts_: list[Host]) -> None:
@@ -110,6 +111,16 @@ class HostAdmin(admin.ModelAdmin):
 @admin.register(OperatorSettings)
 class OperatorSettingsAdmin(SingletonAdmin):
     list_display = ["__str__", "auto_approve", "approval_response_hours", "provision_lead_hours", "wipe_after_days"]
+
+
+@admin.register(WatchAlert)
+class WatchAlertAdmin(ReadOnlyAdmin):
+    """What the readings' watch said to researchers (provisioning/watch.py): read-only, the watch writes them."""
+
+    list_display = ["order", "kind", "started_at", "last_seen_at", "ended_at", "mailed_at"]
+    list_filter = ["kind", ("ended_at", admin.EmptyFieldListFilter)]
+    search_fields = ["order__public_id"]
+    list_select_related = ["order"]
 
 
 class StepInline(admin.TabularInline):

@@ -32,6 +32,21 @@ class OperatorSettings(SingletonRow, models.Model):
         default=7,
         help_text=_("Announced in the end-of-window e-mails. Until then the account is locked and its files kept."),
     )
+    imbalance_minutes = models.PositiveSmallIntegerField(
+        _("say an unbalanced split after this many minutes"),
+        default=30,
+        validators=[MinValueValidator(5), MaxValueValidator(24 * 60)],
+        help_text=_(
+            "One card nearly idle while another is busy, every minute for this long: the order page says it and "
+            "the researcher is e-mailed, as often as they allow (provisioning/watch.py)."
+        ),
+    )
+    idle_hours = models.PositiveSmallIntegerField(
+        _("say idle cards after this many hours"),
+        default=3,
+        validators=[MinValueValidator(1), MaxValueValidator(72)],
+        help_text=_("Every card of a running window nearly idle for this long: said the same way."),
+    )
 
     class Meta:
         verbose_name = _("operator settings")
@@ -273,3 +288,33 @@ class GpuReading(models.Model):
 
     def __str__(self) -> str:
         return f"{self.access} at {self.taken_at:%Y-%m-%d %H:%M}"
+
+
+class WatchAlert(models.Model):
+    """What a window's readings showed that its researcher should know while it happens (provisioning/watch.py):
+    one card nearly idle while another is busy, or every card idle. One row per stretch: open (`ended_at` null)
+    while it lasts, ended when a minute reads otherwise or the window stops running."""
+
+    class Kind(models.TextChoices):
+        IMBALANCE = "imbalance", _("one card nearly idle while another is busy")
+        IDLE = "idle", _("every card nearly idle")
+
+    order = models.ForeignKey("booking.Order", on_delete=models.CASCADE, related_name="watch_alerts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    started_at = models.DateTimeField()  # the first minute of the stretch that showed it
+    last_seen_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    mailed_at = models.DateTimeField(null=True, blank=True)  # the researcher was e-mailed about this stretch
+    idle_cards = models.JSONField(default=list)  # [[host, GPU index], ...] nearly idle in the newest minute
+    busy_cards = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order", "kind"], condition=models.Q(ended_at__isnull=True), name="one_open_watch_alert"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.order_id} {self.kind} from {self.started_at:%Y-%m-%d %H:%M}"

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from django.core.cache import cache
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from booking import selectors as booking_selectors
@@ -19,6 +19,7 @@ from provisioning.models import (
     OperatorSettings,
     ProvisioningRun,
     ProvisioningStep,
+    WatchAlert,
 )
 
 # Orders that hold a host's lots and have been paid for: a host that stops being isolated leaves them in place.
@@ -275,6 +276,13 @@ def readings_charts(order, *, width: int = 600, height: int = 160) -> dict | Non
             )
         charts.append({"measure": measure, "top": round(top), "lines": lines})
     return {"width": width, "height": height, "first": summary.first, "last": summary.last, "charts": charts}
+
+
+def order_watch_alerts(order, *, limit: int = 10) -> list[WatchAlert]:
+    """The order's alerts from its readings, the open ones first, then the newest."""
+    return list(
+        WatchAlert.objects.filter(order=order).order_by(F("ended_at").desc(nulls_first=True), "-started_at")[:limit]
+    )
 
 
 # An order whose data volume may be carried to a next order: its machines were prepared (or its window ran).

@@ -3,8 +3,8 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import execution, health, hosts, lifecycle, readings, restarts, services
-from provisioning.models import ProvisioningRun
+from provisioning import execution, health, hosts, lifecycle, readings, restarts, services, watch
+from provisioning.models import ProvisioningRun, WatchAlert
 
 
 @shared_task(name="provisioning.execute_run", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=60)
@@ -35,6 +35,14 @@ def send_end_warning(order_id: int, kind: str) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None and kind in {kind for kind, _before in lifecycle.WARNINGS}:
         lifecycle.end_warning_send(order=order, kind=kind)
+
+
+@shared_task(name="provisioning.send_watch_alert", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_watch_alert(order_id: int, alert_id: int) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    alert = WatchAlert.objects.filter(pk=alert_id, order=order).first() if isinstance(alert_id, int) else None
+    if order is not None and alert is not None:
+        watch.watch_alert_send(order=order, alert=alert)
 
 
 @shared_task(name="provisioning.send_preflight_held", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
@@ -72,7 +80,10 @@ def send_order_moved(
 
 @shared_task(name="provisioning.sample_readings", expires=55)
 def sample_readings() -> int:
-    return readings.readings_sample()
+    """The minute's readings, then what they show (an unbalanced split, idle cards)."""
+    stored = readings.readings_sample()
+    watch.watch_readings()
+    return stored
 
 
 @shared_task(name="provisioning.check_host")

@@ -6,7 +6,7 @@ from django.core.mail import EmailMessage, send_mail
 from django.template.loader import render_to_string
 from django.utils import timezone, translation
 from django.utils.functional import Promise
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext, gettext_lazy
 
 from booking.models import Order, OrderStatus
 from booking.notices import Notice
@@ -116,6 +116,33 @@ def _end_warning(*, order: Order, kind: str, wipe_at, wipe_after_days: int, link
         subject_values={"left": kind.replace("h", " h")},
         template="email/end_warning.txt",
         context={"kind": kind, "wipe_at": wipe_at, "wipe_after_days": wipe_after_days, "link": link},
+    )
+
+
+def _watch_alert(*, order: Order, alert, minutes: int, hours: int, link: str) -> None:
+    def cards(found: list) -> str:
+        named = [gettext("GPU %(gpu)s on %(host)s") % {"gpu": gpu, "host": host} for host, gpu in found]
+        return ", ".join(named) or "?"
+
+    with translation.override(order.language):
+        idle, busy = cards(alert.idle_cards), cards(alert.busy_cards)
+    subject = {
+        "imbalance": gettext_lazy("One card of your Binôme order %(number)s is nearly idle, the other busy"),
+        "idle": gettext_lazy("The cards of your Binôme order %(number)s are idle"),
+    }[alert.kind]
+    send_to_order_contact(
+        order=order,
+        subject=subject,
+        template="email/watch_alert.txt",
+        context={
+            "alert": alert,
+            "idle": idle,
+            "busy": busy,
+            "minutes": minutes,
+            "hours": hours,
+            "vendor": order.hardware_class.vendor,
+            "link": link,
+        },
     )
 
 
@@ -287,6 +314,7 @@ WRITERS = {
     Notice.ACCESS_READY: _access_ready,
     Notice.END_WARNING: _end_warning,
     Notice.PREFLIGHT_HELD: _preflight_held,
+    Notice.WATCH_ALERT: _watch_alert,
     Notice.ORDER_REJECTED: _order_rejected,
     Notice.KEYS_CHANGED: _keys_changed,
     Notice.HOST_FAILING: _host_failing,

@@ -689,3 +689,40 @@ def test_what_the_guide_says_can_be_installed_where_holds_in_the_container(
     assert _in(access, private_key, "df --output=target ~/env | tail -n 1").stdout.strip() == f"/home/{access.username}"
     # and nothing of it reaches the other tenant
     assert customer_ssh(other_access, other_key, "test -e ~/env || ls /home").stdout.split() == [other_access.username]
+
+
+def test_the_checks_the_readings_alerts_give_run_as_written_in_the_container(
+    two_customers,  # noqa: F811
+):
+    """The readings' alert e-mails (an unbalanced split, idle cards) give one-line checks to type on the machine: each
+    is typed as written, as the researcher, and shows their own processes and volume, nothing of the other tenant."""
+    from django.core import mail
+
+    from provisioning import watch
+    from provisioning.models import WatchAlert
+
+    (order, access, private_key), (_other, other_access, other_key) = two_customers
+    for kind in WatchAlert.Kind.values:
+        alert = WatchAlert.objects.create(
+            order=order, kind=kind, started_at=order.starts_at, last_seen_at=order.starts_at
+        )
+        watch.watch_alert_send(order=order, alert=alert)
+    typed = {
+        line.strip()
+        for message in mail.outbox[-2:]
+        for line in message.body.splitlines()
+        if line.startswith("   ") and line.strip().split()[0] in {"ps", "top", "df"}
+    }
+    assert len(typed) == 3, typed  # ps (in both), top, df
+
+    busy = "sleep 4321"
+    _in(access, private_key, f"nohup {busy} >/dev/null 2>&1 &")
+    _in(other_access, other_key, "nohup sleep 8765 >/dev/null 2>&1 &")
+    for command in sorted(typed):
+        shown = _in(access, private_key, command).stdout
+        if command.startswith("ps"):  # their sleep, with its arguments; not the other tenant's
+            assert busy in shown and "8765" not in shown and other_access.username not in shown, shown
+        elif command.startswith("top"):  # one sleep: theirs (top names the command only)
+            assert [line.split()[-1:] for line in shown.splitlines()].count(["sleep"]) == 1, shown
+        else:
+            assert shown.splitlines()[-1].split()[-1] == f"/home/{access.username}", shown

@@ -10,7 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from booking import archcheck_report
 from booking.billing import NOT_PRINTABLE_MESSAGE, printable
-from booking.models import CHECKPOINT_INTERVAL_HOURS, EnvironmentImage, Hypothesis, Sharing, WindowDays
+from booking.models import CHECKPOINT_INTERVAL_HOURS, AlertMails, EnvironmentImage, Hypothesis, Sharing, WindowDays
 from booking.report_schema import InvalidReport
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
 from inventory.models import HardwareClass
@@ -411,6 +411,12 @@ class KeysAddForm(forms.Form):
             return parse_authorized_keys(self.cleaned_data["ssh_keys"])
         except InvalidSshKey as exc:
             raise ValidationError(str(exc), code="ssh_key") from exc
+
+
+class AlertMailsForm(forms.Form):
+    alert_mails = forms.ChoiceField(
+        label=_("E-mail me when my cards look unbalanced or idle"), choices=AlertMails.choices, widget=forms.RadioSelect
+    )
 
 
 class ResendLinkForm(forms.Form):

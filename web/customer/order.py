@@ -21,7 +21,7 @@ from booking import archcheck_report, links, selectors, services, split_trial_co
 from booking import split_trial_upload as split_trial_uploads
 from booking.billing import BillingDetails, billing_details_of
 from booking.cancellation import refund_quote
-from booking.models import Order, OrderStatus, WindowDays
+from booking.models import AlertMails, Order, OrderStatus, WindowDays
 from booking.rules import BookingError
 from infrastructure.numbers import whole_number
 from payments import checkout, fiscal, fiscal_documents, invoices, refunds
@@ -32,7 +32,7 @@ from provisioning import services as provisioning_services
 from provisioning.models import OperatorSettings
 from web import status_cache
 from web.customer import addresses
-from web.customer.forms import BillingForm, KeysAddForm
+from web.customer.forms import AlertMailsForm, BillingForm, KeysAddForm
 
 
 def order_behind_link(public_id: str, token: str) -> Order | None:
@@ -271,6 +271,8 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
         )
     if order.status in ACCESS_SHOWN:
         context["readings"] = provisioning_selectors.readings_charts(order)
+        context["watch_alerts"] = provisioning_selectors.order_watch_alerts(order)
+        context["alert_mails_form"] = AlertMailsForm(initial={"alert_mails": order.alert_mails})
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -520,6 +522,27 @@ def order_readings_csv(request: HttpRequest, public_id: str, token: str) -> Http
     response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="binome-{order.public_id}-gpu-readings.csv"'
     return mark_private(response)
+
+
+@require_POST
+@never_cache
+def order_alert_mails(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """How often the researcher is e-mailed about unbalanced or idle cards ("never" is one click)."""
+    order = _order_or_404(public_id, token)
+    back = reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#readings"
+    form = AlertMailsForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _("Choose how often these e-mails may come."))
+        return redirect(back)
+    choice = form.cleaned_data["alert_mails"]
+    if services.order_alert_mails_set(order=order, value=choice):
+        messages.success(
+            request,
+            _("No more e-mails about your cards' readings: the page still shows them.")
+            if choice == AlertMails.OFF
+            else _("Saved: the e-mails about your cards come %(how)s.") % {"how": AlertMails(choice).label},
+        )
+    return redirect(back)
 
 
 @require_POST

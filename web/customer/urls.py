@@ -45,6 +45,9 @@ urlpatterns = [
     path("orders/<linkpart:public_id>/<linkpart:token>/asset/", order.invoice_asset, name="order-asset"),
     path("orders/<linkpart:public_id>/<linkpart:token>/billing/", order.order_billing, name="order-billing"),
     path(
+        "orders/<linkpart:public_id>/<linkpart:token>/alert-mails/", order.order_alert_mails, name="order-alert-mails"
+    ),
+    path(
         "orders/<linkpart:public_id>/<linkpart:token>/invoices/<printable:number>.pdf",
         order.order_invoice_pdf,
         name="order-invoice-pdf",

@@ -18,11 +18,18 @@ pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[3]
 # What starts a command line (a shell command, not a Python expression or a flag named in a sentence).
-COMMAND = re.compile(r"^(?:\$ )?(?:python3?|ssh|sftp|torchrun|make|\.venv/bin/python|curl|pip|podman|docker)\s")
+COMMAND = re.compile(
+    r"^(?:\$ )?(?:python3?|ssh|sftp|torchrun|make|\.venv/bin/python|curl|pip|podman|docker"
+    r"|ps|top|df|nvidia-smi|rocm-smi)\s"
+)
 
 # The test that types each command as written, or why it cannot run here. Patterns match the whole command.
 RUN_BY = "run by"
 NOT_HERE = "not runnable here"
+WATCH_CHECKS = (
+    "tests/provisioning/test_container_access.py::"
+    "test_the_checks_the_readings_alerts_give_run_as_written_in_the_container"
+)
 COMMANDS = {
     r"python3 /opt/binome/split_trial\.py --help": (
         RUN_BY,
@@ -77,6 +84,15 @@ COMMANDS = {
     ),
     r"python3 -I /tmp/preflight\.py --gpus 0,1 .*": (NOT_HERE, "two GPUs and PyTorch (a device check)"),
     r"python3 -I /tmp/split_trial\.py --device cpu .*": (NOT_HERE, "PyTorch (not in this machine's Python)"),
+    # the checks of the readings' alerts (provisioning/watch.py), e-mailed while the window runs
+    r'ps -u "\$USER" -o pid,pcpu,etime,args': (RUN_BY, WATCH_CHECKS),
+    r'top -b -n 1 -u "\$USER" \| head -n 15': (RUN_BY, WATCH_CHECKS),
+    r"df -h ~": (RUN_BY, WATCH_CHECKS),
+    r"nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv": (
+        NOT_HERE,
+        "NVIDIA's own tool on the rented cards (this machine has no GPU; the host's stand-in prints readings only)",
+    ),
+    r"rocm-smi --showpids": (NOT_HERE, "AMD's own tool on the rented cards (this machine has no GPU)"),
 }
 
 
@@ -105,6 +121,23 @@ def commands_in_markdown(path: Path) -> list[str]:
     return [" ".join(line.split()) for line in joined if COMMAND.match(line.strip())]
 
 
+def watch_alert_mails(order) -> list:
+    """The e-mails of both kinds of the readings' alerts, for `order`, taken out of the outbox."""
+    from provisioning import watch
+    from provisioning.models import WatchAlert
+
+    before = len(mail.outbox)
+    for kind in WatchAlert.Kind.values:
+        now = order.starts_at
+        alert = WatchAlert.objects.create(
+            order=order, kind=kind, started_at=now, last_seen_at=now, idle_cards=[["h", 1]], busy_cards=[["h", 0]]
+        )
+        watch.watch_alert_send(order=order, alert=alert)
+    sent = mail.outbox[before:]
+    del mail.outbox[before:]
+    return sent
+
+
 def test_every_command_the_product_gives_is_run_as_written_or_said_why_not(client, ready_order):
     order, token = ready_order
     places: dict[str, list[str]] = {}
@@ -114,6 +147,9 @@ def test_every_command_the_product_gives_is_run_as_written_or_said_why_not(clien
         places[f"booking page ({language})"] = commands_in_html(client.get(reverse("customer:book")).content.decode())
         places[f"order page ({language})"] = commands_in_html(client.get(order_url(order, token)).content.decode())
     places["e-mails"] = [command for message in mail.outbox for command in commands_in_text(message.body)]
+    places["readings' alerts (e-mails)"] = [
+        command for message in watch_alert_mails(order) for command in commands_in_text(message.body)
+    ]
     places["nodekit/README.md"] = commands_in_markdown(ROOT / "nodekit" / "README.md")
     places["README.md"] = commands_in_markdown(ROOT / "README.md")
 
@@ -129,6 +165,7 @@ def test_every_command_the_product_gives_is_run_as_written_or_said_why_not(clien
     # the e-mail gives the login line of the order page, which its test types
     access = order.accesses.get()
     assert places["e-mails"] == [access.ssh_command]
+    assert len(places["readings' alerts (e-mails)"]) == 5  # an unbalanced split: 2 checks; idle cards: 3
     assert access.ssh_command in places["order page (en)"] and access.forward_command in places["order page (fr)"]
     # every test named exists
     for kind, where in COMMANDS.values():
