@@ -25,6 +25,8 @@ class Notice(StrEnum):
     # order=, alert= (provisioning.models.WatchAlert), minutes=, hours= (the operator's lengths), link=: the readings
     # show an unbalanced split or idle cards while the window runs
     WATCH_ALERT = "watch_alert"
+    # order=, record= (provisioning.models.ResearchRecord), link=: the window's signed record, its files attached
+    RESEARCH_RECORD = "research_record"
     PREFLIGHT_HELD = "preflight_held"  # order=, failed={host name: [check names]}: the hand-over waits
     ORDER_REJECTED = "order_rejected"  # order=, reason=: the operators refused a paid order
     ORDER_CANCELLED = "order_cancelled"  # order=, refund_due=: a paid order cancelled by its customer

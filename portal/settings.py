@@ -362,6 +362,17 @@ CELERY_BEAT_SCHEDULE["payments.sweep_ledger"] = {
     "task": "payments.sweep_ledger",
     "schedule": env.float("LEDGER_SWEEP_SECONDS", default=300.0),
 }
+# --- Research records ---------------------------------------------------------------------------------------
+# The portal's Ed25519 key that signs each window's research record (provisioning/research_record.py): 32 random
+# bytes, base64. Its public key is served at /records/signing-key.pem; keep the key, or older records can no longer be
+# told from forgeries by the key published beside them. Development has a fixed key, refused in production.
+_DEVELOPMENT_RECORD_KEY = "Ymlub21lLWRldmVsb3BtZW50LXJlY29yZC1rZXktLS0="
+RECORD_SIGNING_KEY = env.str("RECORD_SIGNING_KEY", default=_DEVELOPMENT_RECORD_KEY if DEBUG else "")
+if not DEBUG and RECORD_SIGNING_KEY in ("", _DEVELOPMENT_RECORD_KEY):
+    raise ImproperlyConfigured(
+        "RECORD_SIGNING_KEY must be set when DEBUG is off: 32 random bytes in base64, e.g. the output of "
+        "`python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())'` (docs/operations.md)."
+    )
 # --- Provisioning -------------------------------------------------------------------------------------------
 # The portal's own SSH private key, used to log in to the GPU hosts (never a customer's key).
 PROVISIONING_SSH_KEY_FILE = env.str("PROVISIONING_SSH_KEY_FILE", default=str(VAR_DIR / "provisioning_ed25519"))

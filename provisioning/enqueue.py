@@ -27,6 +27,10 @@ def send_end_warning(order_id: int, kind: str) -> None:
     after_commit("provisioning.send_end_warning", order_id, kind)
 
 
+def send_research_record(order_id: int) -> None:
+    after_commit("provisioning.send_research_record", order_id)
+
+
 def send_watch_alert(order_id: int, alert_id: int) -> None:
     after_commit("provisioning.send_watch_alert", order_id, alert_id)
 

@@ -1,6 +1,7 @@
 """Beat's lifecycle sweep (`lifecycle_tick`): the window's life after approval, driven by the clock. It starts
 provisioning in time, opens windows, renews the keys of extended ones, warns before the end (and says when the files
-are wiped), tears down what ended or was released, wipes files after their grace period, queues failed runs of
+are wiped), tears down what ended or was released, wipes files after their grace period, issues the signed research
+record of each window that ran and deletes it with the files, queues failed runs of
 RETRIED_RUN_KINDS (teardowns, wipes, releases, moves) again when their retry is due, resumes abandoned runs and
 approves what auto-approval missed. Each part re-reads state, handles a capped batch and is safe to run twice at
 once.
@@ -19,7 +20,7 @@ from booking.models import RELEASING_STATUSES, Allocation, BookingPolicy, Order,
 from booking.notices import Notice
 from booking.rules import BookingError
 from booking.services import order_transition
-from provisioning import enqueue
+from provisioning import enqueue, research_record
 from provisioning.models import RETRIED_RUN_KINDS, Access, LifecycleNotice, OperatorSettings, ProvisioningRun
 from provisioning.rules import UNDER_WAY, ProvisioningError
 from provisioning.runs import _run_requeue, access_keys_renew, access_wipe_start, provisioning_start, teardown_start
@@ -50,6 +51,8 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "torn_down": _tear_down_released(now),
         "keys_renewed": _renew_moved_keys(now),
         "wiped": _wipe_due(now),
+        "records_issued": research_record.records_issue_due(now=now),
+        "records_deleted": research_record.records_delete_wiped(),
         "retried": _retry_failed(now),
         "resumed": _resume_abandoned(now),
     }

@@ -318,3 +318,22 @@ class WatchAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.order_id} {self.kind} from {self.started_at:%Y-%m-%d %H:%M}"
+
+
+class ResearchRecord(models.Model):
+    """The signed record of a window that ran (provisioning/research_record.py): the JSON exactly as signed, its
+    Ed25519 signature, and the PDF whose SHA-256 the JSON names. Deleted with the order's files."""
+
+    order = models.OneToOneField("booking.Order", on_delete=models.CASCADE, related_name="research_record")
+    issued_at = models.DateTimeField()
+    document = models.BinaryField()
+    signature = models.BinaryField()
+    pdf = models.BinaryField()
+    key_id = models.CharField(max_length=16)  # the signing key's short name (SHA-256 of the public key)
+
+    class Meta:
+        verbose_name = _("research record")
+        verbose_name_plural = _("research records")
+
+    def __str__(self) -> str:
+        return f"{self.order_id} record of {self.issued_at:%Y-%m-%d}"

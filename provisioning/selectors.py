@@ -19,6 +19,7 @@ from provisioning.models import (
     OperatorSettings,
     ProvisioningRun,
     ProvisioningStep,
+    ResearchRecord,
     WatchAlert,
 )
 
@@ -283,6 +284,11 @@ def order_watch_alerts(order, *, limit: int = 10) -> list[WatchAlert]:
     return list(
         WatchAlert.objects.filter(order=order).order_by(F("ended_at").desc(nulls_first=True), "-started_at")[:limit]
     )
+
+
+def order_research_record(order) -> ResearchRecord | None:
+    """The order's signed research record, while its files are kept (it goes with them)."""
+    return ResearchRecord.objects.filter(order=order).first()
 
 
 # An order whose data volume may be carried to a next order: its machines were prepared (or its window ran).

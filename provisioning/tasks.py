@@ -3,7 +3,7 @@
 from celery import shared_task
 
 from booking.models import Order
-from provisioning import execution, health, hosts, lifecycle, readings, restarts, services, watch
+from provisioning import execution, health, hosts, lifecycle, readings, research_record, restarts, services, watch
 from provisioning.models import ProvisioningRun, WatchAlert
 
 
@@ -35,6 +35,13 @@ def send_end_warning(order_id: int, kind: str) -> None:
     order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
     if order is not None and kind in {kind for kind, _before in lifecycle.WARNINGS}:
         lifecycle.end_warning_send(order=order, kind=kind)
+
+
+@shared_task(name="provisioning.send_research_record", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_research_record(order_id: int) -> None:
+    order = Order.objects.filter(pk=order_id).first() if isinstance(order_id, int) else None
+    if order is not None:
+        research_record.record_send(order=order)
 
 
 @shared_task(name="provisioning.send_watch_alert", autoretry_for=(OSError,), retry_backoff=True, max_retries=5)

@@ -1,5 +1,6 @@
 """Shared fixtures. Tests run against the real PostgreSQL and Redis of `make test` (DATABASE_URL, REDIS_URL)."""
 
+import os
 from datetime import timedelta
 from decimal import Decimal
 
@@ -19,8 +20,13 @@ from portal.celery import app as celery_app
 from provisioning.demo import seed_demo_catalog
 from tests.builders.console import act
 from tests.builders.orders import place
+from tests.builders.production import PRODUCTION_RECORD_KEY
 from tests.factories import RESEARCH_ANSWERS, make_ssh_key
 from tests.processes import process_env_for_tests, stop_process_groups, worker_argv
+
+# What a deployment sets beside SECRET_KEY: the production processes the tests start inherit it (the tests' own
+# process runs in development, with the development key).
+os.environ.setdefault("RECORD_SIGNING_KEY", PRODUCTION_RECORD_KEY)
 
 
 def _this_workers_redis() -> None:

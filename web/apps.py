@@ -58,9 +58,11 @@ class WebConfig(AppConfig):
         from booking.notices import notice
         from payments.fiscal_documents import document_html
         from payments.models import ChainCursor, Invoice, Transfer
+        from provisioning import research_record
         from provisioning.models import Access, ProvisioningRun
         from web import mail
         from web.invoice_document import fiscal_invoice_html
+        from web.record_document import research_record_html
 
         # What the order page's status block shows: the order, its events and links, its invoices and their
         # transfers, its accesses once ready and its runs while they are prepared (a run is saved per step).
@@ -71,6 +73,8 @@ class WebConfig(AppConfig):
         notice.connect(mail.write, dispatch_uid="web-mail")
         # The invoice's page, printed to PDF/A-3 by payments.
         document_html.connect(fiscal_invoice_html, dispatch_uid="web-fiscal-invoice")
+        # The research record's page, printed to PDF by provisioning.
+        research_record.document_html.connect(research_record_html, dispatch_uid="web-research-record")
         # The customer pages booking's secret links open: booking builds the links, the pages' URLconf their paths.
         links.serve_links(
             order=lambda **kwargs: reverse("customer:order", kwargs=kwargs),

@@ -146,6 +146,21 @@ def _watch_alert(*, order: Order, alert, minutes: int, hours: int, link: str) ->
     )
 
 
+def _research_record(*, order: Order, record, link: str) -> None:
+    name = f"binome-{order.public_id}-record"
+    send_to_order_contact(
+        order=order,
+        subject=gettext_lazy("The research record of your Binôme order %(number)s"),
+        template="email/research_record.txt",
+        context={"record": record, "link": link, "name": name},
+        attachments=[
+            (f"{name}.pdf", bytes(record.pdf), "application/pdf"),
+            (f"{name}.json", bytes(record.document), "application/json"),
+            (f"{name}.json.sig", bytes(record.signature), "application/octet-stream"),
+        ],
+    )
+
+
 def _preflight_held(*, order: Order, failed: dict[str, list[str]]) -> None:
     send_to_order_contact(
         order=order,
@@ -315,6 +330,7 @@ WRITERS = {
     Notice.END_WARNING: _end_warning,
     Notice.PREFLIGHT_HELD: _preflight_held,
     Notice.WATCH_ALERT: _watch_alert,
+    Notice.RESEARCH_RECORD: _research_record,
     Notice.ORDER_REJECTED: _order_rejected,
     Notice.KEYS_CHANGED: _keys_changed,
     Notice.HOST_FAILING: _host_failing,

@@ -1,5 +1,6 @@
 """The compose stack as the deployment tests run it: a project name, free ports, the built context, a planted secret."""
 
+import base64
 import os
 import re
 import secrets
@@ -179,6 +180,7 @@ def prepared_stack(
     required = dict(
         images,
         SECRET_KEY=secrets.token_urlsafe(64),
+        RECORD_SIGNING_KEY=base64.b64encode(secrets.token_bytes(32)).decode(),
         POSTGRES_PASSWORD=secrets.token_urlsafe(16),
         POSTGRES_APP_PASSWORD=secrets.token_urlsafe(16),
         REDIS_PASSWORD=secrets.token_urlsafe(16),

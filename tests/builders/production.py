@@ -29,6 +29,9 @@ confirmations = 12
 
 
 PRODUCTION_SECRET_KEY = "p" * 20 + "roduction-" + "k" * 40
+# The research records' signing key of the production runs (base64 of 32 bytes); tests/conftest.py puts it in the
+# tests' environment, so every production process a test starts has one, as a deployment must.
+PRODUCTION_RECORD_KEY = "cHJvZHVjdGlvbi1yZWNvcmQta2V5LW9mLXRoZS10ZXM="
 
 
 # What a production site gives besides its secrets: its public address and its mail server.

@@ -280,6 +280,19 @@ def test_production_refuses_to_start_with_the_default_secret_key(production_chai
     assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
 
 
+def test_production_refuses_to_start_without_its_record_signing_key(production_chains):
+    """Unset, or the development key (public in the settings): no research record could be told from a forgery."""
+    for missing in (None, "Ymlub21lLWRldmVsb3BtZW50LXJlY29yZC1rZXktLS0="):
+        result = _production(
+            "check",
+            SECRET_KEY=PRODUCTION_SECRET_KEY,
+            PAYMENTS_XPUB=NOT_DEMO_XPUB,
+            PAYMENTS_CHAINS_FILE=str(production_chains),
+            RECORD_SIGNING_KEY=missing,
+        )
+        assert result.returncode != 0 and "RECORD_SIGNING_KEY must be set" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("chains", "refusal"),
     [

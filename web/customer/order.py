@@ -27,6 +27,7 @@ from infrastructure.numbers import whole_number
 from payments import checkout, fiscal, fiscal_documents, invoices, refunds
 from payments import selectors as payment_selectors
 from payments.errors import PaymentError
+from provisioning import research_record
 from provisioning import selectors as provisioning_selectors
 from provisioning import services as provisioning_services
 from provisioning.models import OperatorSettings
@@ -273,6 +274,7 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
         context["readings"] = provisioning_selectors.readings_charts(order)
         context["watch_alerts"] = provisioning_selectors.order_watch_alerts(order)
         context["alert_mails_form"] = AlertMailsForm(initial={"alert_mails": order.alert_mails})
+        context["research_record"] = provisioning_selectors.order_research_record(order)
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -522,6 +524,36 @@ def order_readings_csv(request: HttpRequest, public_id: str, token: str) -> Http
     response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="binome-{order.public_id}-gpu-readings.csv"'
     return mark_private(response)
+
+
+RECORD_FILES = {  # the record's files, by the address's last part: (file name suffix, MIME type, field)
+    "pdf": (".pdf", "application/pdf", "pdf"),
+    "json": (".json", "application/json", "document"),
+    "sig": (".json.sig", "application/octet-stream", "signature"),
+}
+
+
+@require_http_methods(["GET", "HEAD"])
+@never_cache
+def order_record(request: HttpRequest, public_id: str, token: str, kind: str) -> HttpResponse:
+    """The research record's PDF, its signed JSON or the signature, exactly as kept."""
+    order = _order_or_404(public_id, token)
+    record = provisioning_selectors.order_research_record(order)
+    if record is None or kind not in RECORD_FILES:
+        raise Http404("No such record.")
+    suffix, content_type, field = RECORD_FILES[kind]
+    response = HttpResponse(bytes(getattr(record, field)), content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="binome-{order.public_id}-record{suffix}"'
+    return mark_private(response)
+
+
+@require_http_methods(["GET", "HEAD"])
+def record_signing_key(request: HttpRequest) -> HttpResponse:
+    """The public key that checks every research record this portal signs (PEM), for anyone."""
+    response = HttpResponse(research_record.public_key_pem(), content_type="application/x-pem-file")
+    response["Content-Disposition"] = 'inline; filename="binome-record-key.pem"'
+    response["Cache-Control"] = "public, max-age=3600"
+    return response
 
 
 @require_POST

@@ -28,6 +28,8 @@ urlpatterns = [
     path("orders/<linkpart:public_id>/<linkpart:token>/end/", order.order_end_early, name="order-end"),
     path("orders/<linkpart:public_id>/<linkpart:token>/keys/", order.order_keys, name="order-keys"),
     path("orders/<linkpart:public_id>/<linkpart:token>/readings.csv", order.order_readings_csv, name="order-readings"),
+    path("orders/<linkpart:public_id>/<linkpart:token>/record/<slug:kind>", order.order_record, name="order-record"),
+    path("records/signing-key.pem", order.record_signing_key, name="record-signing-key"),
     path(
         "orders/<linkpart:public_id>/<linkpart:token>/revoke-links/",
         order.order_links_revoke,

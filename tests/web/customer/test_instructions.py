@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # What starts a command line (a shell command, not a Python expression or a flag named in a sentence).
 COMMAND = re.compile(
     r"^(?:\$ )?(?:python3?|ssh|sftp|torchrun|make|\.venv/bin/python|curl|pip|podman|docker"
-    r"|ps|top|df|nvidia-smi|rocm-smi)\s"
+    r"|ps|top|df|nvidia-smi|rocm-smi|openssl|sha256sum)\s"
 )
 
 # The test that types each command as written, or why it cannot run here. Patterns match the whole command.
@@ -30,6 +30,7 @@ WATCH_CHECKS = (
     "tests/provisioning/test_container_access.py::"
     "test_the_checks_the_readings_alerts_give_run_as_written_in_the_container"
 )
+RECORD_CHECKS = "tests/provisioning/test_research_record.py::test_the_order_page_s_checks_run_as_written"
 COMMANDS = {
     r"python3 /opt/binome/split_trial\.py --help": (
         RUN_BY,
@@ -93,6 +94,10 @@ COMMANDS = {
         "NVIDIA's own tool on the rented cards (this machine has no GPU; the host's stand-in prints readings only)",
     ),
     r"rocm-smi --showpids": (NOT_HERE, "AMD's own tool on the rented cards (this machine has no GPU)"),
+    # the research record's checks, on the order page of a window that ended
+    r"openssl pkeyutl -verify -pubin -inkey binome-record-key\.pem -rawin -in binome-BN-\w+-record\.json "
+    r"-sigfile binome-BN-\w+-record\.json\.sig": (RUN_BY, RECORD_CHECKS),
+    r"sha256sum binome-BN-\w+-record\.pdf": (RUN_BY, RECORD_CHECKS),
 }
 
 

@@ -1,0 +1,175 @@
+"""The research record at a window's end: a PDF and a JSON in the order's language, the JSON signed with the portal's
+Ed25519 key (libsodium) and checked here by another implementation (`cryptography`) and by openssl as the order page
+writes it; mailed at the end, kept on the order page until the files are deleted."""
+
+import hashlib
+import html
+import io
+import json
+import re
+import subprocess
+from datetime import timedelta
+
+import pytest
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from django.core import mail
+from django.urls import reverse
+from django.utils import timezone
+from pypdf import PdfReader
+
+from booking.models import OrderStatus, SplitTrialReport
+from booking.services import order_transition
+from provisioning import research_record
+from provisioning.lifecycle import lifecycle_tick
+from provisioning.models import Access, GpuReading, ResearchRecord, WatchAlert
+from tests.builders.orders import make_ready_order, order_url
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ended(client, booking_data, admin_user, django_capture_on_commit_callbacks):
+    """A window that ran (handed over, read every minute for two hours, one alert), then ended; no record yet."""
+
+    def make(language: str = "en"):
+        order, token = make_ready_order(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+        order.language = language
+        order.hypothesis_detail = "Sharding the optimizer states lets the 70B model train at batch 8 on two cards."
+        order.save(update_fields=["language", "hypothesis_detail"])
+        order_transition(order=order, to_status=OrderStatus.ACTIVE, actor_kind="system")
+        access = order.accesses.get()
+        assert access.ready_at is not None
+        GpuReading.objects.bulk_create(
+            GpuReading(
+                access=access,
+                taken_at=order.starts_at + timedelta(minutes=minute),
+                gpus=[[0, 90, 150000, 184320, 700, 70], [1, 2, 3000, 184320, 120, 40]],
+            )
+            for minute in range(120)
+        )
+        WatchAlert.objects.create(
+            order=order, kind="imbalance", started_at=order.starts_at, last_seen_at=order.starts_at, idle_cards=[]
+        )
+        SplitTrialReport.objects.create(order=order, report={"conclusion": "Two cards: 1.8x the single-card rate."})
+        order_transition(order=order, to_status=OrderStatus.ENDED, actor_kind="system")
+        return order, token
+
+    return make
+
+
+def _issue(order, capture):
+    with capture(execute=True):
+        counts = lifecycle_tick(now=order.ends_at + timedelta(minutes=5))
+    return counts
+
+
+def test_the_record_is_signed_mailed_and_checked_by_another_implementation(
+    ended, client, django_capture_on_commit_callbacks
+):
+    order, _token = ended()
+    mail.outbox.clear()
+    assert _issue(order, django_capture_on_commit_callbacks)["records_issued"] == 1
+    assert _issue(order, django_capture_on_commit_callbacks)["records_issued"] == 0  # once
+    record = ResearchRecord.objects.get(order=order)
+
+    message = mail.outbox[-1]
+    assert message.to == [order.contact_email] and "research record" in message.subject
+    files = {name: content for name, content, _type in message.attachments}
+    stem = f"binome-{order.public_id}-record"
+    assert set(files) == {f"{stem}.pdf", f"{stem}.json", f"{stem}.json.sig"}
+
+    # the public key anyone downloads, and a separate implementation of Ed25519
+    pem = client.get(reverse("customer:record-signing-key"))
+    assert pem.status_code == 200 and pem.content.startswith(b"-----BEGIN PUBLIC KEY-----")
+    public_key = load_pem_public_key(pem.content)
+    document, signature = files[f"{stem}.json"], files[f"{stem}.json.sig"]
+    public_key.verify(signature, document)  # raises if it does not hold
+    for position in (0, len(document) // 2, len(document) - 2):  # one byte changed anywhere: refused
+        changed = bytearray(document)
+        changed[position] ^= 0x01
+        with pytest.raises(InvalidSignature):
+            public_key.verify(signature, bytes(changed))
+
+    facts = json.loads(document)
+    assert facts["order"] == order.public_id and facts["format"] == "binome-research-record/1"
+    assert facts["pdf_sha256"] == hashlib.sha256(files[f"{stem}.pdf"]).hexdigest()
+    assert facts["research"]["hypothesis_in_words"] == order.hypothesis_detail
+    assert facts["hardware"]["cards"] == 2 and facts["gpu_hours"]["read"] == 4.0 and facts["gpu_hours"]["busy"] == 2.0
+    assert facts["gpu_hours"]["booked"] == 2 * order.days * 24
+    assert [card["energy_kwh"] for card in facts["readings"]] == [1.4, 0.24]
+    assert facts["split_trial"]["sentence"] == "Two cards: 1.8x the single-card rate."
+    assert [alert["kind"] for alert in facts["alerts"]] == ["imbalance"]
+    assert facts["signature"]["key_id"] == record.key_id == research_record.key_id()
+
+    # the PDF, parsed back
+    text = " ".join(page.extract_text() for page in PdfReader(io.BytesIO(files[f"{stem}.pdf"])).pages)
+    text = " ".join(text.split())
+    assert f"Research record of order {order.public_id}" in text
+    assert "lets the 70B model train at batch 8" in text and "Two cards: 1.8x" in text
+    assert "GPU-hours" in text and "4.0 read by the minute" in text
+
+
+def test_the_order_page_keeps_it_until_the_files_are_deleted(ended, client, django_capture_on_commit_callbacks):
+    order, token = ended()
+    other, other_token = ended()
+    assert _issue(order, django_capture_on_commit_callbacks)["records_issued"] == 2  # both ended orders
+    record = ResearchRecord.objects.get(order=order)
+    page = client.get(order_url(order, token)).content.decode()
+    assert 'id="record"' in page and "Your research record" in page
+    for kind, field in (("pdf", "pdf"), ("json", "document"), ("sig", "signature")):
+        url = reverse("customer:order-record", kwargs={"public_id": order.public_id, "token": token, "kind": kind})
+        answer = client.get(url)
+        assert answer.status_code == 200 and answer.content == bytes(getattr(record, field))
+        assert "private" in answer["Cache-Control"]
+        # another order's link, and a kind that is none, find nothing
+        assert client.get(url.replace(token, other_token)).status_code == 404
+    for hostile in ("exe", "pdf%00", "..", "x" * 300):
+        url = reverse("customer:order-record", kwargs={"public_id": order.public_id, "token": token, "kind": "pdf"})
+        assert client.get(url[: -len("pdf")] + hostile).status_code == 404
+
+    Access.objects.filter(order=order).update(wiped_at=timezone.now())
+    assert _issue(order, django_capture_on_commit_callbacks)["records_deleted"] == 1
+    assert not ResearchRecord.objects.filter(order=order).exists()
+    assert 'id="record"' not in client.get(order_url(order, token)).content.decode()
+    url = reverse("customer:order-record", kwargs={"public_id": order.public_id, "token": token, "kind": "pdf"})
+    assert client.get(url).status_code == 404
+    assert ResearchRecord.objects.filter(order=other).exists()  # the other order's files are kept: so is its record
+
+
+def test_the_order_page_s_checks_run_as_written(ended, client, tmp_path, django_capture_on_commit_callbacks):
+    """The page's two command lines, typed as written in a directory holding the four files as they download."""
+    order, token = ended()
+    _issue(order, django_capture_on_commit_callbacks)
+    page = client.get(order_url(order, token)).content.decode()
+    section = page[page.index('id="record"') :]
+    block = html.unescape(re.search(r"<pre><code>(.*?)</code></pre>", section, re.S)[1])
+    verify, digest = block.splitlines()
+    for href in re.findall(r'href="([^"]+)"', section[: section.index("</ul>")]):
+        answer = client.get(html.unescape(href))
+        name = re.search(r'filename="([^"]+)"', answer["Content-Disposition"])[1]
+        (tmp_path / name).write_bytes(answer.content)
+
+    checked = subprocess.run(verify, shell=True, cwd=tmp_path, capture_output=True, text=True, check=False)  # noqa: S602
+    assert checked.returncode == 0 and "Signature Verified Successfully" in checked.stdout, checked.stderr
+    summed = subprocess.run(digest, shell=True, cwd=tmp_path, capture_output=True, text=True, check=False)  # noqa: S602
+    facts = json.loads((tmp_path / f"binome-{order.public_id}-record.json").read_bytes())
+    assert summed.stdout.split()[0] == facts["pdf_sha256"]
+
+    document = tmp_path / f"binome-{order.public_id}-record.json"
+    document.write_bytes(document.read_bytes().replace(b'"days": ', b'"days": 1'))  # a window made longer
+    refused = subprocess.run(verify, shell=True, cwd=tmp_path, capture_output=True, text=True, check=False)  # noqa: S602
+    assert refused.returncode != 0 and "Signature Verified Successfully" not in refused.stdout
+
+
+def test_a_french_order_gets_a_french_record(ended, django_capture_on_commit_callbacks):
+    order, _token = ended("fr")
+    mail.outbox.clear()
+    _issue(order, django_capture_on_commit_callbacks)
+    message = mail.outbox[-1]
+    assert "dossier de recherche" in message.subject.lower(), message.subject
+    pdf = next(content for name, content, _type in message.attachments if name.endswith(".pdf"))
+    text = " ".join(" ".join(page.extract_text() for page in PdfReader(io.BytesIO(pdf)).pages).split())
+    assert f"Dossier de recherche de la commande {order.public_id}" in text and "Research record" not in text
+    facts = json.loads(next(content for name, content, _type in message.attachments if name.endswith(".json")))
+    assert facts["language"] == "fr"
