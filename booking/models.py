@@ -458,6 +458,9 @@ class Order(models.Model):
     # A 30-day campaign's plan (required for 30 days by the booking rules; blank for shorter windows).
     checkpoint_interval_hours = models.PositiveSmallIntegerField(_("checkpoint every (hours)"), null=True, blank=True)
     stop_criteria = models.TextField(_("stop criteria"), blank=True)
+    # Where the researcher's job writes its checkpoints, relative to their home (booking.rules.clean_checkpoint_dir):
+    # the readings' watch reads only the newest file's time there, from inside the container (provisioning/watch.py).
+    checkpoint_dir = models.CharField(_("checkpoint directory"), max_length=200, blank=True)
     notes = models.TextField(_("notes"), blank=True)
 
     currency = models.CharField(_("currency"), max_length=3)

@@ -37,6 +37,7 @@ from booking.rules import (
     check_environment,
     check_research,
     check_window,
+    clean_checkpoint_dir,
 )
 from booking.ssh_keys import SshPublicKey
 from booking.terms import terms_current
@@ -65,6 +66,7 @@ class Research:
     sharing: str = Sharing.NOT_SURE
     checkpoint_interval_hours: int | None = None
     stop_criteria: str = ""
+    checkpoint_dir: str = ""  # where the checkpoints are written, in the home (booking.rules.clean_checkpoint_dir)
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ def _check_request(*, request: BookingRequest, policy: BookingPolicy, now: datet
         checkpoint_interval_hours=research.checkpoint_interval_hours,
         stop_criteria=research.stop_criteria,
     )
+    clean_checkpoint_dir(research.checkpoint_dir)
     if not request.ssh_keys:
         raise BookingError(_("Give at least one SSH public key."), field="ssh_keys")
     if request.billing is not None:
@@ -483,6 +486,9 @@ def _order_from(plan: OrderPlan) -> Order:
             request.research.checkpoint_interval_hours if request.days == WindowDays.THIRTY else None
         ),
         stop_criteria=request.research.stop_criteria if request.days == WindowDays.THIRTY else "",
+        checkpoint_dir=clean_checkpoint_dir(request.research.checkpoint_dir)
+        if request.days == WindowDays.THIRTY
+        else "",
         notes=request.notes,
         currency=settings.PRICE_CURRENCY,
         price_per_lot=plan.price_per_lot,

@@ -1,6 +1,7 @@
 """The booking desk's rules and the errors they raise. Used by services (to refuse) and by the live quote (to
 explain before the researcher submits)."""
 
+import re
 from datetime import date, datetime
 
 from django.utils.translation import gettext as _
@@ -130,6 +131,36 @@ def check_research(
                 _("A 30-day campaign needs its stop criteria: say when you would stop it early."),
                 field="stop_criteria",
             )
+
+
+CHECKPOINT_DIR_MAX = 200
+CHECKPOINT_DIR_PART = re.compile(r"[A-Za-z0-9._@+=,-]{1,100}")
+
+
+def clean_checkpoint_dir(value: str) -> str:
+    """A directory of the researcher's home, as they typed it ("checkpoints", "~/runs/a/ckpt", "" for none), as the
+    relative path kept: plain names only (letters, digits, . _ @ + = , -), no "." or "..", at most 16 levels."""
+    text = value.strip()
+    if text in ("", "~", "~/"):
+        return ""
+    if text.startswith("~/"):
+        text = text[2:]
+    parts = text.strip("/").split("/") if not text.startswith("/") else []
+    if (
+        not parts
+        or len(text) > CHECKPOINT_DIR_MAX
+        or len(parts) > 16
+        or any(part in (".", "..") or not CHECKPOINT_DIR_PART.fullmatch(part) for part in parts)
+    ):
+        raise BookingError(
+            _(
+                "Give the checkpoint directory inside your home, e.g. checkpoints or ~/runs/ckpt: plain names "
+                "(letters, digits, . _ - @ + = ,) separated by /, no “..”, at most %(max)d characters."
+            )
+            % {"max": CHECKPOINT_DIR_MAX},
+            field="checkpoint_dir",
+        )
+    return "/".join(parts)
 
 
 def capacity_problem(*, hardware_class: HardwareClass, lot_count: int, free: int, total: int) -> str | None:

@@ -14,6 +14,7 @@ from booking import enqueue, selectors
 from booking.cancellation import refund_quote
 from booking.locks import lock_capacity, lock_order, lock_order_and_capacity
 from booking.models import (
+    CHECKPOINT_INTERVAL_HOURS,
     ORDER_TRANSITIONS,
     RELEASING_STATUSES,
     AlertMails,
@@ -29,6 +30,7 @@ from booking.rules import (
     BookingError,
     InvalidTransition,
     SoldOut,
+    clean_checkpoint_dir,
 )
 from booking.signals import send_order_status_changed_on_commit
 from booking.ssh_keys import SshPublicKey
@@ -227,6 +229,25 @@ def order_reassign_lot(
         actor=actor,
         evidence={"from_lot": from_lot_id, "to_lot": to_lot_id},
     )
+
+
+def order_checkpoint_watch_set(*, order: Order, directory: str, interval_hours: int) -> bool:
+    """Where the order's checkpoints are written and how often (directory "" turns the watch off); refused once the
+    window ended. Returns whether anything changed."""
+    directory = clean_checkpoint_dir(directory)
+    low, high = CHECKPOINT_INTERVAL_HOURS
+    if not low <= interval_hours <= high:
+        raise BookingError(
+            _("Checkpoints are watched every %(low)d to %(high)d hours.") % {"low": low, "high": high},
+            field="checkpoint_interval_hours",
+        )
+    if order.status in (OrderStatus.ENDED, OrderStatus.CANCELLED, OrderStatus.EXPIRED, OrderStatus.REJECTED):
+        raise BookingError(_("This window is over: there is nothing left to watch."), field="checkpoint_dir")
+    if (order.checkpoint_dir, order.checkpoint_interval_hours) == (directory, interval_hours):
+        return False
+    order.checkpoint_dir, order.checkpoint_interval_hours = directory, interval_hours
+    order.save(update_fields=["checkpoint_dir", "checkpoint_interval_hours"])
+    return True
 
 
 def order_alert_mails_set(*, order: Order, value: str) -> bool:

@@ -392,8 +392,8 @@ CELERY_BEAT_SCHEDULE["provisioning.check_hosts"] = {
     "task": "provisioning.check_hosts",
     "schedule": env.float("HOST_CHECK_EVERY_SECONDS", default=600.0),
 }
-# The GPU readings of running windows (utilisation, memory, power per GPU, provisioning/readings.py): the hosts'
-# own tools, asked once a minute. Only the tests name stand-ins that print the tools' formats.
+# The GPU readings of running windows (utilisation, memory, power, temperature per GPU, provisioning/readings.py):
+# the hosts' own tools, asked once a minute. Only the tests name stand-ins that print the tools' formats.
 PROVISIONING_GPU_TOOLS = {
     "nvidia": env.str("PROVISIONING_NVIDIA_SMI", default="nvidia-smi"),
     "amd": env.str("PROVISIONING_ROCM_SMI", default="rocm-smi"),
@@ -414,6 +414,12 @@ HOST_HEALTH_MIN_FREE_GIB = env.int("HOST_HEALTH_MIN_FREE_GIB", default=20)
 CELERY_BEAT_SCHEDULE["provisioning.watch_containers"] = {
     "task": "provisioning.watch_containers",
     "schedule": env.float("CONTAINER_WATCH_EVERY_SECONDS", default=60.0),
+}
+# The checkpoint directories researchers named, each read once per its declared interval (provisioning/watch.py):
+# this is how often beat looks for those that are due.
+CELERY_BEAT_SCHEDULE["provisioning.watch_checkpoints"] = {
+    "task": "provisioning.watch_checkpoints",
+    "schedule": env.float("CHECKPOINT_WATCH_EVERY_SECONDS", default=300.0),
 }
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 

@@ -208,6 +208,13 @@ class Access(models.Model):
     restarts = models.PositiveSmallIntegerField(default=0)
     restarted_at = models.DateTimeField(null=True, blank=True)
     restarts_held_at = models.DateTimeField(null=True, blank=True)
+    # The checkpoint watch (provisioning/watch.py): when it last read the order's checkpoint directory in this
+    # container, the newest file's time it found there (None: none), what the reading said ("ok", "none",
+    # "not a directory", "unreadable") and of which directory (one the researcher changed since is read again).
+    checkpoint_checked_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_newest_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_read = models.CharField(max_length=16, blank=True)
+    checkpoint_dir_read = models.CharField(max_length=200, blank=True)  # the directory that reading was of
 
     class Meta:
         ordering = ["host__name"]
@@ -298,6 +305,7 @@ class WatchAlert(models.Model):
     class Kind(models.TextChoices):
         IMBALANCE = "imbalance", _("one card nearly idle while another is busy")
         IDLE = "idle", _("every card nearly idle")
+        CHECKPOINT = "checkpoint", _("no new checkpoint")
 
     order = models.ForeignKey("booking.Order", on_delete=models.CASCADE, related_name="watch_alerts")
     kind = models.CharField(max_length=16, choices=Kind.choices)

@@ -286,6 +286,14 @@ def order_watch_alerts(order, *, limit: int = 10) -> list[WatchAlert]:
     )
 
 
+def order_checkpoint_state(order) -> Access | None:
+    """The latest reading of the order's checkpoint directory (its containers' newest), or None before the first."""
+    if not order.checkpoint_dir:
+        return None
+    read = order.accesses.filter(checkpoint_checked_at__isnull=False, checkpoint_dir_read=order.checkpoint_dir)
+    return read.order_by(F("checkpoint_newest_at").desc(nulls_last=True), "-checkpoint_checked_at").first()
+
+
 def order_research_record(order) -> ResearchRecord | None:
     """The order's signed research record, while its files are kept (it goes with them)."""
     return ResearchRecord.objects.filter(order=order).first()

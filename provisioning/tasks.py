@@ -111,6 +111,11 @@ def check_hosts_health() -> dict:
     return health.hosts_health_check()
 
 
+@shared_task(name="provisioning.watch_checkpoints", expires=240)
+def watch_checkpoints() -> dict:
+    return watch.watch_checkpoints()
+
+
 @shared_task(name="provisioning.watch_containers", expires=55)
 def watch_containers() -> dict:
     return restarts.containers_watch()

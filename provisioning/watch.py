@@ -1,6 +1,7 @@
 """The readings watched while the window runs: one card nearly idle while another is busy (the offer page's own
-warning sign of an unbalanced split), or every card idle for hours. Said on the order page while it lasts, and to
-the researcher by e-mail as often as they allow (`Order.alert_mails`).
+warning sign of an unbalanced split), or every card idle for hours; and the checkpoints where the researcher said
+they are written (`watch_checkpoints`). Said on the order page while it lasts, and to the researcher by e-mail as
+often as they allow (`Order.alert_mails`).
 
 Beat runs it once a minute, after the readings' sample (provisioning.tasks.sample_readings). It reads only what the
 hosts' tools reported (GpuReading), never anything of the customer's. A stretch is said only when every minute of
@@ -10,9 +11,11 @@ and does not end a stretch either; a minute that reads otherwise ends it.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -20,8 +23,11 @@ from django.utils import timezone
 from booking import links, notices
 from booking.models import AlertMails, Order, OrderStatus
 from booking.notices import Notice
-from provisioning import enqueue
+from inventory.models import Host
+from provisioning import containers, enqueue
+from provisioning.drivers.base import DriverError
 from provisioning.gpu_samples import sample_figures
+from provisioning.hosts import host_connect
 from provisioning.models import Access, GpuReading, OperatorSettings, WatchAlert
 from provisioning.selectors import BUSY_PERCENT
 
@@ -31,6 +37,8 @@ ORDERS_PER_SWEEP = 2000
 MAIL_EVERY = timedelta(days=1)  # AlertMails.DAILY
 
 Card = tuple[str, int]  # (host name, GPU index)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ def watch_readings(*, now: datetime | None = None) -> int:
     by_order = _minutes(rows.values_list("access__order_id", "access__host__name", "taken_at", "gpus").iterator())
     opened = 0
     open_alerts = {(alert.order_id, alert.kind): alert for alert in WatchAlert.objects.filter(ended_at__isnull=True)}
+    running = set(running)
     for order_id in running:
         minutes = by_order.get(order_id, {})
         newest = minutes[max(minutes)] if minutes else None
@@ -113,7 +122,8 @@ def watch_readings(*, now: datetime | None = None) -> int:
             elif alert is not None and newest is not None:  # the newest minute reads otherwise
                 _end(alert, now=now)
     for alert in open_alerts.values():  # the window stopped running (ended, cancelled, moved away)
-        _end(alert, now=now)
+        if alert.kind != WatchAlert.Kind.CHECKPOINT or alert.order_id not in running:
+            _end(alert, now=now)
     return opened
 
 
@@ -123,7 +133,7 @@ def _end(alert: WatchAlert, *, now: datetime) -> None:
 
 
 @transaction.atomic
-def _open(*, order_id: int, kind: str, since: datetime, newest: Minute, now: datetime) -> bool:
+def _open(*, order_id: int, kind: str, since: datetime, newest: Minute | None, now: datetime) -> bool:
     order = Order.objects.select_for_update().get(pk=order_id)
     if WatchAlert.objects.filter(order=order, kind=kind, ended_at__isnull=True).exists():
         return False  # another sweep opened it meanwhile
@@ -132,8 +142,8 @@ def _open(*, order_id: int, kind: str, since: datetime, newest: Minute, now: dat
         kind=kind,
         started_at=since,
         last_seen_at=now,
-        idle_cards=sorted(newest.idle),
-        busy_cards=sorted(newest.busy),
+        idle_cards=sorted(newest.idle) if newest else [],
+        busy_cards=sorted(newest.busy) if newest else [],
     )
     if _may_mail(order=order, kind=kind, now=now):
         alert.mailed_at = now
@@ -150,6 +160,130 @@ def _may_mail(*, order: Order, kind: str, now: datetime) -> bool:
     if order.alert_mails == AlertMails.ONCE:
         return not mailed.exists()
     return not mailed.filter(mailed_at__gt=now - MAIL_EVERY).exists()
+
+
+# The checkpoint watch. Inside the customer's container, as the customer (never on the host, never as root): the image's
+# own sh, find and awk (the image is the catalog's, read-only), bounded by `timeout`. find -P never follows a link, and
+# with -type f it only stats the directory's entries (a FIFO is never opened, a link never followed); awk keeps the
+# largest time in one pass, so a million files cost one pass and print one number. The directory comes in as $1,
+# never as shell text. What comes back is one line, read as hostile: an integer, or a word.
+CHECKPOINT_SCRIPT = (
+    'cd "$HOME" 2>/dev/null || { echo unreadable; exit 0; }; '
+    'if [ -L "$1" ] || [ ! -d "$1" ]; then echo notdir; exit 0; fi; '
+    "find -P \"$1\" -mindepth 1 -maxdepth 1 -type f -printf '%T@\\n' 2>/dev/null | "
+    "awk 'BEGIN { newest = -1 } $1 + 0 > newest { newest = $1 + 0 } END { printf \"%d\\n\", newest }'"
+)
+CHECKPOINT_TIMEOUT_S = 20
+CHECKPOINT_READ = re.compile(r"(-1|\d{1,12}|notdir|unreadable)")
+CHECKPOINT_HOSTS_PER_SWEEP = 50
+
+
+def checkpoint_argv(runtime: containers.Runtime, *, username: str, directory: str) -> list[str]:
+    customer = f"{containers.CUSTOMER_ID}:{containers.CUSTOMER_ID}"
+    home = f"/home/{username}"
+    return runtime.command(
+        "exec", "--user", customer, "--workdir", home, "--env", f"HOME={home}", f"binome-{username}",
+        "timeout", str(CHECKPOINT_TIMEOUT_S), "/bin/sh", "-c", CHECKPOINT_SCRIPT, "sh", directory,
+    )  # fmt: skip
+
+
+def checkpoint_reading(stdout: str, exit_status: int) -> tuple[str, datetime | None]:
+    """("ok", newest time), ("none", None) for a directory without files, ("not a directory", None), or
+    ("unreadable", None) for anything else (a timeout, a failed exec, garbage)."""
+    answer = stdout[:64].strip()
+    if exit_status != 0 or not CHECKPOINT_READ.fullmatch(answer):
+        return "unreadable", None
+    if answer == "notdir":
+        return "not a directory", None
+    if answer == "unreadable":
+        return "unreadable", None
+    if answer == "-1":
+        return "none", None
+    try:
+        return "ok", datetime.fromtimestamp(int(answer), tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return "unreadable", None
+
+
+def watch_checkpoints(*, now: datetime | None = None) -> dict[str, int]:
+    """Beat's checkpoint watch: each running container of an order that named a checkpoint directory is read once per
+    declared interval; an order whose newest checkpoint (or its hand-over, when none was seen) is older than twice the
+    interval gets a `checkpoint` alert, ended by the first newer file."""
+    now = now or timezone.now()
+    # a watch the researcher turned off says nothing more
+    for alert in WatchAlert.objects.filter(
+        kind=WatchAlert.Kind.CHECKPOINT, ended_at__isnull=True, order__checkpoint_dir=""
+    ):
+        _end(alert, now=now)
+    due = (
+        Access.objects.filter(
+            status=Access.Status.READY,
+            order__status__in=[OrderStatus.READY, OrderStatus.ACTIVE],
+            order__checkpoint_interval_hours__isnull=False,
+            host__driver=Host.Driver.SSH,
+        )
+        .exclude(order__checkpoint_dir="")
+        .exclude(host__container_runtime="")
+        .select_related("host", "order")
+        .order_by("host_id", "pk")
+    )
+    by_host: dict[int, list[Access]] = defaultdict(list)
+    for access in due[: CHECKPOINT_HOSTS_PER_SWEEP * 16]:
+        interval = timedelta(hours=access.order.checkpoint_interval_hours)
+        if (
+            access.checkpoint_checked_at is None
+            or access.checkpoint_dir_read != access.order.checkpoint_dir
+            or now - access.checkpoint_checked_at >= interval
+        ):
+            by_host[access.host_id].append(access)
+    counts: dict[str, int] = defaultdict(int)
+    for accesses in list(by_host.values())[:CHECKPOINT_HOSTS_PER_SWEEP]:
+        host = accesses[0].host
+        runtime = containers.Runtime(host.container_runtime)
+        try:
+            with host_connect(host=host) as connection:
+                for access in accesses:
+                    argv = checkpoint_argv(runtime, username=access.username, directory=access.order.checkpoint_dir)
+                    result = connection.run(argv, check=False, timeout=CHECKPOINT_TIMEOUT_S + 10)
+                    read, newest = checkpoint_reading(result.stdout, result.exit_status)
+                    Access.objects.filter(pk=access.pk).update(
+                        checkpoint_checked_at=now,
+                        checkpoint_newest_at=newest,
+                        checkpoint_read=read,
+                        checkpoint_dir_read=access.order.checkpoint_dir,
+                    )
+                    counts[read] += 1
+        except DriverError as exc:
+            logger.warning("checkpoint watch: %s unreachable: %s", host.name, exc.message)
+            counts["unreachable"] += 1
+    for order_id in {access.order_id for accesses in by_host.values() for access in accesses}:
+        counts["late"] += _checkpoints_judge(order_id=order_id, now=now)
+    return dict(counts)
+
+
+def _checkpoints_judge(*, order_id: int, now: datetime) -> int:
+    """Open or end the order's `checkpoint` alert from what its containers' readings say. Returns 1 if opened."""
+    order = Order.objects.get(pk=order_id)
+    accesses = list(
+        order.accesses.filter(
+            status=Access.Status.READY, checkpoint_checked_at__isnull=False, checkpoint_dir_read=order.checkpoint_dir
+        )
+    )
+    if not accesses or not order.checkpoint_interval_hours:
+        return 0
+    seen = [access.checkpoint_newest_at for access in accesses if access.checkpoint_newest_at is not None]
+    handed_over = min((access.ready_at for access in accesses if access.ready_at), default=order.starts_at)
+    since = max([*seen, handed_over, order.starts_at])
+    late = now - since > 2 * timedelta(hours=order.checkpoint_interval_hours)
+    alert = WatchAlert.objects.filter(order=order, kind=WatchAlert.Kind.CHECKPOINT, ended_at__isnull=True).first()
+    if alert is None and late:
+        return int(_open(order_id=order.pk, kind=WatchAlert.Kind.CHECKPOINT, since=since, newest=None, now=now))
+    if alert is not None and not late:
+        _end(alert, now=now)
+    elif alert is not None:
+        alert.last_seen_at = now
+        alert.save(update_fields=["last_seen_at"])
+    return 0
 
 
 def watch_alert_send(*, order: Order, alert: WatchAlert) -> None:

@@ -129,6 +129,7 @@ def _watch_alert(*, order: Order, alert, minutes: int, hours: int, link: str) ->
     subject = {
         "imbalance": gettext_lazy("One card of your Binôme order %(number)s is nearly idle, the other busy"),
         "idle": gettext_lazy("The cards of your Binôme order %(number)s are idle"),
+        "checkpoint": gettext_lazy("No new checkpoint on your Binôme order %(number)s"),
     }[alert.kind]
     send_to_order_contact(
         order=order,

@@ -378,6 +378,7 @@ def _booking_request(
             measure=data["hypothesis_measure"].strip(),
             checkpoint_interval_hours=data["checkpoint_interval_hours"],
             stop_criteria=data["stop_criteria"].strip(),
+            checkpoint_dir=data["checkpoint_dir"],
         ),
         notes=data["notes"].strip(),
         terms_version_id=data["terms_version"],

@@ -12,6 +12,7 @@ from booking import archcheck_report
 from booking.billing import NOT_PRINTABLE_MESSAGE, printable
 from booking.models import CHECKPOINT_INTERVAL_HOURS, AlertMails, EnvironmentImage, Hypothesis, Sharing, WindowDays
 from booking.report_schema import InvalidReport
+from booking.rules import BookingError, clean_checkpoint_dir
 from booking.ssh_keys import InvalidSshKey, SshPublicKey, parse_authorized_keys
 from inventory.models import HardwareClass
 
@@ -294,6 +295,15 @@ class BookingForm(QuoteForm, BillingFields):
         widget=forms.NumberInput(attrs={"min": CHECKPOINT_INTERVAL_HOURS[0], "max": CHECKPOINT_INTERVAL_HOURS[1]}),
         error_messages={"invalid": _("Give the checkpoint interval as a whole number of hours, e.g. 6.")},
     )
+    checkpoint_dir = BoundedCharField(
+        label=_("Checkpoint directory (optional)"),
+        max_length=200,
+        required=False,
+        help_text=_(
+            "In your home, e.g. ~/runs/ckpt: we then say so when no file there is newer than twice the interval "
+            "(only the newest file's time is read, never a file)."
+        ),
+    )
     stop_criteria = BoundedCharField(
         label=_("Stop criteria"),
         max_length=2000,
@@ -349,6 +359,9 @@ class BookingForm(QuoteForm, BillingFields):
             return parse_authorized_keys(self.cleaned_data["ssh_keys"])
         except InvalidSshKey as exc:
             raise ValidationError(str(exc), code="ssh_key") from exc
+
+    def clean_checkpoint_dir(self) -> str:
+        return checkpoint_dir_or_error(self.cleaned_data["checkpoint_dir"])
 
     def clean(self) -> dict:
         cleaned = super().clean()
@@ -417,6 +430,28 @@ class AlertMailsForm(forms.Form):
     alert_mails = forms.ChoiceField(
         label=_("E-mail me when my cards look unbalanced or idle"), choices=AlertMails.choices, widget=forms.RadioSelect
     )
+
+
+def checkpoint_dir_or_error(value: str) -> str:
+    try:
+        return clean_checkpoint_dir(value)
+    except BookingError as exc:
+        raise ValidationError(exc.message, code="checkpoint_dir") from exc
+
+
+class CheckpointWatchForm(forms.Form):
+    """The order page's checkpoint watch: a directory of the home and the interval (empty directory: no watch)."""
+
+    checkpoint_dir = BoundedCharField(label=_("Checkpoint directory"), max_length=200, required=False)
+    checkpoint_interval_hours = forms.IntegerField(
+        label=_("Checkpoint every (hours)"),
+        min_value=CHECKPOINT_INTERVAL_HOURS[0],
+        max_value=CHECKPOINT_INTERVAL_HOURS[1],
+        error_messages={"invalid": _("Give the checkpoint interval as a whole number of hours, e.g. 6.")},
+    )
+
+    def clean_checkpoint_dir(self) -> str:
+        return checkpoint_dir_or_error(self.cleaned_data["checkpoint_dir"])
 
 
 class ResendLinkForm(forms.Form):

@@ -33,7 +33,7 @@ from provisioning import services as provisioning_services
 from provisioning.models import OperatorSettings
 from web import status_cache
 from web.customer import addresses
-from web.customer.forms import AlertMailsForm, BillingForm, KeysAddForm
+from web.customer.forms import AlertMailsForm, BillingForm, CheckpointWatchForm, KeysAddForm
 
 
 def order_behind_link(public_id: str, token: str) -> Order | None:
@@ -275,6 +275,16 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
         context["watch_alerts"] = provisioning_selectors.order_watch_alerts(order)
         context["alert_mails_form"] = AlertMailsForm(initial={"alert_mails": order.alert_mails})
         context["research_record"] = provisioning_selectors.order_research_record(order)
+        checkpoints = provisioning_selectors.order_checkpoint_state(order)
+        context["checkpoints"] = (
+            {
+                "read": checkpoints.checkpoint_read,
+                "newest_at": checkpoints.checkpoint_newest_at,
+                "checked_at": checkpoints.checkpoint_checked_at,
+            }
+            if checkpoints
+            else None
+        )
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -554,6 +564,39 @@ def record_signing_key(request: HttpRequest) -> HttpResponse:
     response["Content-Disposition"] = 'inline; filename="binome-record-key.pem"'
     response["Cache-Control"] = "public, max-age=3600"
     return response
+
+
+@require_POST
+@never_cache
+def order_checkpoints(request: HttpRequest, public_id: str, token: str) -> HttpResponse:
+    """Where the order's checkpoints are written, and how often: watched from the next look on."""
+    order = _order_or_404(public_id, token)
+    back = reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#checkpoints"
+    form = CheckpointWatchForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+        return redirect(back)
+    try:
+        changed = services.order_checkpoint_watch_set(
+            order=order,
+            directory=form.cleaned_data["checkpoint_dir"],
+            interval_hours=form.cleaned_data["checkpoint_interval_hours"],
+        )
+    except BookingError as exc:
+        messages.error(request, exc.message)
+        return redirect(back)
+    if changed:
+        order.refresh_from_db()
+        messages.success(
+            request,
+            _("Saved: ~/%(directory)s is watched every %(hours)d hours.")
+            % {"directory": order.checkpoint_dir, "hours": order.checkpoint_interval_hours}
+            if order.checkpoint_dir
+            else _("The checkpoint watch is off."),
+        )
+    return redirect(back)
 
 
 @require_POST

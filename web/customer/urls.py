@@ -50,6 +50,9 @@ urlpatterns = [
         "orders/<linkpart:public_id>/<linkpart:token>/alert-mails/", order.order_alert_mails, name="order-alert-mails"
     ),
     path(
+        "orders/<linkpart:public_id>/<linkpart:token>/checkpoints/", order.order_checkpoints, name="order-checkpoints"
+    ),
+    path(
         "orders/<linkpart:public_id>/<linkpart:token>/invoices/<printable:number>.pdf",
         order.order_invoice_pdf,
         name="order-invoice-pdf",

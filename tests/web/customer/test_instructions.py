@@ -131,6 +131,8 @@ def watch_alert_mails(order) -> list:
     from provisioning import watch
     from provisioning.models import WatchAlert
 
+    order.checkpoint_dir, order.checkpoint_interval_hours = "runs/ckpt", 6
+    order.save(update_fields=["checkpoint_dir", "checkpoint_interval_hours"])
     before = len(mail.outbox)
     for kind in WatchAlert.Kind.values:
         now = order.starts_at
@@ -170,7 +172,8 @@ def test_every_command_the_product_gives_is_run_as_written_or_said_why_not(clien
     # the e-mail gives the login line of the order page, which its test types
     access = order.accesses.get()
     assert places["e-mails"] == [access.ssh_command]
-    assert len(places["readings' alerts (e-mails)"]) == 5  # an unbalanced split: 2 checks; idle cards: 3
+    # an unbalanced split: 2 checks; idle cards: 3; no new checkpoint: 2
+    assert len(places["readings' alerts (e-mails)"]) == 7
     assert access.ssh_command in places["order page (en)"] and access.forward_command in places["order page (fr)"]
     # every test named exists
     for kind, where in COMMANDS.values():
