@@ -12,6 +12,9 @@ MAX_OUTPUT = 64 * 1024
 Sample = list  # [index, utilisation %, memory used MiB, memory total MiB, power W, temperature °C]
 FIELDS = 6  # readings stored before temperature was read have 5: `sample_figures` reads both
 HOTTEST = 150  # °C: a card reports less (it shuts down near 100); more is garbage
+# What the parsers let through, per figure after the index (utilisation, used, total, power, temperature): a stored
+# figure outside it is read as none, as the parsers would have made it.
+LIMITS = (101, 1e7, 1e7, 100_000, HOTTEST)
 
 
 def _number(text: object, *, scale: float = 1.0, limit: float = 1e7) -> float | None:
@@ -33,7 +36,10 @@ def sample_figures(gpu: object) -> Sample | None:
     index, *figures = gpu
     if not (type(index) is int and 0 <= index < MAX_GPUS):  # a JSON true is no index
         return None
-    figures = [value if type(value) in (int, float) and math.isfinite(value) else None for value in figures]
+    figures = [
+        value if type(value) in (int, float) and math.isfinite(value) and 0 <= value < limit else None
+        for value, limit in zip(figures, LIMITS, strict=False)
+    ]
     return [index, *figures, *[None] * (FIELDS - 1 - len(figures))]
 
 

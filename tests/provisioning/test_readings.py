@@ -133,7 +133,7 @@ def test_the_charts_cover_the_whole_window_in_stretches_and_read_older_or_broken
     )
     GpuReading.objects.create(access=access, taken_at=start - timedelta(minutes=1), gpus=[[0, 90, 900, 1000, 700]])
     GpuReading.objects.create(access=access, taken_at=start - timedelta(minutes=2), gpus={"0": "x"})
-    garbage = [[0, "9" * 400, None, 1000, True, None], [99]]
+    garbage = [[0, "9" * 400, None, 1000, True, None], [99], [1, 1e308, -5, 1e308, 1e6, 200]]
     GpuReading.objects.create(access=access, taken_at=start - timedelta(minutes=3), gpus=garbage)
 
     summary = selectors.readings_summary(order)
@@ -141,6 +141,7 @@ def test_the_charts_cover_the_whole_window_in_stretches_and_read_older_or_broken
     assert (card0.gpu, card1.gpu) == (0, 1) and card0.minutes == minutes + 2
     assert round(card0.mean("utilisation")) == 70 and round(card1.mean("utilisation")) == 25
     assert card0.count["temperature"] == minutes  # the older reading has no temperature, and is no zero either
+    assert card1.peak["power"] == 400 and card1.peak["utilisation"] == 50  # out-of-range figures are none
     assert round(card1.energy_kwh) == round((minutes // 2 * (100 + 400)) / 60 / 1000)
 
     charts = {chart["measure"]: chart for chart in selectors.readings_charts(order)["charts"]}
@@ -154,4 +155,5 @@ def test_the_charts_cover_the_whole_window_in_stretches_and_read_older_or_broken
     assert page.status_code == 200 and page.content.decode().count("<polyline") == 4 * 2
     csv = client.get(reverse("customer:order-readings", kwargs={"public_id": order.public_id, "token": token}))
     rows = b"".join(csv.streaming_content).decode().splitlines()
-    assert rows[1].endswith(",0,,,1000,,") and rows[2].endswith(",0,90,900,1000,700,")  # garbage, then 5 figures
+    assert rows[1].endswith(",0,,,1000,,") and rows[2].endswith(",1,,,,,")  # garbage: no figure
+    assert rows[3].endswith(",0,90,900,1000,700,")  # five figures, before temperature was read
