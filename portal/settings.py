@@ -5,6 +5,7 @@ process shares) so that `make run` needs no server. Production (DEBUG off) refus
 see docs/operations.md.
 """
 
+import base64
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 from importlib.util import find_spec
@@ -368,7 +369,18 @@ CELERY_BEAT_SCHEDULE["payments.sweep_ledger"] = {
 # told from forgeries by the key published beside them. Development has a fixed key, refused in production.
 _DEVELOPMENT_RECORD_KEY = "Ymlub21lLWRldmVsb3BtZW50LXJlY29yZC1rZXktLS0="
 RECORD_SIGNING_KEY = env.str("RECORD_SIGNING_KEY", default=_DEVELOPMENT_RECORD_KEY if DEBUG else "")
-if not DEBUG and RECORD_SIGNING_KEY in ("", _DEVELOPMENT_RECORD_KEY):
+
+
+def _record_seed(value: str) -> bytes | None:
+    try:
+        seed = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return seed if len(seed) == 32 else None
+
+
+if not DEBUG and _record_seed(RECORD_SIGNING_KEY) in (None, _record_seed(_DEVELOPMENT_RECORD_KEY)):
+    # refused unset, not 32 bytes of base64, or the development seed however it is spelled
     raise ImproperlyConfigured(
         "RECORD_SIGNING_KEY must be set when DEBUG is off: 32 random bytes in base64, e.g. the output of "
         "`python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())'` (docs/operations.md)."

@@ -51,10 +51,11 @@ def lifecycle_tick(*, now: datetime | None = None) -> dict[str, int]:
         "torn_down": _tear_down_released(now),
         "keys_renewed": _renew_moved_keys(now),
         "wiped": _wipe_due(now),
-        "records_issued": research_record.records_issue_due(now=now),
-        "records_deleted": research_record.records_delete_wiped(),
         "retried": _retry_failed(now),
         "resumed": _resume_abandoned(now),
+        # last: a PDF is printed for each record, and nothing of the window's life waits for them
+        "records_issued": research_record.records_issue_due(now=now),
+        "records_deleted": research_record.records_delete_wiped(),
     }
 
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -37,6 +39,9 @@ FORMAT = "binome-research-record/1"
 # the DER prefix of an Ed25519 SubjectPublicKeyInfo (RFC 8410): the 32 bytes of the key follow
 ED25519_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
 ISSUED_PER_SWEEP = 10  # a PDF is printed for each: the rest wait for the next tick
+RETRY_AFTER_S = 3600  # a record that could not be issued is tried again after this
+
+logger = logging.getLogger(__name__)
 
 # Asked for the PDF's page: one receiver (web/apps.py connects web/record_document.py), as for the invoices.
 document_html = Signal()
@@ -77,15 +82,17 @@ def record_facts(order: Order, *, issued_at: datetime) -> dict:
     """What the record says, as plain JSON values (numbers rounded, times UTC ISO 8601), in the order's language
     where it is words."""
     accesses = list(order.accesses.select_related("host").order_by("host__name"))
-    allocations = order.allocations.select_related("lot__host", "lot__hardware_class").order_by("lot__name")
+    # the lots the order ended on: a lot a move took it off (vacated) is not counted twice
+    allocations = order.allocations.filter(vacated_at__isnull=True).select_related("lot__host")
     lots = [
         {"lot": allocation.lot.name, "host": allocation.lot.host.name, "gpus": allocation.lot.gpu_index_list}
-        for allocation in allocations
-        if allocation.vacated_at is None
+        for allocation in allocations.order_by("lot__name")
     ]
-    cards = sum(len(access.gpu_index_list) for access in accesses)
+    cards = sum(len(lot["gpus"]) for lot in lots)
     started = order.clock_started_at or order.starts_at
-    window_s = max((order.ends_at - started).total_seconds(), 0)
+    ended_event = order.events.filter(to_status=OrderStatus.ENDED).order_by("created_at").first()
+    ended = min(order.ends_at, ended_event.created_at) if ended_event else order.ends_at  # an early end
+    window_s = max((order.ends_at - started).total_seconds(), 0)  # as booked (extensions included)
     summary = readings_summary(order)
     readings = []
     for card in summary.cards if summary else []:
@@ -126,7 +133,9 @@ def record_facts(order: Order, *, issued_at: datetime) -> dict:
         "window": {
             "starts_at": started.isoformat(),
             "ends_at": order.ends_at.isoformat(),
-            "days": order.days,
+            "ended_at": ended.isoformat(),  # before ends_at when the researcher ended it early
+            "days": round((order.ends_at - started) / timedelta(days=1), 2),  # extensions included
+            "days_booked": order.days,
             "started_when_ready": order.start_when_ready,
         },
         "environment": {
@@ -146,6 +155,8 @@ def record_facts(order: Order, *, issued_at: datetime) -> dict:
                     if isinstance(check, dict)
                 ],
                 "handed_over_despite": bool(access.handover_note),
+                # a pre-flight run again during the window ran beside the customer's processes: their word
+                "beside_customer": bool((access.preflight_report or {}).get("beside_customer")),
             }
             for access in accesses
         ],
@@ -167,6 +178,11 @@ def record_facts(order: Order, *, issued_at: datetime) -> dict:
         "split_trial": None
         if verdict is None
         else {
+            # the researcher's upload of the kit's report: its figures are theirs, not measured by the portal
+            "source": "uploaded by the researcher",
+            "report_sha256": hashlib.sha256(
+                json.dumps(trial.report, sort_keys=True, ensure_ascii=False).encode()
+            ).hexdigest(),
             "uploaded_at": trial.uploaded_at.isoformat(),
             "verdict": verdict["verdict"],
             "sentence": verdict["sentence"],
@@ -222,15 +238,32 @@ def record_issue(*, order: Order, now: datetime | None = None) -> ResearchRecord
 
 
 def records_issue_due(*, now: datetime) -> int:
-    """Orders that ended after a hand-over, whose files are still kept and that have no record yet."""
+    """Orders that ended after a hand-over, whose files are still kept and that have no record yet: at most
+    ISSUED_PER_SWEEP. One that cannot be issued (a bug, a key the portal cannot use) is logged and left alone for
+    RETRY_AFTER_S, never in the way of the others."""
     handed_over = Access.objects.filter(order=OuterRef("pk"), ready_at__isnull=False, wiped_at__isnull=True)
     due = (
         Order.objects.filter(status=OrderStatus.ENDED)
         .filter(Exists(handed_over))
         .exclude(Exists(ResearchRecord.objects.filter(order=OuterRef("pk"))))
-        .order_by("ends_at")[:ISSUED_PER_SWEEP]
+        .order_by("ends_at")
     )
-    return sum(1 for order in due if record_issue(order=order, now=now))
+    issued = 0
+    for order in due[: ISSUED_PER_SWEEP * 5]:
+        if issued >= ISSUED_PER_SWEEP or cache.get(_failed_key(order.pk)):
+            continue
+        try:
+            record_issue(order=order, now=now)
+        except Exception:
+            logger.exception("the research record of %s could not be issued", order.public_id)
+            cache.set(_failed_key(order.pk), 1, timeout=RETRY_AFTER_S)
+            continue
+        issued += 1
+    return issued
+
+
+def _failed_key(order_id: int) -> str:
+    return f"research-record:failed:{order_id}"
 
 
 def records_delete_wiped() -> int:

@@ -282,7 +282,14 @@ def test_production_refuses_to_start_with_the_default_secret_key(production_chai
 
 def test_production_refuses_to_start_without_its_record_signing_key(production_chains):
     """Unset, or the development key (public in the settings): no research record could be told from a forgery."""
-    for missing in (None, "Ymlub21lLWRldmVsb3BtZW50LXJlY29yZC1rZXktLS0="):
+    development_spelled_otherwise = "Ymlub21lLWRldmVsb3BtZW50LXJlY29yZC1rZXktLS1="  # the same 32 bytes
+    not_base64_of_32_bytes = ("ab" * 32, "c2hvcnQ=", "not base64 at all!")  # e.g. `openssl rand -hex 32`
+    for missing in (
+        None,
+        "Ymlub21lLWRldmVsb3BtZW50LXJlY29yZC1rZXktLS0=",
+        development_spelled_otherwise,
+        *not_base64_of_32_bytes,
+    ):
         result = _production(
             "check",
             SECRET_KEY=PRODUCTION_SECRET_KEY,

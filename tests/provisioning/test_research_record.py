@@ -99,6 +99,7 @@ def test_the_record_is_signed_mailed_and_checked_by_another_implementation(
     assert facts["gpu_hours"]["booked"] == 2 * order.days * 24
     assert [card["energy_kwh"] for card in facts["readings"]] == [1.4, 0.24]
     assert facts["split_trial"]["sentence"] == "Two cards: 1.8x the single-card rate."
+    assert facts["split_trial"]["source"] == "uploaded by the researcher"  # their figures, not the portal's
     assert [alert["kind"] for alert in facts["alerts"]] == ["imbalance"]
     assert facts["signature"]["key_id"] == record.key_id == research_record.key_id()
 
@@ -106,7 +107,8 @@ def test_the_record_is_signed_mailed_and_checked_by_another_implementation(
     text = " ".join(page.extract_text() for page in PdfReader(io.BytesIO(files[f"{stem}.pdf"])).pages)
     text = " ".join(text.split())
     assert f"Research record of order {order.public_id}" in text
-    assert "lets the 70B model train at batch 8" in text and "Two cards: 1.8x" in text
+    assert "lets the 70B model train at batch 8" in text
+    assert "researcher uploaded (its figures are theirs, not measured by Binôme): Two cards: 1.8x" in text
     assert "GPU-hours" in text and "4.0 read by the minute" in text
 
 
@@ -173,3 +175,51 @@ def test_a_french_order_gets_a_french_record(ended, django_capture_on_commit_cal
     assert f"Dossier de recherche de la commande {order.public_id}" in text and "Research record" not in text
     facts = json.loads(next(content for name, content, _type in message.attachments if name.endswith(".json")))
     assert facts["language"] == "fr"
+
+
+def test_a_record_that_cannot_be_issued_is_not_in_the_way_of_the_others_or_of_the_sweep(
+    ended, django_capture_on_commit_callbacks, monkeypatch, caplog
+):
+    """A bug in one order's record (here its facts cannot be read) is logged and left alone for an hour: the other
+    orders' records are issued, and the sweep's other parts (failed teardowns retried, abandoned runs resumed) run."""
+    broken, _token = ended()
+    fine, _token = ended()
+    facts = research_record.record_facts
+
+    def failing(order, **kwargs):
+        if order.pk == broken.pk:
+            raise ValueError("a bug in one order's record")
+        return facts(order, **kwargs)
+
+    monkeypatch.setattr(research_record, "record_facts", failing)
+    counts = _issue(broken, django_capture_on_commit_callbacks)
+    assert counts["records_issued"] == 1 and {"retried", "resumed"} <= counts.keys()
+    assert (
+        ResearchRecord.objects.filter(order=fine).exists() and not ResearchRecord.objects.filter(order=broken).exists()
+    )
+    assert "could not be issued" in caplog.text
+    monkeypatch.setattr(research_record, "record_facts", facts)
+    assert _issue(broken, django_capture_on_commit_callbacks)["records_issued"] == 0  # left alone for the hour
+
+
+def test_a_moved_order_s_record_counts_the_cards_it_ended_on_once(
+    client, catalog, booking_data, admin_user, operator, django_capture_on_commit_callbacks
+):
+    """Moved to another host mid-window (a provider fault): its record counts the two cards of the lot it ended on,
+    not those of the lot it left as well."""
+    from tests.builders.console import act
+    from tests.builders.teardown import make_provisioned
+    from tests.provisioning.test_provider_fault import free_lot, live_lots
+
+    order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    client.force_login(operator)
+    (old,) = live_lots(order).values()
+    target = free_lot(order, off_hosts=[old.host])
+    act(client, order, "move", {"from_lot": old.pk, "to_lot": target.pk}, django_capture_on_commit_callbacks)
+    order.refresh_from_db()
+    order_transition(order=order, to_status=OrderStatus.ACTIVE, actor_kind="system")
+    order_transition(order=order, to_status=OrderStatus.ENDED, actor_kind="system")
+    _issue(order, django_capture_on_commit_callbacks)
+    facts = json.loads(bytes(ResearchRecord.objects.get(order=order).document))
+    assert facts["hardware"]["cards"] == 2 and [lot["lot"] for lot in facts["hardware"]["lots"]] == [target.name]
+    assert facts["gpu_hours"]["booked"] == 2 * order.days * 24
