@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/binome_watchbench")
 WINDOWS = 4
 LOOK_BACK_MINUTES = 180
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, default=30)
     options = parser.parse_args()
 
-    from bench.pages import recreate_database
+    from pages import recreate_database
 
     recreate_database(DATABASE_URL)
     tools = Path(tempfile.mkdtemp(prefix="binome-bench-tools-"))

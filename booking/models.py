@@ -461,6 +461,11 @@ class Order(models.Model):
     # Where the researcher's job writes its checkpoints, relative to their home (booking.rules.clean_checkpoint_dir):
     # the readings' watch reads only the newest file's time there, from inside the container (provisioning/watch.py).
     checkpoint_dir = models.CharField(_("checkpoint directory"), max_length=200, blank=True)
+    # How often the watch reads it, when the researcher set it on the order page (None: the interval declared at
+    # booking, which stays as written there).
+    checkpoint_watch_hours = models.PositiveSmallIntegerField(
+        _("checkpoints watched every (hours)"), null=True, blank=True
+    )
     notes = models.TextField(_("notes"), blank=True)
 
     currency = models.CharField(_("currency"), max_length=3)
@@ -552,6 +557,12 @@ class Order(models.Model):
         if update_fields is not None and "contact_email" in update_fields:
             kwargs["update_fields"] = {*update_fields, "contact_mailbox"}
         super().save(*args, **kwargs)
+
+    @property
+    def checkpoint_watch_interval_hours(self) -> int | None:
+        """How often the checkpoint directory is read: the order page's choice, else the interval declared at
+        booking."""
+        return self.checkpoint_watch_hours or self.checkpoint_interval_hours
 
     @property
     def is_settled(self) -> bool:

@@ -134,12 +134,14 @@ def check_research(
 
 
 CHECKPOINT_DIR_MAX = 200
-CHECKPOINT_DIR_PART = re.compile(r"[A-Za-z0-9._@+=,-]{1,100}")
+# a plain name that no tool reads as an option (no leading "-")
+CHECKPOINT_DIR_PART = re.compile(r"[A-Za-z0-9._@+=,][A-Za-z0-9._@+=,-]{0,99}")
 
 
 def clean_checkpoint_dir(value: str) -> str:
     """A directory of the researcher's home, as they typed it ("checkpoints", "~/runs/a/ckpt", "" for none), as the
-    relative path kept: plain names only (letters, digits, . _ @ + = , -), no "." or "..", at most 16 levels."""
+    relative path kept: plain names only (letters, digits, . _ @ + = , -, none starting with -), no "." or "..", at
+    most 16 levels."""
     text = value.strip()
     if text in ("", "~", "~/"):
         return ""
@@ -155,7 +157,8 @@ def clean_checkpoint_dir(value: str) -> str:
         raise BookingError(
             _(
                 "Give the checkpoint directory inside your home, e.g. checkpoints or ~/runs/ckpt: plain names "
-                "(letters, digits, . _ - @ + = ,) separated by /, no “..”, at most %(max)d characters."
+                "(letters, digits, . _ - @ + = ,, not starting with -) separated by /, no “..”, at most %(max)d "
+                "characters."
             )
             % {"max": CHECKPOINT_DIR_MAX},
             field="checkpoint_dir",

@@ -232,8 +232,9 @@ def order_reassign_lot(
 
 
 def order_checkpoint_watch_set(*, order: Order, directory: str, interval_hours: int) -> bool:
-    """Where the order's checkpoints are written and how often (directory "" turns the watch off); refused once the
-    window ended. Returns whether anything changed."""
+    """Where the order's checkpoints are written and how often they are watched (directory "" turns the watch off;
+    the interval declared at booking is left as written); refused once the window ended. Returns whether anything
+    changed."""
     directory = clean_checkpoint_dir(directory)
     low, high = CHECKPOINT_INTERVAL_HOURS
     if not low <= interval_hours <= high:
@@ -243,10 +244,11 @@ def order_checkpoint_watch_set(*, order: Order, directory: str, interval_hours: 
         )
     if order.status in (OrderStatus.ENDED, OrderStatus.CANCELLED, OrderStatus.EXPIRED, OrderStatus.REJECTED):
         raise BookingError(_("This window is over: there is nothing left to watch."), field="checkpoint_dir")
-    if (order.checkpoint_dir, order.checkpoint_interval_hours) == (directory, interval_hours):
+    if (order.checkpoint_dir, order.checkpoint_watch_interval_hours) == (directory, interval_hours):
         return False
-    order.checkpoint_dir, order.checkpoint_interval_hours = directory, interval_hours
-    order.save(update_fields=["checkpoint_dir", "checkpoint_interval_hours"])
+    # the interval declared at booking stays as written; the watch's own is kept beside it
+    order.checkpoint_dir, order.checkpoint_watch_hours = directory, interval_hours
+    order.save(update_fields=["checkpoint_dir", "checkpoint_watch_hours"])
     return True
 
 

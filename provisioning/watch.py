@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from booking import links, notices
@@ -169,13 +171,16 @@ def _may_mail(*, order: Order, kind: str, now: datetime) -> bool:
 # never as shell text. What comes back is one line, read as hostile: an integer, or a word.
 CHECKPOINT_SCRIPT = (
     'cd "$HOME" 2>/dev/null || { echo unreadable; exit 0; }; '
-    'if [ -L "$1" ] || [ ! -d "$1" ]; then echo notdir; exit 0; fi; '
-    "find -P \"$1\" -mindepth 1 -maxdepth 1 -type f -printf '%T@\\n' 2>/dev/null | "
+    'd="./$1"; '  # a path, never an option or an expression of find's, whatever the name (also refused at input)
+    'if [ -L "$d" ] || [ ! -d "$d" ]; then echo notdir; exit 0; fi; '
+    "find -P \"$d\" -mindepth 1 -maxdepth 1 -type f -printf '%T@\\n' 2>/dev/null | "
     "awk 'BEGIN { newest = -1 } $1 + 0 > newest { newest = $1 + 0 } END { printf \"%d\\n\", newest }'"
 )
 CHECKPOINT_TIMEOUT_S = 20
 CHECKPOINT_READ = re.compile(r"(-1|\d{1,12}|notdir|unreadable)")
 CHECKPOINT_HOSTS_PER_SWEEP = 50
+RENAMED_READ_AFTER = timedelta(hours=1)
+SWEEP_BUDGET_S = 120  # past this, the hosts left are read at the next sweep (beat asks every 5 minutes)
 
 
 def checkpoint_argv(runtime: containers.Runtime, *, username: str, directory: str) -> list[str]:
@@ -207,74 +212,95 @@ def checkpoint_reading(stdout: str, exit_status: int) -> tuple[str, datetime | N
 
 def watch_checkpoints(*, now: datetime | None = None) -> dict[str, int]:
     """Beat's checkpoint watch: each running container of an order that named a checkpoint directory is read once per
-    declared interval; an order whose newest checkpoint (or its hand-over, when none was seen) is older than twice the
-    interval gets a `checkpoint` alert, ended by the first newer file."""
+    interval (a directory named anew within the hour), the least recently read first, within SWEEP_BUDGET_S; an
+    order whose newest checkpoint (or its hand-over, when none was seen) is older than twice the interval gets a
+    `checkpoint` alert, ended by the first newer file. A container that did not answer says nothing."""
     now = now or timezone.now()
+    started = time.monotonic()
     # a watch the researcher turned off says nothing more
     for alert in WatchAlert.objects.filter(
         kind=WatchAlert.Kind.CHECKPOINT, ended_at__isnull=True, order__checkpoint_dir=""
     ):
         _end(alert, now=now)
-    due = (
+    watched = (
         Access.objects.filter(
             status=Access.Status.READY,
             order__status__in=[OrderStatus.READY, OrderStatus.ACTIVE],
-            order__checkpoint_interval_hours__isnull=False,
             host__driver=Host.Driver.SSH,
         )
         .exclude(order__checkpoint_dir="")
         .exclude(host__container_runtime="")
         .select_related("host", "order")
-        .order_by("host_id", "pk")
+        .order_by(F("checkpoint_checked_at").asc(nulls_first=True), "pk")  # the least recently read first
     )
     by_host: dict[int, list[Access]] = defaultdict(list)
-    for access in due[: CHECKPOINT_HOSTS_PER_SWEEP * 16]:
-        interval = timedelta(hours=access.order.checkpoint_interval_hours)
-        if (
-            access.checkpoint_checked_at is None
-            or access.checkpoint_dir_read != access.order.checkpoint_dir
-            or now - access.checkpoint_checked_at >= interval
+    for access in watched[: CHECKPOINT_HOSTS_PER_SWEEP * 16]:
+        hours = access.order.checkpoint_watch_interval_hours
+        since = now - access.checkpoint_checked_at if access.checkpoint_checked_at else None
+        if hours and (
+            since is None
+            or since >= timedelta(hours=hours)
+            # a directory named anew: read within the hour, however often it is changed
+            or (access.checkpoint_dir_read != access.order.checkpoint_dir and since >= RENAMED_READ_AFTER)
         ):
             by_host[access.host_id].append(access)
     counts: dict[str, int] = defaultdict(int)
+    answered: set[int] = set()  # orders with a container that answered this sweep
     for accesses in list(by_host.values())[:CHECKPOINT_HOSTS_PER_SWEEP]:
+        if time.monotonic() - started > SWEEP_BUDGET_S:
+            counts["left for the next sweep"] += len(accesses)
+            continue
         host = accesses[0].host
-        runtime = containers.Runtime(host.container_runtime)
         try:
             with host_connect(host=host) as connection:
                 for access in accesses:
-                    argv = checkpoint_argv(runtime, username=access.username, directory=access.order.checkpoint_dir)
-                    result = connection.run(argv, check=False, timeout=CHECKPOINT_TIMEOUT_S + 10)
-                    read, newest = checkpoint_reading(result.stdout, result.exit_status)
-                    Access.objects.filter(pk=access.pk).update(
-                        checkpoint_checked_at=now,
-                        checkpoint_newest_at=newest,
-                        checkpoint_read=read,
-                        checkpoint_dir_read=access.order.checkpoint_dir,
-                    )
+                    read = _checkpoint_read(connection, containers.Runtime(host.container_runtime), access, now=now)
                     counts[read] += 1
+                    if read != "unreadable":
+                        answered.add(access.order_id)
         except DriverError as exc:
             logger.warning("checkpoint watch: %s unreachable: %s", host.name, exc.message)
             counts["unreachable"] += 1
-    for order_id in {access.order_id for accesses in by_host.values() for access in accesses}:
+    for order_id in answered:
         counts["late"] += _checkpoints_judge(order_id=order_id, now=now)
     return dict(counts)
 
 
+def _checkpoint_read(connection, runtime: containers.Runtime, access: Access, *, now: datetime) -> str:
+    """Read one container's checkpoint directory and keep what it said. A container that does not answer in time,
+    or a session that broke, is "unreadable" for this interval: read again at the next, never in the others' way."""
+    argv = checkpoint_argv(runtime, username=access.username, directory=access.order.checkpoint_dir)
+    try:
+        result = connection.run(argv, check=False, timeout=CHECKPOINT_TIMEOUT_S + 10)
+    except DriverError as exc:
+        logger.warning("checkpoint watch: %s on %s: %s", access.username, access.host.name, exc.message)
+        read, newest = "unreadable", None
+    else:
+        read, newest = checkpoint_reading(result.stdout, result.exit_status)
+    Access.objects.filter(pk=access.pk).update(
+        checkpoint_checked_at=now,
+        checkpoint_newest_at=newest,
+        checkpoint_read=read,
+        checkpoint_dir_read=access.order.checkpoint_dir,
+    )
+    return read
+
+
 def _checkpoints_judge(*, order_id: int, now: datetime) -> int:
-    """Open or end the order's `checkpoint` alert from what its containers' readings say. Returns 1 if opened."""
+    """Open or end the order's `checkpoint` alert from what its containers' readings say (those that answered).
+    Returns 1 if opened."""
     order = Order.objects.get(pk=order_id)
     accesses = list(
         order.accesses.filter(
             status=Access.Status.READY, checkpoint_checked_at__isnull=False, checkpoint_dir_read=order.checkpoint_dir
-        )
+        ).exclude(checkpoint_read="unreadable")
     )
-    if not accesses or not order.checkpoint_interval_hours:
+    if not accesses or not order.checkpoint_watch_interval_hours:
         return 0
     seen = [access.checkpoint_newest_at for access in accesses if access.checkpoint_newest_at is not None]
     handed_over = min((access.ready_at for access in accesses if access.ready_at), default=order.starts_at)
     since = max([*seen, handed_over, order.starts_at])
-    late = now - since > 2 * timedelta(hours=order.checkpoint_interval_hours)
+    late = now - since > 2 * timedelta(hours=order.checkpoint_watch_interval_hours)
     alert = WatchAlert.objects.filter(order=order, kind=WatchAlert.Kind.CHECKPOINT, ended_at__isnull=True).first()
     if alert is None and late:
         return int(_open(order_id=order.pk, kind=WatchAlert.Kind.CHECKPOINT, since=since, newest=None, now=now))

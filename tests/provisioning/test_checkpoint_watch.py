@@ -3,6 +3,8 @@ file's time, from inside their container, as them, once per declared interval, a
 twice the interval. Nothing of the customer's is parsed on the host; hostile directories read nothing more and never
 block."""
 
+import os
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -33,12 +35,37 @@ def test_a_directory_of_the_home_is_kept_as_a_relative_path(typed, kept):
 @pytest.mark.parametrize(
     "hostile",
     ["/etc", "../other", "a/../../b", "a//b", "~root/x", "$(reboot)", "a b", "a\nb", "x" * 201, "/".join("a" * 17),
-     "a/./b", "ckpt;id", "`id`", "\x00", "é/ckpt"],
+     "a/./b", "ckpt;id", "`id`", "\x00", "é/ckpt", "-delete", "runs/-exec", "--help"],
 )  # fmt: skip
 def test_a_hostile_directory_is_refused_with_a_clear_message(hostile):
     with pytest.raises(BookingError) as refused:
         clean_checkpoint_dir(hostile)
     assert refused.value.field == "checkpoint_dir" and "inside your home" in refused.value.message
+
+
+@pytest.mark.parametrize("name", ["-delete", "-ls", "-newer", "(", "!"])
+def test_the_script_reads_a_name_find_would_take_for_an_option_as_a_path(tmp_path, name):
+    """Refused at input; and were one stored anyway, the script run as written (here with the machine's sh, find
+    and awk on a home of the test's) reads it as a directory of the home, deleting and printing nothing else."""
+    home = tmp_path / "home"
+    (home / name).mkdir(parents=True)
+    (home / name / "step.pt").write_text("weights")
+    for precious in ("thesis.tex", ".bashrc"):
+        (home / precious).write_text("precious")
+    os.utime(home / name / "step.pt", (1765000000, 1765000000))
+    result = subprocess.run(
+        ["/bin/sh", "-c", watch.CHECKPOINT_SCRIPT, "sh", name],
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert watch.checkpoint_reading(result.stdout, result.returncode) == (
+        "ok",
+        datetime.fromtimestamp(1765000000, tz=UTC),
+    )
+    assert sorted(path.name for path in home.iterdir()) == sorted([name, "thesis.tex", ".bashrc"])
 
 
 @pytest.mark.parametrize(
@@ -82,7 +109,8 @@ def test_the_order_page_sets_changes_and_stops_the_watch(
     answer = client.post(url, {"checkpoint_dir": "~/runs/ckpt", "checkpoint_interval_hours": "2"}, follow=True)
     assert "~/runs/ckpt is watched every 2 hours" in answer.content.decode()
     order.refresh_from_db()
-    assert (order.checkpoint_dir, order.checkpoint_interval_hours) == ("runs/ckpt", 2)
+    assert (order.checkpoint_dir, order.checkpoint_watch_interval_hours) == ("runs/ckpt", 2)
+    assert order.checkpoint_interval_hours is None  # what was declared at booking (nothing, for 7 days) stays
     for hostile in ({"checkpoint_dir": "/etc", "checkpoint_interval_hours": "2"},
                     {"checkpoint_dir": "ok", "checkpoint_interval_hours": "0"},
                     {"checkpoint_dir": "ok", "checkpoint_interval_hours": "1e9"},
@@ -90,12 +118,16 @@ def test_the_order_page_sets_changes_and_stops_the_watch(
         answer = client.post(url, hostile, follow=True)
         assert answer.status_code == 200 and "error" in answer.content.decode()
     order.refresh_from_db()
-    assert (order.checkpoint_dir, order.checkpoint_interval_hours) == ("runs/ckpt", 2)  # nothing saved was changed
+    assert (order.checkpoint_dir, order.checkpoint_watch_hours) == ("runs/ckpt", 2)  # nothing saved was changed
     answer = client.post(url, {"checkpoint_dir": "", "checkpoint_interval_hours": "2"}, follow=True)
     assert "The checkpoint watch is off." in answer.content.decode()
     Order.objects.filter(pk=order.pk).update(status=OrderStatus.ENDED)
     answer = client.post(url, {"checkpoint_dir": "ckpt", "checkpoint_interval_hours": "2"}, follow=True)
     assert "This window is over" in answer.content.decode()
+    for _attempt in range(10):  # the 10th change in the hour is the last
+        client.post(url, {"checkpoint_dir": "", "checkpoint_interval_hours": "2"})
+    answer = client.post(url, {"checkpoint_dir": "", "checkpoint_interval_hours": "2"}, follow=True)
+    assert "Too many changes of the checkpoint watch" in answer.content.decode()
 
 
 def test_turning_the_watch_off_ends_its_alert(client, booking_data, admin_user, django_capture_on_commit_callbacks):
@@ -112,7 +144,7 @@ def test_turning_the_watch_off_ends_its_alert(client, booking_data, admin_user, 
 
 
 def _watching(order, directory: str, hours: int = 1) -> None:
-    Order.objects.filter(pk=order.pk).update(checkpoint_dir=directory, checkpoint_interval_hours=hours)
+    Order.objects.filter(pk=order.pk).update(checkpoint_dir=directory, checkpoint_watch_hours=hours)
 
 
 def _read(access) -> Access:
@@ -125,6 +157,7 @@ def test_a_late_checkpoint_is_said_once_and_ends_with_a_newer_file(
 ):
     """Files written in the real container by the researcher; the clock of the watch moved on by hand."""
     (order, access, key), (_other, other_access, other_key) = two_customers
+    Order.objects.filter(pk=order.pk).update(starts_at=timezone.now() - timedelta(days=1))  # the window runs
     _watching(order, "runs/ckpt", hours=1)
     _in(access, key, "mkdir -p ~/runs/ckpt && touch -d @1765000000 ~/runs/ckpt/step-100.pt")
     _in(other_access, other_key, "mkdir -p ~/runs/ckpt && touch ~/runs/ckpt/step-999.pt")  # not the order's
@@ -145,17 +178,20 @@ def test_a_late_checkpoint_is_said_once_and_ends_with_a_newer_file(
     assert alert.ended_at is None and len(mail.outbox) == 1
     assert "No new checkpoint" in mail.outbox[0].subject and "~/runs/ckpt" in mail.outbox[0].body
 
-    # another directory named meanwhile is read at the next sweep, whatever the interval
-    _watching(order, "runs/other", hours=1)
-    _in(access, key, "mkdir -p ~/runs/other && touch -d @1765000100 ~/runs/other/a.pt")
-    watch.watch_checkpoints(now=max(late, now + timedelta(hours=1)) + timedelta(minutes=1))
-    assert _read(access).checkpoint_newest_at == datetime.fromtimestamp(1765000100, tz=UTC)
-    _watching(order, "runs/ckpt", hours=1)
-    _in(access, key, "touch ~/runs/ckpt/step-200.pt")
+    newer = max(late, now + timedelta(hours=1)) + timedelta(hours=1)  # the watch's clock at its next read
+    _in(access, key, f"touch -d @{int(newer.timestamp()) - 60} ~/runs/ckpt/step-200.pt")
     with django_capture_on_commit_callbacks(execute=True):
-        counts = watch.watch_checkpoints(now=max(late, now + timedelta(hours=1)) + timedelta(hours=1))
+        counts = watch.watch_checkpoints(now=newer)
     alert.refresh_from_db()
     assert alert.ended_at is not None and counts["late"] == 0 and len(mail.outbox) == 1
+
+    # another directory named meanwhile is read within the hour, whatever the interval
+    after = newer
+    _watching(order, "runs/other", hours=24)
+    _in(access, key, "mkdir -p ~/runs/other && touch -d @1765000100 ~/runs/other/a.pt")
+    assert watch.watch_checkpoints(now=after + timedelta(minutes=5)) == {}
+    watch.watch_checkpoints(now=after + timedelta(minutes=61))
+    assert _read(access).checkpoint_newest_at == datetime.fromtimestamp(1765000100, tz=UTC)
 
 
 def test_a_hostile_checkpoint_directory_reads_nothing_more_and_never_blocks(
@@ -204,3 +240,82 @@ def test_a_hostile_checkpoint_directory_reads_nothing_more_and_never_blocks(
     assert taken < 20, taken
     page = client.get(order_url(order, order.token)).content.decode()
     assert "Newest file 2025-12-06" in page
+
+
+class _Answer:
+    def __init__(self, stdout: str, exit_status: int = 0):
+        self.stdout, self.exit_status = stdout, exit_status
+
+
+def _hosts_answering(monkeypatch, answer):
+    """The hosts as the watch reaches them: `answer(argv)` gives each command's result or raises DriverError (a host
+    that times out or cannot be reached, which the real sshd of the container tests cannot be made to do on cue)."""
+    from contextlib import contextmanager
+
+    class Connection:
+        def run(self, argv, *, check, timeout):
+            return answer(argv)
+
+    @contextmanager
+    def connect(*, host):
+        yield Connection()
+
+    monkeypatch.setattr(watch, "host_connect", connect)
+
+
+def _running_with_checkpoints(client, booking_data, admin_user, capture, count: int = 1):
+    from inventory.models import Host
+
+    accesses = []
+    for _ in range(count):
+        order, _token = make_ready_order(client, booking_data, admin_user, capture)
+        Order.objects.filter(pk=order.pk).update(
+            checkpoint_dir="ckpt", checkpoint_watch_hours=1, starts_at=timezone.now() - timedelta(hours=2)
+        )
+        accesses.append(order.accesses.get())
+    Access.objects.filter(pk__in=[access.pk for access in accesses]).update(
+        host=accesses[0].host, ready_at=timezone.now() - timedelta(hours=2)
+    )
+    Host.objects.filter(pk=accesses[0].host_id).update(driver=Host.Driver.SSH, container_runtime="podman")
+    return [Access.objects.get(pk=access.pk) for access in accesses]
+
+
+def test_a_tenant_whose_read_times_out_is_not_in_the_way_of_the_others_on_the_host(
+    client, booking_data, admin_user, django_capture_on_commit_callbacks, monkeypatch
+):
+    from provisioning.drivers.base import DriverError
+
+    slow, other = _running_with_checkpoints(client, booking_data, admin_user, django_capture_on_commit_callbacks, 2)
+
+    def answer(argv):
+        if f"binome-{slow.username}" in argv:  # a directory of millions of files on a saturated CPU share
+            raise DriverError("timed out after 30 s running `podman exec`")
+        return _Answer("1765000000\n")
+
+    _hosts_answering(monkeypatch, answer)
+    now = timezone.now()
+    assert watch.watch_checkpoints(now=now) == {"unreadable": 1, "ok": 1, "late": 1}
+    assert (_read(slow).checkpoint_read, _read(other).checkpoint_read) == ("unreadable", "ok")
+    # the one that did not answer is said nothing of: only the other's stale checkpoint opened an alert
+    assert list(WatchAlert.objects.values_list("order_id", flat=True)) == [other.order_id]
+
+
+def test_a_host_that_cannot_be_reached_says_nothing_of_the_researcher(
+    client, booking_data, admin_user, django_capture_on_commit_callbacks, monkeypatch
+):
+    from provisioning.drivers.base import DriverError
+
+    (access,) = _running_with_checkpoints(client, booking_data, admin_user, django_capture_on_commit_callbacks)
+    now = timezone.now()
+    _hosts_answering(monkeypatch, lambda argv: _Answer(f"{int(now.timestamp())}\n"))
+    watch.watch_checkpoints(now=now)  # a fresh checkpoint, read once
+    assert _read(access).checkpoint_read == "ok"
+
+    def unreachable(argv):
+        raise DriverError("connection refused")
+
+    _hosts_answering(monkeypatch, unreachable)
+    with django_capture_on_commit_callbacks(execute=True):
+        for hour in range(1, 5):
+            watch.watch_checkpoints(now=now + timedelta(hours=hour, minutes=1))
+    assert not WatchAlert.objects.filter(kind="checkpoint").exists()  # no reading, no word

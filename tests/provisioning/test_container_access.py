@@ -702,8 +702,8 @@ def test_the_checks_the_readings_alerts_give_run_as_written_in_the_container(
     from provisioning.models import WatchAlert
 
     (order, access, private_key), (_other, other_access, other_key) = two_customers
-    order.checkpoint_dir, order.checkpoint_interval_hours = "runs/ckpt", 6
-    order.save(update_fields=["checkpoint_dir", "checkpoint_interval_hours"])
+    order.checkpoint_dir, order.checkpoint_watch_hours = "runs/ckpt", 6
+    order.save(update_fields=["checkpoint_dir", "checkpoint_watch_hours"])
     for kind in WatchAlert.Kind.values:
         alert = WatchAlert.objects.create(
             order=order, kind=kind, started_at=order.starts_at, last_seen_at=order.starts_at

@@ -572,6 +572,12 @@ def order_checkpoints(request: HttpRequest, public_id: str, token: str) -> HttpR
     """Where the order's checkpoints are written, and how often: watched from the next look on."""
     order = _order_or_404(public_id, token)
     back = reverse("customer:order", kwargs={"public_id": public_id, "token": token}) + "#checkpoints"
+    # each change is read at the next sweep, in the customer's container: not more often than this
+    if is_ratelimited(
+        request, group="checkpoints", key=lambda _g, _r: public_id, rate="10/h", method="POST", increment=True
+    ):
+        messages.error(request, _("Too many changes of the checkpoint watch: try again in an hour."))
+        return redirect(back)
     form = CheckpointWatchForm(request.POST)
     if not form.is_valid():
         for errors in form.errors.values():
@@ -592,7 +598,7 @@ def order_checkpoints(request: HttpRequest, public_id: str, token: str) -> HttpR
         messages.success(
             request,
             _("Saved: ~/%(directory)s is watched every %(hours)d hours.")
-            % {"directory": order.checkpoint_dir, "hours": order.checkpoint_interval_hours}
+            % {"directory": order.checkpoint_dir, "hours": order.checkpoint_watch_interval_hours}
             if order.checkpoint_dir
             else _("The checkpoint watch is off."),
         )

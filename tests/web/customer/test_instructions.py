@@ -131,8 +131,8 @@ def watch_alert_mails(order) -> list:
     from provisioning import watch
     from provisioning.models import WatchAlert
 
-    order.checkpoint_dir, order.checkpoint_interval_hours = "runs/ckpt", 6
-    order.save(update_fields=["checkpoint_dir", "checkpoint_interval_hours"])
+    order.checkpoint_dir, order.checkpoint_watch_hours = "runs/ckpt", 6
+    order.save(update_fields=["checkpoint_dir", "checkpoint_watch_hours"])
     before = len(mail.outbox)
     for kind in WatchAlert.Kind.values:
         now = order.starts_at
