@@ -540,3 +540,35 @@ def test_an_archcheck_report_given_on_the_booking_page_says_which_cards_run_it_t
     assert "Rebuild hopper_only/_kernels.so with" in page.inner_text("#archcheck")
     order = Order.objects.get(contact_email="extensions@example.org")
     assert len(order.archcheck_report["extensions"]) == 2
+
+
+def test_a_researcher_names_the_checkpoint_directory_then_stops_the_alert_mails(
+    researcher, live_server, live_chain, catalog, admin_user
+):
+    page = researcher
+    order = place_order(page, live_server.url, email="watch@example.org")
+    invoice_mark_paid(invoice=current_invoice(order), user=admin_user, reason="paid by bank transfer")
+    for status in (OrderStatus.APPROVED, OrderStatus.PROVISIONING, OrderStatus.READY):
+        order_transition(order=order, to_status=status, actor_kind="system")
+    page.reload()
+
+    page.fill("#id_checkpoint_dir", "~/runs/ckpt")
+    page.fill("#id_checkpoint_interval_hours", "3")
+    submitted(page, page.locator("#checkpoints button[type=submit]"))
+    assert "~/runs/ckpt is watched every 3 hours" in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert (order.checkpoint_dir, order.checkpoint_watch_interval_hours) == ("runs/ckpt", 3)
+
+    page.fill("#id_checkpoint_dir", "../../etc")  # refused, and what was saved stays
+    submitted(page, page.locator("#checkpoints button[type=submit]"))
+    assert "inside your home" in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert order.checkpoint_dir == "runs/ckpt"
+
+    page.get_by_label("once per window").check()
+    submitted(page, page.locator("#alert-mails").get_by_role("button", name="Save"))
+    assert "come once per window" in page.inner_text("ul.messages")
+    submitted(page, page.get_by_role("button", name="Stop these e-mails"))
+    assert "No more e-mails about your cards" in page.inner_text("ul.messages")
+    order.refresh_from_db()
+    assert order.alert_mails == "off" and page.refused == []
