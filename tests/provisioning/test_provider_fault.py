@@ -13,6 +13,7 @@ from inventory.models import Lot, MaintenanceWindow
 from payments.models import FiscalInvoice, Refund
 from provisioning.models import Access, ProvisioningRun
 from tests.builders.console import act
+from tests.builders.lots import free_lot, live_lots
 from tests.builders.teardown import make_provisioned, mend, tick
 
 pytestmark = pytest.mark.django_db
@@ -33,17 +34,6 @@ def active_order(client, paid_order, operator, clock, django_capture_on_commit_c
     order.refresh_from_db()
     assert order.status == OrderStatus.ACTIVE
     return order, token
-
-
-def live_lots(order) -> dict[int, Lot]:
-    """The lots the order uses (a lot a move left is held, for no one, until its container is gone)."""
-    return {a.lot_id: a.lot for a in order.allocations.in_use().select_related("lot__host")}
-
-
-def free_lot(order, *, on_host=None, off_hosts=()) -> Lot:
-    taken = order.allocations.values_list("lot_id", flat=True)
-    lots = Lot.objects.filter(hardware_class=order.hardware_class).exclude(pk__in=taken).exclude(host__in=off_hosts)
-    return (lots.filter(host=on_host) if on_host else lots).order_by("host__name", "name").first()
 
 
 def submit_move(client, order, callbacks, from_lot, to_lot, *, hours_lost="0", credit="none"):

@@ -208,8 +208,8 @@ def test_a_moved_order_s_record_counts_the_cards_it_ended_on_once(
     """Moved to another host mid-window (a provider fault): its record counts the two cards of the lot it ended on,
     not those of the lot it left as well."""
     from tests.builders.console import act
+    from tests.builders.lots import free_lot, live_lots
     from tests.builders.teardown import make_provisioned
-    from tests.provisioning.test_provider_fault import free_lot, live_lots
 
     order = make_provisioned(client, booking_data, admin_user, django_capture_on_commit_callbacks)
     client.force_login(operator)
