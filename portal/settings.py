@@ -278,9 +278,9 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Request bodies ------------------------------------------------------------------------------------------
 # Sized to the forms, not Django's 2.5 MB: the largest valid booking is its fields' max_length in 4-byte characters,
-# percent-encoded (12 bytes each), about 357 KB with the billing details (tests/portal/test_request_limits.py
-# checks it fits).
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=360 * 1024)
+# percent-encoded (12 bytes each), about 361 KB with the billing details and the checkpoint directory
+# (tests/portal/test_request_limits.py checks it fits).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=364 * 1024)
 # The one upload, the split-trial report, is at most 256,000 bytes (booking/split_trial_report.MAX_BYTES);
 # files stay in memory and never reach the disk: a larger body is refused by RequestSizeLimitMiddleware first.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 256_000 + 8192  # the report, the CSRF token and the multipart framing
