@@ -199,7 +199,7 @@ def test_a_hostile_checkpoint_directory_reads_nothing_more_and_never_blocks(
     client,
 ):
     """As an attacker: the directory is a link to elsewhere, a FIFO, full of FIFOs and links to fresh files, holds
-    200,000 files; the customer plants a `find` and an `awk` of their own on their PATH and shell start files. The
+    a million files; the customer plants a `find` and an `awk` of their own on their PATH and shell start files. The
     watch answers within its bound each time, with the newest regular file's time of that directory or nothing."""
     (order, access, key), _other = two_customers
     home = f"/home/{access.username}"
@@ -229,9 +229,9 @@ def test_a_hostile_checkpoint_directory_reads_nothing_more_and_never_blocks(
     _in(access, key, "mkdir ~/empty")
     assert reads("empty")[:2] == ("none", None)
 
-    # 200,000 files (on the container's /tmp, reached through a link in the path: only the last part may not be one)
+    # a million files (on the container's /tmp, reached through a link in the path: only the last part may not be one)
     many = (  # the container's own /tmp
-        "mkdir /tmp/many && cd /tmp/many && seq 200000 | xargs touch -d @1765000000 && "
+        "mkdir /tmp/many && cd /tmp/many && seq 1000000 | xargs touch -d @1765000000 && "
         f"touch -d @1765000500 /tmp/many/1 && ln -s /tmp {home}/tmp-link"  # noqa: S108
     )
     _in(access, key, many, timeout=300)
