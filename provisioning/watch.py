@@ -3,7 +3,8 @@ warning sign of an unbalanced split), or every card idle for hours; and the chec
 they are written (`watch_checkpoints`). Said on the order page while it lasts, and to the researcher by e-mail as
 often as they allow (`Order.alert_mails`).
 
-Beat runs it once a minute, after the readings' sample (provisioning.tasks.sample_readings). It reads only what the
+Beat runs the readings' watch once a minute, after the readings' sample (provisioning.tasks.sample_readings), and the
+checkpoint watch every few minutes (provisioning.tasks.watch_checkpoints). The readings' watch reads only what the
 hosts' tools reported (GpuReading), never anything of the customer's. A stretch is said only when every minute of
 it was read and showed the same thing: a gap in the readings (a host unreachable, a tool that failed) says nothing,
 and does not end a stretch either; a minute that reads otherwise ends it.
