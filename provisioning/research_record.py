@@ -40,6 +40,7 @@ FORMAT = "binome-research-record/1"
 ED25519_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
 ISSUED_PER_SWEEP = 10  # a PDF is printed for each: the rest wait for the next tick
 RETRY_AFTER_S = 3600  # a record that could not be issued is tried again after this
+SCANNED_PER_SWEEP = 1000  # due orders looked at per sweep, those left alone after a failure passed over
 
 logger = logging.getLogger(__name__)
 
@@ -248,10 +249,17 @@ def records_issue_due(*, now: datetime) -> int:
         .exclude(Exists(ResearchRecord.objects.filter(order=OuterRef("pk"))))
         .order_by("ends_at")
     )
+    candidates = list(due.values_list("pk", flat=True)[:SCANNED_PER_SWEEP])
+    if not candidates:
+        return 0
+    failed = cache.get_many([_failed_key(pk) for pk in candidates])  # those left alone for now are passed over
+    # a failure takes a try, not a record's place: up to twice as many tries as records, so that a run of orders
+    # that fail never holds back those behind them for more than a few sweeps
+    chosen = [pk for pk in candidates if _failed_key(pk) not in failed][: ISSUED_PER_SWEEP * 2]
     issued = 0
-    for order in due[: ISSUED_PER_SWEEP * 5]:
-        if issued >= ISSUED_PER_SWEEP or cache.get(_failed_key(order.pk)):
-            continue
+    for order in Order.objects.filter(pk__in=chosen).order_by("ends_at"):
+        if issued >= ISSUED_PER_SWEEP:
+            break
         try:
             record_issue(order=order, now=now)
         except Exception:

@@ -214,7 +214,11 @@ def readings_summary(order, *, points: int = READINGS_SHOWN) -> ReadingsSummary 
             if (figures := sample_figures(gpu)) is None:
                 continue
             index, util, used, total, power, temperature = figures
-            memory = used / total * 100 if used is not None and total else None
+            # a share of the card's own memory: none where the figures cannot be one (a total under 1 MiB, more used
+            # than the card holds), so no stored pair makes it infinite or absurd
+            memory = (
+                used / total * 100 if used is not None and total is not None and total >= 1 and used <= total else None
+            )
             card = cards.get((host, index))
             if card is None:
                 card = cards[(host, index)] = CardReadings(

@@ -254,9 +254,15 @@ def watch_checkpoints(*, now: datetime | None = None) -> dict[str, int]:
         host = accesses[0].host
         try:
             with host_connect(host=host) as connection:
-                for access in accesses:
+                for position, access in enumerate(accesses):
+                    if time.monotonic() - started > SWEEP_BUDGET_S:
+                        counts["left for the next sweep"] += len(accesses) - position
+                        break
                     read = _checkpoint_read(connection, containers.Runtime(host.container_runtime), access, now=now)
-                    counts[read] += 1
+                    counts["unreadable" if read == "broke" else read] += 1
+                    if read == "broke":  # the session may be gone: the rest of the host waits for the next sweep,
+                        counts["left for the next sweep"] += len(accesses) - position - 1  # where it comes first
+                        break
                     if read != "unreadable":
                         answered.add(access.order_id)
         except DriverError as exc:
@@ -269,13 +275,15 @@ def watch_checkpoints(*, now: datetime | None = None) -> dict[str, int]:
 
 def _checkpoint_read(connection, runtime: containers.Runtime, access: Access, *, now: datetime) -> str:
     """Read one container's checkpoint directory and keep what it said. A container that does not answer in time,
-    or a session that broke, is "unreadable" for this interval: read again at the next, never in the others' way."""
+    or a session that broke, is kept as "unreadable" for this interval (read again at the next, after the others):
+    "broke" tells the sweep to leave the rest of the host, unread, for its next run, where they come first."""
     argv = checkpoint_argv(runtime, username=access.username, directory=access.order.checkpoint_dir)
+    broke = False
     try:
         result = connection.run(argv, check=False, timeout=CHECKPOINT_TIMEOUT_S + 10)
     except DriverError as exc:
         logger.warning("checkpoint watch: %s on %s: %s", access.username, access.host.name, exc.message)
-        read, newest = "unreadable", None
+        read, newest, broke = "unreadable", None, True
     else:
         read, newest = checkpoint_reading(result.stdout, result.exit_status)
     Access.objects.filter(pk=access.pk).update(
@@ -284,7 +292,7 @@ def _checkpoint_read(connection, runtime: containers.Runtime, access: Access, *,
         checkpoint_read=read,
         checkpoint_dir_read=access.order.checkpoint_dir,
     )
-    return read
+    return "broke" if broke else read
 
 
 def _checkpoints_judge(*, order_id: int, now: datetime) -> int:

@@ -294,7 +294,9 @@ def test_a_tenant_whose_read_times_out_is_not_in_the_way_of_the_others_on_the_ho
 
     _hosts_answering(monkeypatch, answer)
     now = timezone.now()
-    assert watch.watch_checkpoints(now=now) == {"unreadable": 1, "ok": 1, "late": 1}
+    # the session may be gone after a timeout: the rest of the host is left for the next sweep, where it comes first
+    assert watch.watch_checkpoints(now=now) == {"unreadable": 1, "left for the next sweep": 1}
+    assert watch.watch_checkpoints(now=now + timedelta(minutes=5)) == {"ok": 1, "late": 1}
     assert (_read(slow).checkpoint_read, _read(other).checkpoint_read) == ("unreadable", "ok")
     # the one that did not answer is said nothing of: only the other's stale checkpoint opened an alert
     assert list(WatchAlert.objects.values_list("order_id", flat=True)) == [other.order_id]

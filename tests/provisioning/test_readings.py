@@ -133,7 +133,7 @@ def test_the_charts_cover_the_whole_window_in_stretches_and_read_older_or_broken
     )
     GpuReading.objects.create(access=access, taken_at=start - timedelta(minutes=1), gpus=[[0, 90, 900, 1000, 700]])
     GpuReading.objects.create(access=access, taken_at=start - timedelta(minutes=2), gpus={"0": "x"})
-    garbage = [[0, "9" * 400, None, 1000, True, None], [99], [1, 1e308, -5, 1e308, 1e6, 200]]
+    garbage = [[0, "9" * 400, None, 1000, True, None], [99], [1, 1e308, -5, 1e308, 1e6, 200], [1, 5, 9e6, 1e-300, 1, 1]]
     GpuReading.objects.create(access=access, taken_at=start - timedelta(minutes=3), gpus=garbage)
 
     summary = selectors.readings_summary(order)
@@ -142,6 +142,7 @@ def test_the_charts_cover_the_whole_window_in_stretches_and_read_older_or_broken
     assert round(card0.mean("utilisation")) == 70 and round(card1.mean("utilisation")) == 25
     assert card0.count["temperature"] == minutes  # the older reading has no temperature, and is no zero either
     assert card1.peak["power"] == 400 and card1.peak["utilisation"] == 50  # out-of-range figures are none
+    assert card1.peak["memory"] == 50  # nor is a share of a total under 1 MiB (it would be infinite)
     assert round(card1.energy_kwh) == round((minutes // 2 * (100 + 400)) / 60 / 1000)
 
     charts = {chart["measure"]: chart for chart in selectors.readings_charts(order)["charts"]}
@@ -156,4 +157,4 @@ def test_the_charts_cover_the_whole_window_in_stretches_and_read_older_or_broken
     csv = client.get(reverse("customer:order-readings", kwargs={"public_id": order.public_id, "token": token}))
     rows = b"".join(csv.streaming_content).decode().splitlines()
     assert rows[1].endswith(",0,,,1000,,") and rows[2].endswith(",1,,,,,")  # garbage: no figure
-    assert rows[3].endswith(",0,90,900,1000,700,")  # five figures, before temperature was read
+    assert rows[4].endswith(",0,90,900,1000,700,")  # five figures, before temperature was read

@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from pypdf import PdfReader
 
-from booking.models import OrderStatus, SplitTrialReport
+from booking.models import Order, OrderStatus, SplitTrialReport
 from booking.services import order_transition
 from provisioning import research_record
 from provisioning.lifecycle import lifecycle_tick
@@ -223,3 +223,27 @@ def test_a_moved_order_s_record_counts_the_cards_it_ended_on_once(
     facts = json.loads(bytes(ResearchRecord.objects.get(order=order).document))
     assert facts["hardware"]["cards"] == 2 and [lot["lot"] for lot in facts["hardware"]["lots"]] == [target.name]
     assert facts["gpu_hours"]["booked"] == 2 * order.days * 24
+
+
+def test_orders_whose_record_fails_do_not_hold_back_those_behind_them(
+    ended, django_capture_on_commit_callbacks, monkeypatch
+):
+    """Five older orders whose PDF cannot be printed, then a sixth: with one record a sweep, the sixth has its record
+    within three sweeps (a failure takes a try, not a record's place), and the five are left alone for the hour."""
+    monkeypatch.setattr(research_record, "ISSUED_PER_SWEEP", 1)
+    orders = [ended()[0] for _ in range(6)]
+    for position, order in enumerate(orders):
+        Order.objects.filter(pk=order.pk).update(ends_at=orders[0].ends_at + timedelta(minutes=position))
+    bad = {order.pk for order in orders[:5]}
+    printed = research_record._pdf
+
+    def pdf(order, facts):
+        if order.pk in bad:
+            raise RuntimeError("the page cannot be laid out")
+        return printed(order, facts)
+
+    monkeypatch.setattr(research_record, "_pdf", pdf)
+    for sweep in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            research_record.records_issue_due(now=orders[0].ends_at + timedelta(minutes=sweep))
+    assert list(ResearchRecord.objects.values_list("order_id", flat=True)) == [orders[5].pk]
