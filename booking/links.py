@@ -55,10 +55,15 @@ def order_link(*, order: Order, token: str) -> str:
     return _link("order", public_id=order.public_id, token=token)
 
 
+def mailed_order_link(*, order: Order) -> str:
+    """A fresh secret link to the order for an e-mail to its contact, minted where the e-mail is written (so no
+    secret travels through the broker)."""
+    return order_link(order=order, token=issue_token(order=order, mailed=True))
+
+
 def order_send_link(*, order: Order) -> None:
-    """E-mail a fresh secret link to the order's contact (a new token, so no secret travels through the broker)."""
-    token = issue_token(order=order, mailed=True)
-    notices.send(Notice.ORDER_LINK, order=order, link=order_link(order=order, token=token))
+    """E-mail a fresh secret link to the order's contact."""
+    notices.send(Notice.ORDER_LINK, order=order, link=mailed_order_link(order=order))
 
 
 def link_opened(*, order: Order, token: str, now: datetime | None = None) -> None:
@@ -96,7 +101,7 @@ def orders_send_links(*, email: str, language: str, now: datetime | None = None)
     orders = list(selectors.orders_for_email(email=email, since=now - timedelta(days=400))[:20])
     if not orders:
         return 0
-    links = [(order, order_link(order=order, token=issue_token(order=order, mailed=True))) for order in orders]
+    links = [(order, mailed_order_link(order=order)) for order in orders]
     notices.send(Notice.ORDER_LINKS, to=orders[0].contact_email, language=language, links=links)
     return len(orders)
 

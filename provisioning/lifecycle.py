@@ -236,5 +236,5 @@ def end_warning_send(*, order: Order, kind: str) -> None:
         kind=kind,
         wipe_at=wipe_date(order),
         wipe_after_days=OperatorSettings.current().wipe_after_days,
-        link=links.order_link(order=order, token=links.issue_token(order=order, mailed=True)),
+        link=links.mailed_order_link(order=order),
     )

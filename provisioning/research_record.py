@@ -29,7 +29,9 @@ from django.db.models import Exists, OuterRef
 from django.dispatch import Signal
 from django.utils import timezone, translation
 
+from booking import links, notices
 from booking.models import Order, OrderStatus
+from booking.notices import Notice
 from booking.split_trial_conclusion import split_trial_conclusion
 from provisioning import enqueue
 from provisioning.models import Access, ResearchRecord, WatchAlert
@@ -282,9 +284,6 @@ def records_delete_wiped() -> int:
 
 
 def record_send(*, order: Order) -> None:
-    from booking import links, notices
-    from booking.notices import Notice
-
     record = ResearchRecord.objects.filter(order=order).first()
     if record is None:
         return
@@ -292,5 +291,5 @@ def record_send(*, order: Order) -> None:
         Notice.RESEARCH_RECORD,
         order=order,
         record=record,
-        link=links.order_link(order=order, token=links.issue_token(order=order, mailed=True)),
+        link=links.mailed_order_link(order=order),
     )

@@ -255,9 +255,9 @@ def readings_charts(order, *, width: int = 600, height: int = 160) -> dict | Non
         return None
     charts = []
     for measure in MEASURES:
-        peak = max(card.peak[measure] for card in summary.cards)
         if not any(card.count[measure] for card in summary.cards):
             continue  # the tool gave no such figure (an older reading, a card that does not report it)
+        peak = max(card.peak[measure] for card in summary.cards)
         top = {"power": max(100.0, -(-peak // 100) * 100), "temperature": max(100.0, -(-peak // 10) * 10)}.get(
             measure, 100.0
         )

@@ -99,7 +99,7 @@ def watch_readings(*, now: datetime | None = None) -> int:
         WatchAlert.Kind.IMBALANCE: (timedelta(minutes=current.imbalance_minutes), lambda minute: minute.unbalanced),
         WatchAlert.Kind.IDLE: (timedelta(hours=current.idle_hours), lambda minute: minute.all_idle),
     }
-    running = list(
+    running = set(
         Order.objects.filter(status__in=[OrderStatus.READY, OrderStatus.ACTIVE], accesses__status=Access.Status.READY)
         .distinct()
         .values_list("pk", flat=True)[:ORDERS_PER_SWEEP]
@@ -109,7 +109,6 @@ def watch_readings(*, now: datetime | None = None) -> int:
     by_order = _minutes(rows.values_list("access__order_id", "access__host__name", "taken_at", "gpus").iterator())
     opened = 0
     open_alerts = {(alert.order_id, alert.kind): alert for alert in WatchAlert.objects.filter(ended_at__isnull=True)}
-    running = set(running)
     for order_id in running:
         minutes = by_order.get(order_id, {})
         newest = minutes[max(minutes)] if minutes else None
@@ -333,5 +332,5 @@ def watch_alert_send(*, order: Order, alert: WatchAlert) -> None:
         alert=alert,
         minutes=current.imbalance_minutes,
         hours=current.idle_hours,
-        link=links.order_link(order=order, token=links.issue_token(order=order, mailed=True)),
+        link=links.mailed_order_link(order=order),
     )

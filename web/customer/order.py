@@ -275,16 +275,7 @@ def order_page(request: HttpRequest, order: Order, token: str, *, versions: dict
         context["watch_alerts"] = provisioning_selectors.order_watch_alerts(order)
         context["alert_mails_form"] = AlertMailsForm(initial={"alert_mails": order.alert_mails})
         context["research_record"] = provisioning_selectors.order_research_record(order)
-        checkpoints = provisioning_selectors.order_checkpoint_state(order)
-        context["checkpoints"] = (
-            {
-                "read": checkpoints.checkpoint_read,
-                "newest_at": checkpoints.checkpoint_newest_at,
-                "checked_at": checkpoints.checkpoint_checked_at,
-            }
-            if checkpoints
-            else None
-        )
+        context["checkpoints"] = provisioning_selectors.order_checkpoint_state(order)  # an access, its last reading
     return mark_private(render(request, "customer/order.html", context))
 
 
@@ -593,8 +584,7 @@ def order_checkpoints(request: HttpRequest, public_id: str, token: str) -> HttpR
     except BookingError as exc:
         messages.error(request, exc.message)
         return redirect(back)
-    if changed:
-        order.refresh_from_db()
+    if changed:  # the service set the order's fields
         messages.success(
             request,
             _("Saved: ~/%(directory)s is watched every %(hours)d hours.")
